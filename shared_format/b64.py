@@ -1,0 +1,99 @@
+"""Strict base64 helpers shared by the whole package.
+
+Two spellings are used on the wire:
+
+- standard alphabet WITH ``=`` padding (PROTOCOL §3 blob fields, §13 wraps);
+- url-safe alphabet WITHOUT padding (PROTOCOL §5 minted keys, §14 handoff).
+
+Decoders are strict: only the expected alphabet, exactly the canonical padding,
+no whitespace, and zero trailing bits, i.e. re-encoding the decoded bytes must
+give back the input exactly. Failures raise :class:`Base64Error` (a
+``ValueError``); messages never echo the input, which may be secret material.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+__all__ = [
+    "Base64Error",
+    "b64decode_std",
+    "b64encode_std",
+    "b64url_decode",
+    "b64url_encode",
+]
+
+_STD_RE = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+_URL_RE = re.compile(r"[A-Za-z0-9_-]*")
+_STD_CHAR = re.compile(r"[A-Za-z0-9+/=]")
+_URL_CHAR = re.compile(r"[A-Za-z0-9_-]")
+
+
+class Base64Error(ValueError):
+    """A base64 text is not in the strict canonical form expected."""
+
+
+def b64encode_std(data: bytes) -> str:
+    """Standard-alphabet base64 with ``=`` padding."""
+    return base64.b64encode(data).decode("ascii")
+
+
+def b64url_encode(data: bytes) -> str:
+    """URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _first_bad_char(text: str, allowed: re.Pattern[str]) -> int:
+    for i, ch in enumerate(text):
+        if not allowed.fullmatch(ch):
+            return i
+    return -1
+
+
+def b64decode_std(text: str) -> bytes:
+    """Decode strict standard base64 WITH padding; raise Base64Error otherwise."""
+    if not isinstance(text, str):
+        raise Base64Error("base64 input must be text")
+    if not _STD_RE.fullmatch(text):
+        pos = _first_bad_char(text, _STD_CHAR)
+        if pos >= 0:
+            raise Base64Error(
+                f"invalid character at position {pos} for standard base64 "
+                "(allowed: A-Z a-z 0-9 + / and trailing '=')"
+            )
+        raise Base64Error("'=' padding may only appear at the end (at most two)")
+    if len(text) % 4 != 0:
+        raise Base64Error(
+            f"standard base64 length must be a multiple of 4 with '=' padding, got {len(text)}"
+        )
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise Base64Error("malformed standard base64 (bad padding)") from exc
+    if b64encode_std(data) != text:
+        raise Base64Error("non-canonical standard base64 (padding or trailing bits)")
+    return data
+
+
+def b64url_decode(text: str) -> bytes:
+    """Decode strict url-safe base64 WITHOUT padding; raise Base64Error otherwise."""
+    if not isinstance(text, str):
+        raise Base64Error("base64url input must be text")
+    if not _URL_RE.fullmatch(text):
+        pos = _first_bad_char(text, _URL_CHAR)
+        raise Base64Error(
+            f"invalid character at position {pos} for unpadded base64url "
+            "(allowed: A-Z a-z 0-9 - _, no '=' padding)"
+        )
+    if len(text) % 4 == 1:
+        raise Base64Error(f"impossible base64url length {len(text)}")
+    padded = text + "=" * (-len(text) % 4)
+    try:
+        data = base64.b64decode(padded, altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise Base64Error("malformed base64url") from exc
+    if b64url_encode(data) != text:
+        raise Base64Error("non-canonical base64url (trailing bits are not zero)")
+    return data

@@ -1,0 +1,131 @@
+"""Strict base64 helpers (shared_format.b64)."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared_format.b64 import (
+    Base64Error,
+    b64decode_std,
+    b64encode_std,
+    b64url_decode,
+    b64url_encode,
+)
+
+
+@given(st.binary(max_size=200))
+def test_std_round_trip(data: bytes) -> None:
+    text = b64encode_std(data)
+    assert text == base64.b64encode(data).decode()
+    assert b64decode_std(text) == data
+
+
+@given(st.binary(max_size=200))
+def test_url_round_trip(data: bytes) -> None:
+    text = b64url_encode(data)
+    assert "=" not in text
+    assert "+" not in text
+    assert "/" not in text
+    assert b64url_decode(text) == data
+
+
+def test_known_values() -> None:
+    assert b64encode_std(b"\xfb\xff") == "+/8="
+    assert b64url_encode(b"\xfb\xff") == "-_8"
+    assert b64decode_std("AA==") == b"\x00"
+    assert b64url_decode("AA") == b"\x00"
+    assert b64decode_std("") == b""
+    assert b64url_decode("") == b""
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "AA",  # missing padding
+        "AA=",  # short padding
+        "AA===",  # too much padding
+        "AAA==",  # wrong padding
+        "A===",  # impossible length
+        "AB==",  # non-canonical trailing bits
+        "AAB=",  # non-canonical trailing bits
+        "-_8=",  # url alphabet in std
+        "AA==AA==",  # padding in the middle
+        "=AAA",  # padding first
+        "AA==\n",  # trailing newline
+        " AA==",  # leading space
+        "AA AA==",  # inner space
+        "AA\tA",  # tab
+        "AAé=",  # non-ASCII
+        "\uff21\uff21==",  # fullwidth letters (non-ASCII)
+        "A",  # single char
+        "AAAAA",  # length not multiple of 4
+        "AA==\x00",  # NUL
+    ],
+)
+def test_std_rejects_malformed(text: str) -> None:
+    with pytest.raises(Base64Error):
+        b64decode_std(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "AA==",  # padding not accepted
+        "AA=",
+        "AAA=",
+        "+/8",  # std alphabet in url
+        "AB",  # non-canonical trailing bits
+        "AAB",  # non-canonical trailing bits
+        "A",  # impossible length
+        "AAAAA",  # impossible length
+        "AA\n",
+        " AA",
+        "A A",
+        "AAé",
+        "\uff21\uff21",
+    ],
+)
+def test_url_rejects_malformed(text: str) -> None:
+    with pytest.raises(Base64Error):
+        b64url_decode(text)
+
+
+def test_base64error_is_valueerror() -> None:
+    assert issubclass(Base64Error, ValueError)
+
+
+def test_non_str_rejected() -> None:
+    with pytest.raises(Base64Error):
+        b64decode_std(b"AA==")  # type: ignore[arg-type]
+    with pytest.raises(Base64Error):
+        b64url_decode(b"AA")  # type: ignore[arg-type]
+
+
+def test_messages_do_not_echo_input() -> None:
+    secret = "c2VjcmV0LXNlY3JldA=" + "!"
+    with pytest.raises(Base64Error) as info:
+        b64decode_std(secret)
+    assert "c2VjcmV0" not in str(info.value)
+    with pytest.raises(Base64Error) as info2:
+        b64url_decode("c2VjcmV0LXNlY3JldA==")
+    assert "c2VjcmV0" not in str(info2.value)
+
+
+@given(st.binary(min_size=1, max_size=64), st.integers(min_value=0, max_value=10_000))
+def test_std_single_bit_damage_in_last_char_never_silently_accepted(data: bytes, seed: int) -> None:
+    # Any other text that decodes must be the canonical encoding of its bytes.
+    text = b64encode_std(data)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    stripped = text.rstrip("=")
+    pos = seed % len(stripped)
+    replacement = alphabet[(alphabet.index(stripped[pos]) + 1 + seed) % 64]
+    mutated = text[:pos] + replacement + text[pos + 1 :]
+    try:
+        decoded = b64decode_std(mutated)
+    except Base64Error:
+        return
+    assert b64encode_std(decoded) == mutated
