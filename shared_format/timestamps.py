@@ -1,0 +1,50 @@
+"""RFC 3339 timestamps as the Engram format writes and reads them (PROTOCOL §3, VAULT §3).
+
+Writers stamp `datetime.now(timezone.utc).isoformat()`-style text with a `+00:00`
+offset (never `Z`). Readers parse strictly as RFC 3339 and compare instants,
+never text, for anything that came from elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+# RFC 3339 §5.6 date-time: full-date "T" full-time, fraction optional, offset required.
+_RFC3339 = re.compile(
+    r"(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<time>\d{2}:\d{2}:\d{2})"
+    r"(?:\.(?P<frac>\d+))?(?P<offset>[Zz]|[+-]\d{2}:\d{2})",
+    re.ASCII,
+)
+
+
+def utc_now_rfc3339() -> str:
+    """Now in UTC as `YYYY-MM-DDTHH:MM:SS.ffffff+00:00` (the form Engram writes)."""
+    return format_rfc3339(datetime.now(UTC))
+
+
+def format_rfc3339(moment: datetime) -> str:
+    """A datetime in UTC with a `+00:00` offset and microseconds (the canonical form)."""
+    if moment.tzinfo is None:
+        raise ValueError("naive datetime: an RFC 3339 timestamp needs an offset")
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def parse_rfc3339(text: str) -> datetime:
+    """Parse an RFC 3339 date-time into an aware datetime.
+
+    Fractions beyond microseconds are truncated (Python's resolution); raises
+    ValueError naming the problem when the text is not RFC 3339.
+    """
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not an RFC 3339 timestamp with an offset: {text[:64]!r}")
+    frac = (match.group("frac") or "")[:6].ljust(6, "0")
+    offset = match.group("offset")
+    offset = "+00:00" if offset in ("Z", "z") else offset
+    try:
+        return datetime.fromisoformat(
+            f"{match.group('date')}T{match.group('time')}.{frac}{offset}"
+        )
+    except ValueError as exc:
+        raise ValueError(f"invalid date or time in {text[:64]!r}: {exc}") from None

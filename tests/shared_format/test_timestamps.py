@@ -1,0 +1,64 @@
+"""RFC 3339 stamping and strict parsing (PROTOCOL §3, VAULT §3)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
+
+
+def test_now_uses_plus_zero_offset() -> None:
+    stamp = utc_now_rfc3339()
+    assert stamp.endswith("+00:00")
+    assert abs(parse_rfc3339(stamp) - datetime.now(UTC)) < timedelta(minutes=1)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-08-30T12:00:00.123456789+00:00", datetime(2026, 8, 30, 12, 0, 0, 123456, UTC)),
+        ("2026-08-30T12:00:00Z", datetime(2026, 8, 30, 12, tzinfo=UTC)),
+        ("2026-08-30t14:00:00+02:00", datetime(2026, 8, 30, 12, tzinfo=UTC)),
+        ("2026-08-30 12:00:00.5-01:00", datetime(2026, 8, 30, 13, 0, 0, 500000, UTC)),
+    ],
+)
+def test_parses_rfc3339_as_instants(text: str, expected: datetime) -> None:
+    assert parse_rfc3339(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-08-30T12:00:00",  # no offset
+        "2026-08-30",
+        "20260830T120000Z",  # basic format is ISO 8601, not RFC 3339
+        "2026-08-30T12:00Z",
+        "2026-02-30T00:00:00Z",
+        "2026-08-30T24:00:00Z",
+        "2026-08-30T12:00:00+25:00",
+        "2026-08-30T12:00:00.Z",
+        "",
+        "yesterday",
+        "2026-08-30T12:00:00+00:00 ",
+        "\u0662026-08-30T12:00:00Z",  # a non-ASCII digit
+    ],
+)
+def test_rejects_non_rfc3339(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_rfc3339(text)
+
+
+@given(st.datetimes(timezones=st.just(timezone.utc)))
+def test_format_parse_round_trip(moment: datetime) -> None:
+    text = format_rfc3339(moment)
+    assert text.endswith("+00:00")
+    assert parse_rfc3339(text) == moment
+
+
+def test_format_refuses_naive() -> None:
+    with pytest.raises(ValueError, match="naive"):
+        format_rfc3339(datetime(2026, 1, 1))  # noqa: DTZ001
