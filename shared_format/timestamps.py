@@ -43,8 +43,6 @@ def parse_rfc3339(text: str) -> datetime:
     offset = match.group("offset")
     offset = "+00:00" if offset in ("Z", "z") else offset
     try:
-        return datetime.fromisoformat(
-            f"{match.group('date')}T{match.group('time')}.{frac}{offset}"
-        )
+        return datetime.fromisoformat(f"{match.group('date')}T{match.group('time')}.{frac}{offset}")
     except ValueError as exc:
         raise ValueError(f"invalid date or time in {text[:64]!r}: {exc}") from None

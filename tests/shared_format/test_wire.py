@@ -130,9 +130,11 @@ def test_malformed_documents_are_typed_errors(data: bytes) -> None:
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_never_raise_raw_errors(data: bytes) -> None:
     try:
-        decode_json(data, PushRequest)
-    except WireDecodeError:
-        pass
+        result = decode_json(data, PushRequest)
+    except WireDecodeError as exc:
+        assert str(exc).startswith(("malformed JSON", "invalid PushRequest"))
+    else:
+        assert isinstance(result, PushRequest)
 
 
 def test_quota_body_exact_shape() -> None:

@@ -1,0 +1,54 @@
+"""Repository-level checks: the README's test command is CI's, and the code is lint/type clean."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return re.findall(r"```sh\n(python3 -m venv .*?)\n```", text)
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
+    test_commands = [c for c in _readme_commands() if "pytest" in c]
+    assert len(test_commands) == 1, test_commands
+    assert ci[-1] == test_commands[0]
+    assert "set -euo pipefail" in ci
+
+
+def test_readme_has_the_relay_command() -> None:
+    assert any("engram-relay serve" in c for c in _readme_commands())
+
+
+def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    exe = BIN / tool
+    if not exe.exists():
+        pytest.fail(f"{tool} is not installed in the test environment ({exe})")
+    return subprocess.run(
+        [str(exe), *args], cwd=ROOT, capture_output=True, text=True, check=False, timeout=600
+    )
+
+
+def test_ruff_clean() -> None:
+    result = _run("ruff", "check", "--no-cache", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_clean() -> None:
+    result = _run("ruff", "format", "--check", "--no-cache", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_strict_clean() -> None:
+    result = _run("mypy")
+    assert result.returncode == 0, result.stdout + result.stderr
