@@ -209,9 +209,7 @@ def _resign(cipher: BlobCipher, keys: SyncKeys, blob: SyncBlob, **changes: objec
         "",  # empty
     ],
 )
-def test_malformed_ciphertext(
-    cipher: BlobCipher, golden_keys: SyncKeys, ciphertext: str
-) -> None:
+def test_malformed_ciphertext(cipher: BlobCipher, golden_keys: SyncKeys, ciphertext: str) -> None:
     blob = _resign(cipher, golden_keys, _seal(cipher), ciphertext=ciphertext)
     with pytest.raises(BlobMalformedError):
         cipher.open(blob)
