@@ -1,0 +1,155 @@
+"""The relay's ASGI application (Litestar)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Litestar, Request
+from litestar.config.app import AppConfig
+from litestar.datastructures import State
+from litestar.enums import ScopeType
+from litestar.openapi import OpenAPIConfig
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from relay import __version__
+from relay.config import RelayConfig
+from relay.db.pool import create_pool
+from relay.errors import EXCEPTION_HANDLERS, RelayError
+from relay.metrics import RelayMetrics
+from relay.routes import devices, sync, system
+from relay.state import RelayState
+
+log = logging.getLogger(__name__)
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def _content_type_guard(app: ASGIApp) -> ASGIApp:
+    """415 for a body that is not JSON (PROTOCOL §5), before any parsing happens."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == ScopeType.HTTP and scope.get("method") in _BODY_METHODS:
+            headers = dict(scope["headers"])
+            content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            has_body = headers.get(b"content-length", b"0") != b"0" or (
+                b"transfer-encoding" in headers
+            )
+            if has_body and content_type != b"application/json":
+                raise RelayError(
+                    415,
+                    "unsupported_media_type",
+                    "request bodies must be JSON: send `Content-Type: application/json`",
+                )
+        await app(scope, receive, send)
+
+    return middleware
+
+
+def _timing(app: ASGIApp) -> ASGIApp:
+    """Count and time every request by route template (never by vault id)."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP:
+            await app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await app(scope, receive, send_wrapper)
+        finally:
+            metrics: RelayMetrics = scope["app"].state.relay.metrics
+            route = scope.get("path_template") or "unmatched"
+            method = str(scope.get("method", ""))
+            metrics.requests.labels(route, method, str(status)).inc()
+            metrics.latency.labels(route, method).observe(time.perf_counter() - started)
+
+    return middleware
+
+
+async def _refresh_health(state: RelayState) -> None:
+    """Keep the /health counters fresh without a database round trip per request."""
+    while True:
+        try:
+            async with state.require_pool().acquire() as conn:
+                row = await conn.fetchrow(
+                    "SELECT (SELECT count(*) FROM vaults) AS vaults,"
+                    " (SELECT count(*) FROM blobs WHERE NOT deleted) AS live,"
+                    " pg_database_size(current_database()) AS size"
+                )
+            state.health.vaults = int(row["vaults"])
+            state.health.total_blobs = int(row["live"])
+            state.health.db_size_bytes = int(row["size"])
+            state.metrics.vaults.set(state.health.vaults)
+            state.metrics.live_blobs.set(state.health.total_blobs)
+        except Exception as exc:  # the database may be down; /ready reports that
+            log.warning("health refresh failed: %s", type(exc).__name__)
+        await asyncio.sleep(state.config.health_refresh_secs)
+
+
+def create_app(config: RelayConfig) -> Litestar:
+    """Build the relay app; the pool opens at startup and closes at shutdown."""
+    state = RelayState(config=config, metrics=RelayMetrics())
+    state.static_keys = {k.key_hash: k.principal for k in config.static_keys}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        state.pool = await create_pool(
+            config.database_url, min_size=config.pool_min_size, max_size=config.pool_max_size
+        )
+        pool = state.pool
+        state.metrics.watch_pool(
+            lambda: (pool.get_size(), pool.get_idle_size(), pool.get_max_size())
+        )
+        refresher = asyncio.create_task(_refresh_health(state))
+        try:
+            yield
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+            await pool.close()
+
+    def on_app_init(app_config: AppConfig) -> AppConfig:
+        app_config.state = State({"relay": state})
+        return app_config
+
+    return Litestar(
+        route_handlers=[
+            sync.push,
+            sync.pull,
+            sync.stats,
+            sync.stats_alias,
+            devices.list_devices,
+            devices.register_device,
+            devices.revoke_device,
+            system.health,
+            system.ready,
+            system.info,
+            system.metrics,
+        ],
+        lifespan=[lifespan],
+        on_app_init=[on_app_init],
+        middleware=[_timing, _content_type_guard],
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        request_max_body_size=config.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="Engram Sync relay", version=__version__),
+        debug=False,
+    )
+
+
+def request_key_prefix(request: Request[Any, Any, Any]) -> str | None:
+    """The authenticated key's display prefix, for logs."""
+    prefix: str | None = getattr(request.state, "key_prefix", None)
+    return prefix

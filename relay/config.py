@@ -1,0 +1,78 @@
+"""Relay configuration: one frozen object built from CLI options and the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from relay.keys import StaticKey, parse_static_keys
+
+DEFAULT_PORT: Final = 8788
+DEFAULT_MAX_BLOB_BYTES: Final = 1_048_576  # PROTOCOL §6 step 2: base64 characters of ciphertext
+DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+DEFAULT_RETENTION_DAYS: Final = 30  # PROTOCOL §12
+DEFAULT_RATE: Final = 100  # PROTOCOL §5: requests/second per key
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """Everything the relay process needs; secrets only as hashes (static keys)."""
+
+    database_url: str
+    quota_devices: int = 0  # 0 = unlimited
+    quota_bytes: int = 0  # 0 = unlimited
+    max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    tombstone_retention_days: int = DEFAULT_RETENTION_DAYS
+    pool_min_size: int = 2
+    pool_max_size: int = 10
+    health_refresh_secs: float = 10.0
+    static_keys: tuple[StaticKey, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("quota_devices", "quota_bytes", "tombstone_retention_days"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.max_blob_bytes < DEFAULT_MAX_BLOB_BYTES:
+            raise ValueError(
+                f"max_blob_bytes must be at least {DEFAULT_MAX_BLOB_BYTES} (PROTOCOL §6)"
+            )
+        if self.max_body_bytes < self.max_blob_bytes + 4096:
+            raise ValueError("max_body_bytes must leave room for at least one maximal blob")
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def config_from_env(
+    database_url: str,
+    env: Mapping[str, str] | None = None,
+    **overrides: int,
+) -> RelayConfig:
+    """Build the config from `ENGRAM_RELAY_*` variables and `SYNC_API_KEYS`; overrides win."""
+    source = os.environ if env is None else env
+    values: dict[str, int] = {
+        "quota_devices": _env_int(source, "ENGRAM_RELAY_QUOTA_DEVICES", 0),
+        "quota_bytes": _env_int(source, "ENGRAM_RELAY_QUOTA_BYTES", 0),
+        "max_blob_bytes": _env_int(source, "ENGRAM_RELAY_MAX_BLOB_BYTES", DEFAULT_MAX_BLOB_BYTES),
+        "max_body_bytes": _env_int(source, "ENGRAM_RELAY_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+        "tombstone_retention_days": _env_int(
+            source, "ENGRAM_RELAY_TOMBSTONE_RETENTION_DAYS", DEFAULT_RETENTION_DAYS
+        ),
+        "pool_max_size": _env_int(source, "ENGRAM_RELAY_POOL_SIZE", 10),
+    }
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return RelayConfig(
+        database_url=database_url,
+        static_keys=tuple(parse_static_keys(source.get("SYNC_API_KEYS", ""))),
+        **values,
+    )

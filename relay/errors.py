@@ -1,0 +1,162 @@
+"""Every error the relay answers is JSON (PROTOCOL §5): `{"error": "...", "code": "..."}`.
+
+Framework errors (bad JSON, validation, 404, 405, 413) and database outages are
+mapped here too, so no bad input ever gets a bare text body or a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Final
+
+import asyncpg
+from litestar import Request, Response
+from litestar.exceptions import (
+    HTTPException,
+    MethodNotAllowedException,
+    NotFoundException,
+    ValidationException,
+)
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+log = logging.getLogger(__name__)
+
+DB_RETRY_AFTER_SECS: Final = 2
+
+
+class RelayError(Exception):
+    """An error with an HTTP status, a snake_case code and a message a person can act on."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        body: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+        self.body = body
+        self.extra = extra or {}
+
+    def to_body(self) -> dict[str, Any]:
+        """The JSON body: the exact override if any, else error + code (+ additive detail)."""
+        if self.body is not None:
+            return self.body
+        return {"error": self.message, "code": self.code, **self.extra}
+
+
+def unauthorized(message: str = "missing or unknown API key") -> RelayError:
+    """401: no key, unknown key or revoked key."""
+    return RelayError(
+        401,
+        "unauthorized",
+        f"{message}: send `Authorization: Bearer <key>` with a valid key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def forbidden(message: str, code: str = "forbidden") -> RelayError:
+    """403: the key is valid but not for this vault, route or device."""
+    return RelayError(403, code, message)
+
+
+def bad_request(message: str, code: str = "bad_request", **extra: Any) -> RelayError:
+    """400 with a message naming the problem."""
+    return RelayError(400, code, message, extra=extra)
+
+
+def _json(
+    status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> Response[Any]:
+    return Response(
+        content=body, status_code=status, headers=headers, media_type="application/json"
+    )
+
+
+def _relay_error(_: Request[Any, Any, Any], exc: RelayError) -> Response[Any]:
+    return _json(exc.status, exc.to_body(), exc.headers)
+
+
+_MISSING_FIELD: Final = re.compile(r"Object missing required field `([^`]*)`")
+
+
+def _validation_error(_: Request[Any, Any, Any], exc: ValidationException) -> Response[Any]:
+    problems = exc.extra if isinstance(exc.extra, list) else []
+    first = problems[0] if problems and isinstance(problems[0], dict) else {}
+    field = first.get("key")
+    message = first.get("message") or str(exc.detail)
+    missing = _MISSING_FIELD.match(message)
+    if missing:
+        field = f"{field}.{missing.group(1)}" if field else missing.group(1)
+    where = f" at `{field}`" if field else ""
+    return _json(
+        400,
+        {
+            "error": f"invalid request: {message}{where}",
+            "code": "invalid_request",
+            "field": field,
+        },
+    )
+
+
+_HTTP_CODES: Final = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limited",
+}
+
+
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    status = exc.status_code
+    if status >= HTTP_500_INTERNAL_SERVER_ERROR:
+        return _internal_error(request, exc)
+    code = _HTTP_CODES.get(status, "client_error")
+    message = str(exc.detail)
+    if isinstance(exc, NotFoundException):
+        message = f"no route {request.method} {request.url.path}"
+    elif isinstance(exc, MethodNotAllowedException):
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    elif status == 413:
+        message = "request body is larger than this relay accepts (see GET /v1/info)"
+    elif status == 400 and ("JSON" in message or "truncated" in message):
+        code, message = "malformed_json", f"request body is not valid JSON: {message}"
+    return _json(status, {"error": message, "code": code}, dict(exc.headers or {}))
+
+
+def _database_unavailable(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    log.warning("database unavailable: %s", type(exc).__name__)
+    return _json(
+        503,
+        {"error": "the relay's database is unavailable; retry shortly", "code": "unavailable"},
+        {"Retry-After": str(DB_RETRY_AFTER_SECS)},
+    )
+
+
+def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    if isinstance(exc, OSError | asyncpg.PostgresConnectionStatusError | asyncpg.InterfaceError):
+        return _database_unavailable(request, exc)
+    if isinstance(exc, asyncpg.CannotConnectNowError | asyncpg.ConnectionDoesNotExistError):
+        return _database_unavailable(request, exc)
+    log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _json(500, {"error": "internal error; the relay logged it", "code": "internal_error"})
+
+
+EXCEPTION_HANDLERS: Final = {
+    RelayError: _relay_error,
+    ValidationException: _validation_error,
+    HTTPException: _http_error,
+    Exception: _internal_error,
+}

@@ -1,0 +1,122 @@
+"""Push, pull and stats (PROTOCOL §5, §6, §7, §9)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from litestar import Request, get, post
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+
+from relay.auth import authorize
+from relay.errors import bad_request
+from relay.ids import require_id
+from relay.push_rules import check_structure
+from relay.state import relay_state
+from relay.store import sync as store
+from shared_format.timestamps import parse_rfc3339
+from shared_format.wire import (
+    DEFAULT_PULL_LIMIT,
+    MAX_BLOBS_PER_PUSH,
+    MAX_PULL_LIMIT,
+    PullResponse,
+    PushRequest,
+    PushResponse,
+    VaultStats,
+)
+
+DEVICE_HEADER = "x-engram-device"
+# A `+` in an unencoded query string arrives as a space: "…12:00:00 00:00" → "+00:00".
+_SPACE_OFFSET = re.compile(r" (\d{2}:\d{2})$")
+
+
+@post("/v1/vaults/{vault_id:str}/push", status_code=200, tags=["sync"])
+async def push(
+    request: Request[Any, Any, Any], vault_id: FromPath[str], data: JSONBody[PushRequest]
+) -> PushResponse:
+    """Store a batch of blobs: one transaction, serialised per vault (PROTOCOL §6)."""
+    state = relay_state(request)
+    principal = await authorize(request, require_id(vault_id, "vault_id"))
+    checked = check_structure(data.blobs, MAX_BLOBS_PER_PUSH)
+    outcome = await store.push(
+        state.require_pool(),
+        vault_id,
+        checked,
+        bound_device=principal.device_id,
+        max_blob_bytes=state.config.max_blob_bytes,
+        default_quota=store.Quota(state.config.quota_devices, state.config.quota_bytes),
+    )
+    plan = outcome.plan
+    state.metrics.pushes.inc()
+    state.metrics.blobs_accepted.inc(len(plan.accepted))
+    for reason, count in plan.reasons.items():
+        state.metrics.blobs_rejected.labels(reason).inc(count)
+    return PushResponse(
+        accepted=len(plan.accepted),
+        rejected=plan.rejected,
+        revoked_devices=plan.revoked_devices,
+        cursor=outcome.cursor,
+    )
+
+
+def _device_for_progress(request: Request[Any, Any, Any], bound: str | None) -> str | None:
+    if bound is not None:
+        return bound
+    header = request.headers.get(DEVICE_HEADER)
+    if header is None:
+        return None
+    return require_id(header, "X-Engram-Device")
+
+
+@get("/v1/vaults/{vault_id:str}/pull", tags=["sync"])
+async def pull(
+    request: Request[Any, Any, Any],
+    vault_id: FromPath[str],
+    since: FromQuery[str | None] = None,
+    limit: Annotated[int | None, QueryParameter(ge=0)] = None,
+    cursor: Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)] = None,
+) -> PullResponse:
+    """Legacy `since` mode (§7) or the commit-ordered `cursor` mode (§9).
+
+    `limit` defaults to 1000 and is capped at 1000; `limit=0` means the default,
+    so it can never answer an empty page that claims `has_more` forever.
+    """
+    state = relay_state(request)
+    principal = await authorize(request, require_id(vault_id, "vault_id"))
+    page_size = min(limit or DEFAULT_PULL_LIMIT, MAX_PULL_LIMIT)
+    pool = state.require_pool()
+    if cursor is not None:
+        device = _device_for_progress(request, principal.device_id)
+        page = await store.pull_by_cursor(pool, vault_id, cursor, page_size, device)
+        state.metrics.pulls.labels("cursor").inc()
+        state.metrics.blobs_pulled.inc(len(page.blobs))
+        return PullResponse(blobs=page.blobs, has_more=page.has_more, cursor=page.cursor)
+    instant = None
+    if since:
+        try:
+            instant = parse_rfc3339(_SPACE_OFFSET.sub(r"+\1", since))
+        except ValueError as exc:
+            raise bad_request(f"since: {exc}", code="invalid_request", field="since") from None
+    blobs, has_more = await store.pull_since(pool, vault_id, instant, page_size)
+    state.metrics.pulls.labels("since").inc()
+    state.metrics.blobs_pulled.inc(len(blobs))
+    return PullResponse(blobs=blobs, has_more=has_more)
+
+
+async def _stats(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> VaultStats:
+    state = relay_state(request)
+    await authorize(request, require_id(vault_id, "vault_id"))
+    total, latest = await store.vault_stats(state.require_pool(), vault_id)
+    return VaultStats(vault_id=vault_id, total_blobs=total, latest_sync=latest)
+
+
+@get("/v1/vaults/{vault_id:str}/stats", tags=["sync"])
+async def stats(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> VaultStats:
+    """Live blob count and newest created_at (PROTOCOL §5)."""
+    return await _stats(request, vault_id)
+
+
+@get("/sync/{vault_id:str}/stats", tags=["sync"])
+async def stats_alias(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> VaultStats:
+    """Alias of the stats route; existing daemons probe this path (PROTOCOL §5)."""
+    return await _stats(request, vault_id)

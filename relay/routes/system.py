@@ -1,0 +1,68 @@
+"""Health, readiness, limits and metrics (PROTOCOL §5, §11)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from litestar import MediaType, Request, Response, get
+
+from relay import __version__
+from relay.errors import RelayError
+from relay.state import relay_state
+from shared_format.wire import MAX_BLOBS_PER_PUSH, MAX_PULL_LIMIT, RelayInfo, SyncHealth
+
+PROTOCOL_VERSION = "engram-sync/5.1"
+FEATURES = ["cursor", "device_bound_keys", "tombstone_compaction", "ready"]
+
+
+@get("/health", tags=["system"])
+async def health(request: Request[Any, Any, Any]) -> SyncHealth:
+    """Compatible counters from the background cache: no database round trip (§11)."""
+    state = relay_state(request)
+    return SyncHealth(
+        status="ok",
+        version=__version__,
+        uptime_secs=int(time.monotonic() - state.started),
+        vaults=state.health.vaults,
+        total_blobs=state.health.total_blobs,
+        db_size_bytes=state.health.db_size_bytes,
+    )
+
+
+@get("/ready", tags=["system"])
+async def ready(request: Request[Any, Any, Any]) -> dict[str, str]:
+    """200 only when the database answers; 503 with Retry-After otherwise (§11)."""
+    state = relay_state(request)
+    try:
+        async with state.require_pool().acquire(timeout=2) as conn:
+            await conn.fetchval("SELECT 1", timeout=2)
+    except Exception:  # any failure to reach the database means "not ready"
+        raise RelayError(
+            503,
+            "unavailable",
+            "the relay's database does not answer",
+            headers={"Retry-After": "2"},
+        ) from None
+    return {"status": "ready"}
+
+
+@get("/v1/info", tags=["system"])
+async def info(request: Request[Any, Any, Any]) -> RelayInfo:
+    """The limits advertisement, so clients size batches without guessing (§11)."""
+    config = relay_state(request).config
+    return RelayInfo(
+        protocol=PROTOCOL_VERSION,
+        max_blobs_per_push=MAX_BLOBS_PER_PUSH,
+        max_blob_bytes=config.max_blob_bytes,
+        max_pull_limit=MAX_PULL_LIMIT,
+        max_body_bytes=config.max_body_bytes,
+        features=FEATURES,
+    )
+
+
+@get("/metrics", tags=["system"], media_type=MediaType.TEXT)
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Prometheus text exposition."""
+    body = relay_state(request).metrics.render()
+    return Response(content=body, media_type="text/plain; version=0.0.4; charset=utf-8")

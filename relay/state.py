@@ -1,0 +1,53 @@
+"""What one relay process holds in memory: config, pool, limiter, metrics, health cache.
+
+Nothing here is authoritative: every fact lives in PostgreSQL, so any number of
+replicas can serve one database.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from litestar import Request
+
+from relay.config import RelayConfig
+from relay.keys import Principal
+from relay.metrics import RelayMetrics
+from relay.ratelimit import RateLimiter
+
+
+@dataclass
+class HealthCounters:
+    """The compatible /health counters, refreshed in the background (PROTOCOL §5, §11)."""
+
+    vaults: int = 0
+    total_blobs: int = 0
+    db_size_bytes: int = 0
+
+
+@dataclass
+class RelayState:
+    """Per-process state shared by the handlers."""
+
+    config: RelayConfig
+    metrics: RelayMetrics
+    limiter: RateLimiter = field(default_factory=RateLimiter)
+    started: float = field(default_factory=time.monotonic)
+    health: HealthCounters = field(default_factory=HealthCounters)
+    pool: asyncpg.Pool | None = None
+    static_keys: dict[bytes, Principal] = field(default_factory=dict)
+
+    def require_pool(self) -> asyncpg.Pool:
+        """The pool; only None before startup finished."""
+        if self.pool is None:
+            raise RuntimeError("database pool is not open yet")
+        return self.pool
+
+
+def relay_state(request: Request[Any, Any, Any]) -> RelayState:
+    """The RelayState of the app serving this request."""
+    state: RelayState = request.app.state.relay
+    return state

@@ -1,0 +1,78 @@
+"""Tombstone retention and compaction (PROTOCOL §12).
+
+A tombstone is removed only when it is older than the retention period AND every
+non-revoked device seen in that period has pulled past it. The highest removed
+sequence becomes the vault's compaction horizon: a device whose cursor is below
+it gets 409 `resync_required` instead of silently missing deletions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import asyncpg
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """What one compaction of one vault removed."""
+
+    vault_id: str
+    removed: int
+    horizon: int
+
+
+async def compact_vault(
+    conn: asyncpg.Connection, vault_id: str, retention: timedelta
+) -> CompactionResult:
+    """Compact one vault under its row lock (serialised with pushes to it)."""
+    async with conn.transaction():
+        vault = await conn.fetchrow(
+            "SELECT seq, compacted_through FROM vaults WHERE vault_id = $1 FOR UPDATE", vault_id
+        )
+        if vault is None:
+            return CompactionResult(vault_id, 0, 0)
+        # Every non-revoked device seen within the retention period must have pulled past
+        # a tombstone; with no such device, nobody is left to miss one.
+        safe = await conn.fetchval(
+            "SELECT coalesce(min(pulled_cursor), $2) FROM devices WHERE vault_id = $1"
+            " AND revoked_at IS NULL AND last_seen > now() - $3::interval",
+            vault_id,
+            vault["seq"],
+            retention,
+        )
+        row = await conn.fetchrow(
+            """
+            WITH removed AS (
+                DELETE FROM blobs WHERE vault_id = $1 AND deleted AND seq <= $2
+                    AND received_at < now() - $3::interval
+                RETURNING seq, size_bytes
+            )
+            SELECT count(*) AS n, coalesce(max(seq), 0) AS top,
+                   coalesce(sum(size_bytes), 0) AS bytes FROM removed
+            """,
+            vault_id,
+            safe,
+            retention,
+        )
+        horizon = max(vault["compacted_through"], row["top"])
+        if row["n"]:
+            await conn.execute(
+                "UPDATE vaults SET compacted_through = $2, bytes_used = bytes_used - $3"
+                " WHERE vault_id = $1",
+                vault_id,
+                horizon,
+                int(row["bytes"]),
+            )
+        return CompactionResult(vault_id, int(row["n"]), horizon)
+
+
+async def compact_all(pool: asyncpg.Pool, retention: timedelta) -> list[CompactionResult]:
+    """Compact every vault that holds tombstones; one short transaction per vault."""
+    async with pool.acquire() as conn:
+        vaults = [
+            r["vault_id"]
+            for r in await conn.fetch("SELECT DISTINCT vault_id FROM blobs WHERE deleted")
+        ]
+        return [await compact_vault(conn, v, retention) for v in vaults]

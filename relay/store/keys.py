@@ -1,0 +1,111 @@
+"""Minted API keys in the database (PROTOCOL §5, §10): stored only as SHA-256."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from relay.keys import Principal, hash_key, key_prefix, mint_key, new_key_id
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """A minted key as listed to an operator (never the key itself)."""
+
+    id: str
+    prefix: str
+    vault_id: str | None
+    is_admin: bool
+    device_id: str | None
+    rate_per_sec: int
+    label: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class KeyLookup:
+    """The result of looking a presented key up."""
+
+    principal: Principal
+    revoked: bool
+    device_revoked: bool
+
+
+async def create_key(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    *,
+    vault_id: str | None,
+    is_admin: bool,
+    device_id: str | None = None,
+    rate: int = 100,
+    label: str | None = None,
+) -> tuple[str, str]:
+    """Mint and store a key; returns (key id, the key text — shown once, never stored)."""
+    key = mint_key()
+    key_id = new_key_id()
+    await conn.execute(
+        "INSERT INTO api_keys (id, key_hash, prefix, vault_id, is_admin, device_id,"
+        " rate_per_sec, label) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        key_id,
+        hash_key(key),
+        key_prefix(key),
+        vault_id,
+        is_admin,
+        device_id,
+        rate,
+        label,
+    )
+    return key_id, key
+
+
+async def lookup(pool: asyncpg.Pool, key: str) -> KeyLookup | None:
+    """Find a minted key by its hash, with its device's revocation state."""
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(
+            """
+            SELECT k.id, k.prefix, k.vault_id, k.is_admin, k.device_id, k.rate_per_sec,
+                   k.revoked_at IS NOT NULL AS revoked,
+                   coalesce(d.revoked_at IS NOT NULL, false) AS device_revoked
+            FROM api_keys k
+            LEFT JOIN devices d ON d.vault_id = k.vault_id AND d.device_id = k.device_id
+            WHERE k.key_hash = $1
+            """,
+            hash_key(key),
+        )
+    if row is None:
+        return None
+    vaults = None if row["vault_id"] is None else frozenset({row["vault_id"]})
+    principal = Principal(
+        key_id=row["id"],
+        prefix=row["prefix"],
+        rate=row["rate_per_sec"],
+        vaults=vaults,
+        admin_vaults=(None if row["is_admin"] else frozenset()),
+        device_id=row["device_id"],
+    )
+    return KeyLookup(principal, row["revoked"], row["device_revoked"])
+
+
+async def list_keys(conn: asyncpg.Connection | asyncpg.Pool) -> list[KeyRecord]:
+    """Every minted key, newest first."""
+    rows = await conn.fetch(
+        "SELECT id, prefix, vault_id, is_admin, device_id, rate_per_sec, label, created_at,"
+        " revoked_at FROM api_keys ORDER BY created_at DESC, id"
+    )
+    return [KeyRecord(**dict(r)) for r in rows]
+
+
+async def revoke_key(conn: asyncpg.Connection | asyncpg.Pool, key_id: str) -> bool:
+    """Revoke a key by id; False when no such key exists."""
+    status: str = await conn.execute(
+        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1", key_id
+    )
+    return status.split()[-1] != "0"
+
+
+async def count_keys(conn: asyncpg.Connection | asyncpg.Pool) -> int:
+    """Number of minted keys, revoked included (used to mint the first admin key once)."""
+    return int(await conn.fetchval("SELECT count(*) FROM api_keys"))
