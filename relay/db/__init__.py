@@ -1,0 +1,1 @@
+"""The relay's database layer: URL resolution, embedded server, migrations, pool."""

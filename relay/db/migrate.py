@@ -1,0 +1,85 @@
+"""Schema migrations (alembic), run programmatically.
+
+The migration scripts live in the top-level ``alembic/`` directory of the
+source tree, which a source checkout or an editable install provides.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
+
+from relay.db.url import redact_url, to_sqlalchemy_url
+
+__all__ = [
+    "MigrationsNotFoundError",
+    "alembic_config",
+    "alembic_dir",
+    "current_revision",
+    "head_revision",
+    "upgrade_to_head",
+]
+
+log = logging.getLogger(__name__)
+
+#: Key of ``Config.attributes`` that ``alembic/env.py`` reads the URL from.
+DATABASE_URL_ATTRIBUTE = "database_url"
+
+
+class MigrationsNotFoundError(RuntimeError):
+    """The ``alembic/`` directory with the migration scripts is missing."""
+
+
+def alembic_dir() -> Path:
+    """Return the repository's ``alembic/`` directory (next to the ``relay`` package)."""
+    path = Path(__file__).resolve().parents[2] / "alembic"
+    if not (path / "env.py").is_file():
+        raise MigrationsNotFoundError(
+            f"migration scripts not found at {path}: run the relay from a source "
+            "checkout or an editable install (pip install -e .)"
+        )
+    return path
+
+
+def alembic_config(database_url: str) -> Config:
+    """Build an alembic ``Config`` for ``database_url`` (no ini file, no logging setup)."""
+    config = Config()
+    config.set_main_option("script_location", str(alembic_dir()))
+    config.attributes[DATABASE_URL_ATTRIBUTE] = database_url
+    return config
+
+
+def head_revision() -> str:
+    """Return the newest revision of the migration scripts."""
+    script = ScriptDirectory(str(alembic_dir()))
+    head = script.get_current_head()
+    if head is None:
+        raise MigrationsNotFoundError(f"no migration revisions in {alembic_dir()}")
+    return head
+
+
+def upgrade_to_head(database_url: str) -> None:
+    """Apply every pending migration to ``database_url`` (a no-op when up to date)."""
+    log.info(
+        "migrating database url=%s",
+        redact_url(database_url),
+        extra={"url": redact_url(database_url)},
+    )
+    command.upgrade(alembic_config(database_url), "head")
+
+
+def current_revision(database_url: str) -> str | None:
+    """Return the database's alembic revision, or ``None`` if it was never migrated."""
+    engine = create_engine(to_sqlalchemy_url(database_url), poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()

@@ -1,0 +1,35 @@
+"""The relay's asyncpg connection pool."""
+
+from __future__ import annotations
+
+import logging
+
+import asyncpg
+
+from relay.db.url import redact_url, to_libpq_url
+
+__all__ = ["create_pool"]
+
+log = logging.getLogger(__name__)
+
+
+async def create_pool(database_url: str, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    """Open an asyncpg pool on ``database_url``.
+
+    Sessions run in UTC and are tagged ``application_name=engram-relay``; no
+    custom codecs are registered (the schema has no JSON or custom types).
+    """
+    pool = await asyncpg.create_pool(
+        to_libpq_url(database_url),
+        min_size=min_size,
+        max_size=max_size,
+        server_settings={"application_name": "engram-relay", "timezone": "UTC"},
+    )
+    log.info(
+        "database pool open url=%s min_size=%d max_size=%d",
+        redact_url(database_url),
+        min_size,
+        max_size,
+        extra={"url": redact_url(database_url), "min_size": min_size, "max_size": max_size},
+    )
+    return pool

@@ -1,0 +1,149 @@
+"""The embedded PostgreSQL server: lifecycle, persistence, ports, errors, root handling."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from relay.db.embedded import (
+    SYSTEM_USER,
+    EmbeddedPostgres,
+    EmbeddedPostgresError,
+    default_data_dir,
+)
+
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+URL_RE = re.compile(r"^postgresql://postgres@127\.0\.0\.1:(\d+)/engram_relay$")
+
+
+@pytest.fixture
+def scratch_dir() -> Iterator[Path]:
+    """A temp dir outside /root (pytest's tmp_path is private to root, see embedded.py)."""
+    path = Path(tempfile.mkdtemp(prefix="engram-relay-test-embedded-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def server(scratch_dir: Path) -> Iterator[EmbeddedPostgres]:
+    pg = EmbeddedPostgres(scratch_dir / "pgdata")
+    yield pg
+    pg.stop()
+
+
+async def _query(url: str, sql: str) -> object:
+    conn = await asyncpg.connect(url)
+    try:
+        if ";" in sql:
+            await conn.execute(sql)  # several statements, no result
+            return None
+        return await conn.fetchval(sql)
+    finally:
+        await conn.close()
+
+
+def query(url: str, sql: str) -> object:
+    return asyncio.run(_query(url, sql))
+
+
+def test_start_query_stop_start_keeps_data(server: EmbeddedPostgres) -> None:
+    url = server.start()
+    assert URL_RE.match(url), url
+    assert server.is_running()
+    assert query(url, "SELECT current_database()") == "engram_relay"
+    query(url, "CREATE TABLE kept (v text); INSERT INTO kept VALUES ('still here')")
+
+    server.stop()
+    assert not server.is_running()
+    with pytest.raises(EmbeddedPostgresError, match="not been started"):
+        _ = server.url
+
+    url2 = server.start()
+    assert URL_RE.match(url2)
+    assert query(url2, "SELECT v FROM kept") == "still here"
+
+
+def test_extra_settings_apply(scratch_dir: Path) -> None:
+    with EmbeddedPostgres(scratch_dir / "pgdata", settings={"fsync": "off"}) as pg:
+        assert query(pg.url, "SHOW fsync") == "off"
+    with pytest.raises(ValueError, match="unsupported server setting"):
+        EmbeddedPostgres(scratch_dir, settings={"fsync": "off; rm -rf /"})
+
+
+def test_given_port_and_reuse_of_a_running_server(server: EmbeddedPostgres) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    pinned = EmbeddedPostgres(server.data_dir, port=port)
+    url = pinned.start()
+    assert url == f"postgresql://postgres@127.0.0.1:{port}/engram_relay"
+    # A second handle on the same data dir adopts the running server.
+    assert server.start() == url
+    assert server.port == port
+
+
+def test_port_in_use_is_a_clear_error(server: EmbeddedPostgres) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        busy = EmbeddedPostgres(server.data_dir, port=port)
+        with pytest.raises(EmbeddedPostgresError, match=f"port {port} .* already in use"):
+            busy.start()
+    assert not server.is_running()
+
+
+def test_stop_when_not_running_is_a_noop(scratch_dir: Path) -> None:
+    pg = EmbeddedPostgres(scratch_dir / "never-started")
+    pg.stop()
+    assert not pg.is_running()
+
+
+def test_refuses_a_non_empty_foreign_dir(scratch_dir: Path) -> None:
+    (scratch_dir / "junk.txt").write_text("not postgres")
+    with pytest.raises(EmbeddedPostgresError, match="not empty and is not a PostgreSQL data dir"):
+        EmbeddedPostgres(scratch_dir).start()
+
+
+def test_rejects_bad_database_names_and_ports(scratch_dir: Path) -> None:
+    with pytest.raises(ValueError, match="invalid database name"):
+        EmbeddedPostgres(scratch_dir, database='x"; DROP')
+    with pytest.raises(ValueError, match="invalid port"):
+        EmbeddedPostgres(scratch_dir, port=70000)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="root-only behaviour")
+def test_root_default_data_dir_is_outside_root_home() -> None:
+    assert default_data_dir() == Path("/var/lib/engram-relay/postgres")
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="root-only behaviour")
+def test_root_refuses_a_data_dir_in_root_home() -> None:
+    target = Path("/root/engram-relay-should-not-exist/pgdata")
+    with pytest.raises(EmbeddedPostgresError, match="root's home"):
+        EmbeddedPostgres(target).start()
+    assert not target.parent.exists()
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="root-only behaviour")
+def test_root_runs_the_server_as_the_system_user(server: EmbeddedPostgres) -> None:
+    import pwd
+
+    server.start()
+    pid = int((server.data_dir / "postmaster.pid").read_text().splitlines()[0])
+    status = Path(f"/proc/{pid}/status").read_text()
+    uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+    groups_line = next(line for line in status.splitlines() if line.startswith("Groups:"))
+    expected = pwd.getpwnam(SYSTEM_USER).pw_uid
+    assert set(uid_line.split()[1:]) == {str(expected)}
+    assert groups_line.split()[1:] == []  # no supplementary groups (in particular not root)
+    assert server.data_dir.stat().st_uid == expected

@@ -1,0 +1,295 @@
+"""Alembic migrations: they apply, are idempotent, and build the specified schema."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import pytest
+from alembic import command
+
+from relay.db.migrate import (
+    alembic_config,
+    alembic_dir,
+    current_revision,
+    head_revision,
+    upgrade_to_head,
+)
+
+VAULT_TABLES = ("vaults", "blobs", "devices", "quotas")
+ALL_TABLES = (*VAULT_TABLES, "api_keys")
+
+# table -> column -> (data type, nullable, default or None)
+EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
+    "vaults": {
+        "vault_id": ("text", False, None),
+        "seq": ("bigint", False, "0"),
+        "created_at": ("timestamp with time zone", False, "now()"),
+        "compacted_through": ("bigint", False, "0"),
+        "bytes_used": ("bigint", False, "0"),
+    },
+    "blobs": {
+        "vault_id": ("text", False, None),
+        "memory_id": ("text", False, None),
+        "device_id": ("text", False, None),
+        "vector_clock": ("bigint", False, None),
+        "ciphertext": ("text", False, None),
+        "hmac": ("text", False, None),
+        "created_at": ("text", False, None),
+        "created_at_ts": ("timestamp with time zone", False, None),
+        "deleted": ("boolean", False, None),
+        "seq": ("bigint", False, None),
+        "received_at": ("timestamp with time zone", False, "now()"),
+        "size_bytes": ("integer", False, None),
+    },
+    "devices": {
+        "vault_id": ("text", False, None),
+        "device_id": ("text", False, None),
+        "label": ("text", True, None),
+        "first_seen": ("timestamp with time zone", False, "now()"),
+        "last_seen": ("timestamp with time zone", False, "now()"),
+        "blob_count": ("bigint", False, "0"),
+        "revoked_at": ("timestamp with time zone", True, None),
+        "pulled_cursor": ("bigint", False, "0"),
+        "pulled_at": ("timestamp with time zone", True, None),
+    },
+    "api_keys": {
+        "id": ("text", False, None),
+        "key_hash": ("bytea", False, None),
+        "prefix": ("text", False, None),
+        "vault_id": ("text", True, None),
+        "is_admin": ("boolean", False, "false"),
+        "device_id": ("text", True, None),
+        "rate_per_sec": ("integer", False, "100"),
+        "label": ("text", True, None),
+        "created_at": ("timestamp with time zone", False, "now()"),
+        "revoked_at": ("timestamp with time zone", True, None),
+    },
+    "quotas": {
+        "vault_id": ("text", False, None),
+        "max_devices": ("integer", True, None),
+        "max_bytes": ("bigint", True, None),
+    },
+}
+
+EXPECTED_PRIMARY_KEYS = {
+    "vaults": ["vault_id"],
+    "blobs": ["vault_id", "memory_id"],
+    "devices": ["vault_id", "device_id"],
+    "api_keys": ["id"],
+    "quotas": ["vault_id"],
+}
+
+
+def run(coro: Any) -> Any:
+    """Run one coroutine to completion (fixtures and tests are synchronous)."""
+    return asyncio.run(coro)
+
+
+async def fetch(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(url)
+    try:
+        return list(await conn.fetch(sql, *args))
+    finally:
+        await conn.close()
+
+
+async def execute(url: str, sql: str, *args: Any) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(sql, *args)
+    finally:
+        await conn.close()
+
+
+def schema_snapshot(url: str) -> dict[str, Any]:
+    """Columns, indexes and constraints of the public schema, for comparisons."""
+    columns = fetch(
+        url,
+        """SELECT table_name, column_name, data_type, is_nullable, column_default
+           FROM information_schema.columns WHERE table_schema = 'public'
+           ORDER BY table_name, ordinal_position""",
+    )
+    indexes = fetch(
+        url,
+        "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' "
+        "ORDER BY indexname",
+    )
+    constraints = fetch(
+        url,
+        """SELECT conrelid::regclass::text AS tbl, conname, pg_get_constraintdef(oid) AS def
+           FROM pg_constraint WHERE connamespace = 'public'::regnamespace ORDER BY conname""",
+    )
+    return {
+        "columns": [tuple(r) for r in run(columns)],
+        "indexes": [tuple(r) for r in run(indexes)],
+        "constraints": [tuple(r) for r in run(constraints)],
+    }
+
+
+def indexdefs(url: str, table: str) -> dict[str, str]:
+    rows = run(
+        fetch(
+            url,
+            "SELECT indexname, indexdef FROM pg_indexes "
+            "WHERE schemaname = 'public' AND tablename = $1",
+            table,
+        )
+    )
+    return {r["indexname"]: r["indexdef"] for r in rows}
+
+
+def test_head_is_the_initial_revision() -> None:
+    assert (alembic_dir() / "env.py").is_file()
+    assert head_revision() == "0001_initial"
+
+
+def test_upgrade_fresh_database_reaches_head(empty_database_url: str) -> None:
+    assert current_revision(empty_database_url) is None
+    upgrade_to_head(empty_database_url)
+    assert current_revision(empty_database_url) == head_revision()
+
+
+def test_upgrade_twice_is_a_noop(fresh_database_url: str) -> None:
+    before = schema_snapshot(fresh_database_url)
+    run(execute(fresh_database_url, "INSERT INTO vaults (vault_id) VALUES ('v1')"))
+    upgrade_to_head(fresh_database_url)
+    assert current_revision(fresh_database_url) == head_revision()
+    assert schema_snapshot(fresh_database_url) == before
+    rows = run(fetch(fresh_database_url, "SELECT vault_id FROM vaults"))
+    assert [r["vault_id"] for r in rows] == ["v1"]
+
+
+def test_downgrade_to_base_and_back(fresh_database_url: str) -> None:
+    config = alembic_config(fresh_database_url)
+    command.downgrade(config, "base")
+    assert current_revision(fresh_database_url) is None
+    tables = run(
+        fetch(fresh_database_url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+    )
+    assert {r["tablename"] for r in tables} <= {"alembic_version"}
+    upgrade_to_head(fresh_database_url)
+    assert current_revision(fresh_database_url) == head_revision()
+
+
+def test_columns_match_the_spec(fresh_database_url: str) -> None:
+    rows = run(
+        fetch(
+            fresh_database_url,
+            """SELECT table_name, column_name, data_type, is_nullable, column_default
+               FROM information_schema.columns
+               WHERE table_schema = 'public' AND table_name = ANY($1::text[])""",
+            list(ALL_TABLES),
+        )
+    )
+    actual: dict[str, dict[str, tuple[str, bool, str | None]]] = {}
+    for r in rows:
+        actual.setdefault(r["table_name"], {})[r["column_name"]] = (
+            r["data_type"],
+            r["is_nullable"] == "YES",
+            r["column_default"],
+        )
+    assert actual == EXPECTED_COLUMNS
+
+
+@pytest.mark.parametrize(("table", "columns"), sorted(EXPECTED_PRIMARY_KEYS.items()))
+def test_primary_keys(fresh_database_url: str, table: str, columns: list[str]) -> None:
+    rows = run(
+        fetch(
+            fresh_database_url,
+            """SELECT a.attname FROM pg_index i
+               JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, pos) ON true
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+               WHERE i.indrelid = $1::regclass AND i.indisprimary ORDER BY k.pos""",
+            table,
+        )
+    )
+    assert [r["attname"] for r in rows] == columns
+
+
+def test_blob_indexes(fresh_database_url: str) -> None:
+    defs = indexdefs(fresh_database_url, "blobs")
+    assert (
+        "CREATE UNIQUE INDEX blobs_vault_id_seq_key ON public.blobs USING btree (vault_id, seq)"
+        in (defs.values())
+    )
+    assert (
+        "CREATE INDEX blobs_vault_id_created_at_ts_seq_idx "
+        "ON public.blobs USING btree (vault_id, created_at_ts, seq)"
+    ) in defs.values()
+    assert (
+        "CREATE INDEX blobs_tombstones_idx ON public.blobs USING btree (vault_id, seq) "
+        "WHERE deleted"
+    ) in defs.values()
+
+
+def test_api_key_indexes(fresh_database_url: str) -> None:
+    defs = " | ".join(indexdefs(fresh_database_url, "api_keys").values())
+    assert "CREATE INDEX api_keys_vault_id_idx ON public.api_keys USING btree (vault_id)" in defs
+    assert (
+        "CREATE UNIQUE INDEX api_keys_key_hash_key ON public.api_keys USING btree (key_hash)"
+        in (defs)
+    )
+
+
+@pytest.mark.parametrize("table", VAULT_TABLES)
+def test_vault_id_leads_every_vault_scoped_index(fresh_database_url: str, table: str) -> None:
+    defs = indexdefs(fresh_database_url, table)
+    assert defs
+    for name, definition in defs.items():
+        assert "USING btree (vault_id" in definition, name
+
+
+def test_defaults_and_constraints(fresh_database_url: str) -> None:
+    url = fresh_database_url
+
+    async def scenario() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("INSERT INTO vaults (vault_id) VALUES ('v')")
+            vault = await conn.fetchrow("SELECT * FROM vaults")
+            assert (vault["seq"], vault["compacted_through"], vault["bytes_used"]) == (0, 0, 0)
+            blob = (
+                "INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext,"
+                " hmac, created_at, created_at_ts, deleted, seq, size_bytes)"
+                " VALUES ($1, $2, 'd', 1, 'c', 'h', '2026-01-01T00:00:00+00:00',"
+                " '2026-01-01T00:00:00+00:00', false, $3, 1)"
+            )
+            await conn.execute(blob, "v", "m1", 1)
+            with pytest.raises(asyncpg.UniqueViolationError):
+                await conn.execute(blob, "v", "m2", 1)  # seq unique per vault
+            with pytest.raises(asyncpg.ForeignKeyViolationError):
+                await conn.execute(blob, "no-such-vault", "m3", 1)
+            await conn.execute("INSERT INTO devices (vault_id, device_id) VALUES ('v', 'd')")
+            device = await conn.fetchrow("SELECT * FROM devices")
+            assert (device["blob_count"], device["pulled_cursor"]) == (0, 0)
+            assert device["revoked_at"] is None
+            key = (
+                "INSERT INTO api_keys (id, key_hash, prefix, vault_id, device_id)"
+                " VALUES ($1, $2, 'p', $3, $4)"
+            )
+            await conn.execute(key, "k1", b"\x01" * 32, "v", "d")
+            row = await conn.fetchrow("SELECT is_admin, rate_per_sec FROM api_keys")
+            assert (row["is_admin"], row["rate_per_sec"]) == (False, 100)
+            with pytest.raises(asyncpg.UniqueViolationError):
+                await conn.execute(key, "k2", b"\x01" * 32, "v", None)
+            with pytest.raises(asyncpg.CheckViolationError):
+                await conn.execute(key, "k3", b"\x03" * 32, None, "d")  # bound key needs a vault
+            with pytest.raises(asyncpg.CheckViolationError):
+                await conn.execute(key, "k4", b"\x04" * 8, "v", None)  # not a sha256
+            await conn.execute("INSERT INTO quotas (vault_id) VALUES ('v')")
+            quota = await conn.fetchrow("SELECT * FROM quotas")
+            assert (quota["max_devices"], quota["max_bytes"]) == (None, None)
+        finally:
+            await conn.close()
+
+    run(scenario())
+
+
+def test_each_test_gets_its_own_empty_database(fresh_database_url: str) -> None:
+    rows = run(
+        fetch(fresh_database_url, "SELECT current_database() AS db, count(*) AS n FROM vaults")
+    )
+    assert rows[0]["db"].startswith("test_")
+    assert rows[0]["n"] == 0
