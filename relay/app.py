@@ -145,6 +145,7 @@ def create_app(config: RelayConfig) -> Litestar:
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=config.max_body_bytes,
         openapi_config=OpenAPIConfig(title="Engram Sync relay", version=__version__),
+        logging_config=None,
         debug=False,
     )
 

@@ -1,11 +1,332 @@
-"""The `engram-relay` command (issue 3 builds it out)."""
+"""The `engram-relay` command: serve, migrate, keys, devices, gc, stats."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sys
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import asyncpg
+import typer
+import uvicorn
+from rich.console import Console
+from rich.table import Table
+
+from relay.app import create_app
+from relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
+from relay.db.url import to_libpq_url
+from relay.ids import check_id
+from relay.logs import configure_logging
+from relay.runtime import database, default_relay_dir, save_admin_key
+from relay.store import compaction, devices
+from relay.store import keys as key_store
+from shared_format.wire import DeviceEntry
+
+log = logging.getLogger("relay.cli")
+app = typer.Typer(
+    help="Engram Sync relay: a zero-knowledge sync relay on PostgreSQL.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+keys_app = typer.Typer(help="Mint, list and revoke API keys.", no_args_is_help=True)
+devices_app = typer.Typer(help="List and revoke a vault's devices.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+app.add_typer(devices_app, name="devices")
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        help="PostgreSQL URL. Default: $ENGRAM_RELAY_DATABASE_URL, $DATABASE_URL, "
+        "else an embedded PostgreSQL in the data dir.",
+        show_default=False,
+    ),
+]
+DataDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", help="Relay data dir (embedded database, admin key).",
+                 show_default=False),
+]  # fmt: skip
+
+
+class CliError(Exception):
+    """A failure to report in one line, with what to do."""
+
+
+def _run_db(
+    database_url: str | None,
+    data_dir: Path | None,
+    work: Callable[[asyncpg.Connection], Awaitable[T]],
+) -> T:
+    with database(database_url, data_dir, migrate=True) as url:
+
+        async def go() -> T:
+            conn = await asyncpg.connect(to_libpq_url(url))
+            try:
+                return await work(conn)
+            finally:
+                await conn.close()
+
+        return asyncio.run(go())
+
+
+def _check_vault(vault_id: str) -> str:
+    problem = check_id(vault_id, "vault id")
+    if problem:
+        raise CliError(problem)
+    return vault_id
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = DEFAULT_PORT,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+    quota_devices: Annotated[
+        int | None, typer.Option(help="Max devices per vault (0 = unlimited).")
+    ] = None,
+    quota_bytes: Annotated[
+        int | None, typer.Option(help="Max stored ciphertext bytes per vault (0 = unlimited).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    log_format: Annotated[str, typer.Option(help="json or text.")] = "json",
+) -> None:
+    """Run the relay (on an embedded PostgreSQL unless a database URL is given)."""
+    configure_logging(log_level, log_format)
+    relay_dir = data_dir or default_relay_dir()
+    with database(database_url, relay_dir, migrate=True) as url:
+        config = config_from_env(url, quota_devices=quota_devices, quota_bytes=quota_bytes)
+        first_key = _first_admin_key(url, has_static=bool(config.static_keys))
+        base = f"http://{host}:{port}"
+        out.print(f"Engram Sync relay listening on [bold]{base}[/bold]")
+        if first_key is not None:
+            path = save_admin_key(relay_dir, first_key)
+            out.print(f"First admin key (shown once, saved 0600 in {path}):")
+            out.print(f"  [bold]{first_key}[/bold]")
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(config),
+                host=host,
+                port=port,
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=10,
+            )
+        )
+        server.run()  # returns on SIGINT / SIGTERM after a graceful shutdown
+    log.info("relay stopped")
+
+
+def _first_admin_key(url: str, *, has_static: bool) -> str | None:
+    """Mint an operator key when the relay has no keys at all (first start)."""
+    if has_static:
+        return None
+
+    async def go() -> str | None:
+        conn = await asyncpg.connect(to_libpq_url(url))
+        try:
+            async with conn.transaction():
+                await conn.execute("LOCK TABLE api_keys IN EXCLUSIVE MODE")
+                if await key_store.count_keys(conn):
+                    return None
+                _, key = await key_store.create_key(
+                    conn, vault_id=None, is_admin=True, label="first admin key"
+                )
+                return key
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+@app.command()
+def migrate(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
+    """Apply database migrations (forward-only) and exit."""
+    with database(database_url, data_dir, migrate=True):
+        out.print("database is at the latest schema")
+
+
+@keys_app.command("create")
+def keys_create(
+    vault: Annotated[str, typer.Option("--vault", help="Vault id the key is valid for.")],
+    admin: Annotated[bool, typer.Option("--admin", help="Admin on that vault.")] = False,
+    device: Annotated[
+        str | None, typer.Option("--device", help="Bind the key to one device id.")
+    ] = None,
+    rate: Annotated[int, typer.Option("--rate", help="Requests per second.", min=1)] = 100,
+    label: Annotated[str | None, typer.Option("--label", help="A note for `keys list`.")] = None,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Mint a key for one vault; it is printed once and stored only as a hash."""
+    _check_vault(vault)
+    if device is not None and check_id(device, "device id"):
+        raise CliError(f"invalid device id: {check_id(device, 'device id')}")
+    key_id, key = _run_db(
+        database_url,
+        data_dir,
+        lambda c: key_store.create_key(
+            c, vault_id=vault, is_admin=admin, device_id=device, rate=rate, label=label
+        ),
+    )
+    err.print(f"key {key_id} for vault {vault}{' (admin)' if admin else ''} — shown once:")
+    out.print(key)
+
+
+@keys_app.command("list")
+def keys_list(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
+    """List minted keys (ids and prefixes, never the keys)."""
+    records = _run_db(database_url, data_dir, key_store.list_keys)
+    table = Table("id", "prefix", "vault", "admin", "device", "rate", "label", "created", "revoked")
+    for r in records:
+        table.add_row(
+            r.id,
+            r.prefix + "…",
+            r.vault_id or "(all)",
+            "yes" if r.is_admin else "",
+            r.device_id or "",
+            str(r.rate_per_sec),
+            r.label or "",
+            r.created_at.isoformat(timespec="seconds"),
+            r.revoked_at.isoformat(timespec="seconds") if r.revoked_at else "",
+        )
+    out.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="Key id from `keys list`.")],
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Revoke a key by id (takes effect on the next request, on every replica)."""
+    if not _run_db(database_url, data_dir, lambda c: key_store.revoke_key(c, key_id)):
+        raise CliError(f"no key with id {key_id!r}; see `engram-relay keys list`")
+    out.print(f"key {key_id} revoked")
+
+
+@devices_app.command("list")
+def devices_list(
+    vault: Annotated[str, typer.Option("--vault", help="Vault id.")],
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Show a vault's device roster."""
+    _check_vault(vault)
+    with database(database_url, data_dir, migrate=True) as url:
+
+        async def go() -> list[DeviceEntry]:
+            pool = await asyncpg.create_pool(to_libpq_url(url), min_size=1, max_size=1)
+            try:
+                return await devices.roster(pool, vault)
+            finally:
+                await pool.close()
+
+        entries = asyncio.run(go())
+    table = Table("device", "label", "last seen", "blobs", "revoked")
+    for d in entries:
+        table.add_row(d.device_id, d.label or "", d.last_seen or "", str(d.blob_count),
+                      "yes" if d.revoked else "")  # fmt: skip
+    out.print(table)
+
+
+@devices_app.command("revoke")
+def devices_revoke(
+    device_id: Annotated[str, typer.Argument(help="Device id to revoke.")],
+    vault: Annotated[str, typer.Option("--vault", help="Vault id.")],
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Revoke a device and every key bound to it; its pushes and pulls are refused."""
+    _check_vault(vault)
+    with database(database_url, data_dir, migrate=True) as url:
+
+        async def go() -> int:
+            pool = await asyncpg.create_pool(to_libpq_url(url), min_size=1, max_size=1)
+            try:
+                return await devices.revoke(pool, vault, device_id)
+            finally:
+                await pool.close()
+
+        revoked_keys = asyncio.run(go())
+    out.print(f"device {device_id} revoked in vault {vault} ({revoked_keys} bound key(s) revoked)")
+
+
+@app.command()
+def gc(
+    retention_days: Annotated[
+        int, typer.Option(help="Keep tombstones at least this many days.", min=0)
+    ] = DEFAULT_RETENTION_DAYS,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Compact tombstones now (only those every active device has pulled past)."""
+    with database(database_url, data_dir, migrate=True) as url:
+
+        async def go() -> list[compaction.CompactionResult]:
+            pool = await asyncpg.create_pool(to_libpq_url(url), min_size=1, max_size=1)
+            try:
+                return await compaction.compact_all(pool, timedelta(days=retention_days))
+            finally:
+                await pool.close()
+
+        results = asyncio.run(go())
+    removed = sum(r.removed for r in results)
+    out.print(f"removed {removed} tombstone(s) from {len(results)} vault(s)")
+
+
+@app.command()
+def stats(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
+    """Vaults, blobs, tombstones, devices, keys and database size."""
+
+    async def work(conn: asyncpg.Connection) -> asyncpg.Record:
+        row: asyncpg.Record = await conn.fetchrow(
+            "SELECT (SELECT count(*) FROM vaults) AS vaults,"
+            " (SELECT count(*) FROM blobs WHERE NOT deleted) AS live_blobs,"
+            " (SELECT count(*) FROM blobs WHERE deleted) AS tombstones,"
+            " (SELECT count(*) FROM devices) AS devices,"
+            " (SELECT count(*) FROM devices WHERE revoked_at IS NOT NULL) AS revoked_devices,"
+            " (SELECT count(*) FROM api_keys WHERE revoked_at IS NULL) AS active_keys,"
+            " pg_database_size(current_database()) AS db_size_bytes"
+        )
+        return row
+
+    row = _run_db(database_url, data_dir, work)
+    for name, value in dict(row).items():
+        out.print(f"{name}: {value}")
 
 
 def main() -> None:
-    """Entry point of `engram-relay`."""
-    print("engram-relay: not implemented yet (the relay lands with issue 3)", file=sys.stderr)
-    sys.exit(2)
+    """Entry point: errors are one line and a non-zero exit; `--debug` shows tracebacks."""
+    debug = "--debug" in sys.argv
+    if debug:
+        sys.argv.remove("--debug")
+    try:
+        app(standalone_mode=False)
+    except (CliError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except Exception as exc:
+        if debug:
+            raise
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
+        err.print("run again with --debug for the full traceback")
+        sys.exit(1)

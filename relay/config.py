@@ -56,7 +56,7 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
 def config_from_env(
     database_url: str,
     env: Mapping[str, str] | None = None,
-    **overrides: int,
+    **overrides: int | None,
 ) -> RelayConfig:
     """Build the config from `ENGRAM_RELAY_*` variables and `SYNC_API_KEYS`; overrides win."""
     source = os.environ if env is None else env

@@ -1,0 +1,49 @@
+"""Structured logging for the relay: one JSON object per line (or plain text).
+
+Fields passed with `extra=` are included; nothing here ever formats a key,
+a ciphertext or an HMAC — callers log key prefixes only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any, Final
+
+_STANDARD: Final = frozenset(
+    logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys() | {"message", "asctime"}
+)
+
+
+class JsonFormatter(logging.Formatter):
+    """`{"ts","level","logger","msg",...extra}` per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_"):
+                payload[key] = value if isinstance(value, str | int | float | bool) else str(value)
+        if record.exc_info:
+            payload["exc"] = self.formatException(record.exc_info)
+        return json.dumps(payload, ensure_ascii=False)
+
+
+def configure_logging(level: str = "info", fmt: str = "json") -> None:
+    """Route every logger to stderr in the chosen format."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("httpx", "alembic.runtime.migration"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
