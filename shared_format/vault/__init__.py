@@ -29,7 +29,7 @@ from shared_format.vault.schema import (
 )
 from shared_format.vault.sqlcipher import DatabaseError, Error, IntegrityError, OperationalError
 from shared_format.vault.store import DB_FILE_NAME, Vault, VaultKeyKind, open_vault
-from shared_format.vault.timestamps import utc_now_rfc3339
+from shared_format.timestamps import utc_now_rfc3339
 
 __all__ = [
     "DB_FILE_NAME",
