@@ -1,11 +1,455 @@
-"""The `engram-sync` command (issue 4 builds it out)."""
+"""The `engram-sync` command: a vault on this device, synced through a relay.
+
+The vault directory comes from `--vault` or `ENGRAM_VAULT` (default
+`~/.engram/vault`); the passphrase from `ENGRAM_PASSPHRASE` or a prompt, never
+from the command line. Errors are one line and a non-zero exit (`--debug` shows
+the traceback).
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any, Final
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from client import conflicts as conflict_ops
+from client.errors import SyncError
+from client.local_store import add_memory as store_add
+from client.local_store import (
+    count_to_push,
+    delete_memory,
+    edit_memory,
+    get_memory,
+    get_row,
+    list_memories,
+    row_needs_push,
+)
+from client.session import VaultSession
+from client.syncer import SyncReport
+from shared_format.errors import FormatError, WrongPassphraseError
+from shared_format.plaintext import MemoryPlaintext
+
+DEFAULT_VAULT: Final = Path("~/.engram/vault")
+LAYERS: Final = ("episodic", "semantic", "imagined")
+
+app = typer.Typer(
+    help="Engram Sync: end-to-end encrypted sync of an Engram memory vault through a relay.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+conflicts_app = typer.Typer(
+    help="Local versions that lost to a remote edit (kept, never pushed).",
+    invoke_without_command=True,
+)
+app.add_typer(conflicts_app, name="conflicts")
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class CliError(Exception):
+    """A failure reported as one line."""
+
+
+class _Options:
+    vault: Path = DEFAULT_VAULT
+
+
+OPTIONS = _Options()
+
+
+@app.callback()
+def _main(
+    vault: Annotated[
+        Path | None,
+        typer.Option(
+            "--vault",
+            envvar="ENGRAM_VAULT",
+            help="Vault directory (default ~/.engram/vault).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    OPTIONS.vault = (vault or DEFAULT_VAULT).expanduser()
+
+
+def _passphrase(confirm: bool = False) -> str:
+    env = os.environ.get("ENGRAM_PASSPHRASE")
+    if env:
+        return env
+    if not sys.stdin.isatty():
+        raise CliError("no passphrase: set ENGRAM_PASSPHRASE or run in a terminal to be asked")
+    value: str = typer.prompt("Vault passphrase", hide_input=True, confirmation_prompt=confirm)
+    if not value:
+        raise CliError("the passphrase must not be empty")
+    return value
+
+
+@contextmanager
+def _session(create: bool = False) -> Iterator[VaultSession]:
+    path = OPTIONS.vault
+    if not create and not (path / "engrams.db").exists():
+        raise CliError(f"no vault at {path}: run `engram-sync init` (or pass --vault DIR)")
+    with VaultSession.open(path, _passphrase(confirm=create), create=create) as session:
+        yield session
+
+
+def _print_json(payload: Any) -> None:
+    out.print_json(json.dumps(payload, ensure_ascii=False, sort_keys=True))
+
+
+@app.command()
+def init() -> None:
+    """Create a new passphrase-encrypted vault in the vault directory."""
+    if (OPTIONS.vault / "engrams.db").exists():
+        raise CliError(f"a vault already exists at {OPTIONS.vault}")
+    OPTIONS.vault.mkdir(parents=True, exist_ok=True)
+    with _session(create=True) as session:
+        out.print(f"created vault {session.path} (device {session.device.device_id})")
+
+
+@app.command()
+def link(
+    relay: Annotated[str, typer.Option("--relay", help="Relay URL, e.g. http://127.0.0.1:8788")],
+    api_key: Annotated[
+        str, typer.Option("--api-key", envvar="ENGRAM_API_KEY", help="API key for the vault.")
+    ],
+    vault_id: Annotated[
+        str | None, typer.Option("--vault-id", help="Pin a vault id (default: derived).")
+    ] = None,
+    label: Annotated[str | None, typer.Option("--label", help="This device's name.")] = None,
+) -> None:
+    """Link the vault to a relay: pins the vault id and registers this device."""
+    with _session() as session:
+        chosen = session.link(relay, api_key, vault_id, label)
+        out.print(f"linked to {relay} as vault {chosen} (device {session.device.device_id})")
+
+
+@app.command()
+def add(
+    text: Annotated[str, typer.Argument(help="The memory's text.")],
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="A tag (repeatable).")] = None,
+    project: Annotated[str | None, typer.Option("--project", help="Project name.")] = None,
+    layer: Annotated[str, typer.Option("--layer", help="episodic, semantic or imagined.")] = (
+        "episodic"
+    ),
+) -> None:
+    """Add a memory; prints its id."""
+    if layer not in LAYERS:
+        raise CliError(f"--layer must be one of {', '.join(LAYERS)}")
+    if not text.strip():
+        raise CliError("the memory text is empty")
+    with _session() as session, session.vault.transaction() as conn:
+        memory_id = store_add(conn, text, layer=layer, tags=tag or [], project=project)
+    out.print(memory_id)
+
+
+def _summary(memory: MemoryPlaintext, synced: bool) -> dict[str, Any]:
+    return {
+        "id": memory.id,
+        "content": memory.content,
+        "layer": memory.layer,
+        "tags": memory.tags,
+        "project": memory.project,
+        "created_at": memory.created_at,
+        "modified_at": memory.modified_at,
+        "synced": synced,
+    }
+
+
+@app.command("list")
+def list_(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
+    """List memories, oldest first."""
+    with _session() as session:
+        conn = session.vault.conn
+        items = []
+        for memory in list_memories(conn):
+            row = get_row(conn, memory.id)
+            items.append(_summary(memory, row is not None and not row_needs_push(row)))
+    if json_out:
+        _print_json(items)
+        return
+    for item in items:
+        first_line = item["content"].splitlines()[0] if item["content"] else ""
+        mark = "" if item["synced"] else " *"
+        out.print(f"{item['id']}  {item['modified_at'][:19]}  {first_line[:80]}{mark}")
+    if not items:
+        err.print("no memories yet: `engram-sync add TEXT`")
+
+
+@app.command()
+def show(memory_id: Annotated[str, typer.Argument(help="Memory id.")]) -> None:
+    """Show one memory in full (JSON)."""
+    with _session() as session:
+        memory = get_memory(session.vault.conn, memory_id)
+    if memory is None:
+        raise CliError(f"no memory {memory_id!r}; `engram-sync list` shows the ids")
+    _print_json(json.loads(_encode(memory)))
+
+
+def _encode(memory: MemoryPlaintext) -> str:
+    from shared_format.plaintext import encode_memory
+
+    return encode_memory(memory)
+
+
+@app.command()
+def edit(
+    memory_id: Annotated[str, typer.Argument(help="Memory id.")],
+    text: Annotated[str, typer.Argument(help="The new text.")],
+) -> None:
+    """Replace a memory's text."""
+    with _session() as session, session.vault.transaction() as conn:
+        if not edit_memory(conn, memory_id, text):
+            raise CliError(f"no memory {memory_id!r}; `engram-sync list` shows the ids")
+    out.print(f"edited {memory_id}")
+
+
+@app.command()
+def delete(memory_id: Annotated[str, typer.Argument(help="Memory id.")]) -> None:
+    """Delete a memory (the deletion syncs to the other devices)."""
+    with _session() as session, session.vault.transaction() as conn:
+        if not delete_memory(conn, memory_id):
+            raise CliError(f"no memory {memory_id!r}; `engram-sync list` shows the ids")
+    out.print(f"deleted {memory_id}")
+
+
+def _report_dict(report: SyncReport) -> dict[str, Any]:
+    return asdict(report)
+
+
+def _run_sync(session: VaultSession, show_progress: bool) -> SyncReport:
+    with session.relay() as relay:
+        if not show_progress:
+            return session.syncer(relay).sync()
+        columns = (
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=err, transient=True) as bar:
+            pending = sum(count_to_push(session.vault.conn))
+            pull_task = bar.add_task("pulling", total=None, detail="")
+            push_task = bar.add_task("pushing", total=pending or None, detail="")
+
+            def progress(phase: str, report: SyncReport) -> None:
+                if phase == "pull":
+                    detail = f"{report.pulled} pulled, {report.applied} applied"
+                    bar.update(pull_task, detail=detail)
+                else:
+                    bar.update(push_task, completed=report.pushed, detail=f"{report.pushed} pushed")
+
+            return session.syncer(relay, progress).sync()
+
+
+@app.command()
+def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
+    """Pull remote changes, then push local ones."""
+    with _session() as session:
+        report = _run_sync(session, show_progress=not json_out and err.is_terminal)
+    if json_out:
+        _print_json(_report_dict(report))
+        return
+    parts = [f"pulled {report.pulled} (applied {report.applied}), pushed {report.pushed}"]
+    if report.conflicts:
+        parts.append(f"{report.conflicts} conflict(s) kept: see `engram-sync conflicts`")
+    if report.invalid:
+        parts.append(f"{report.invalid} invalid blob(s) skipped: see `engram-sync status`")
+    if report.oversized:
+        parts.append(f"{len(report.oversized)} memory(ies) too large to sync")
+    out.print(", ".join(parts))
+
+
+@app.command()
+def watch(
+    interval: Annotated[
+        float | None, typer.Option("--interval", help="Seconds between syncs.", min=1)
+    ] = None,
+) -> None:
+    """Sync continuously until Ctrl-C or SIGTERM."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with _session() as session:
+        every = interval or session.config.interval_secs
+        err.print(f"syncing {session.path} every {every:g}s (Ctrl-C to stop)")
+        while not stop.is_set():
+            try:
+                report = _run_sync(session, show_progress=False)
+                if report.applied or report.pushed or report.conflicts or report.invalid:
+                    out.print(
+                        f"pulled {report.pulled} (applied {report.applied}), "
+                        f"pushed {report.pushed}, conflicts {report.conflicts}"
+                    )
+            except SyncError as exc:
+                err.print(f"sync failed: {exc} (retrying in {every:g}s)")
+                if session.state.revoked:
+                    raise
+            stop.wait(every)
+    err.print("stopped")
+
+
+@app.command()
+def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
+    """Where this device stands: ids, clock, cursor, pending work, problems."""
+    with _session() as session:
+        conn = session.vault.conn
+        pushes, tombstones = count_to_push(conn)
+        conflicts = conn.execute(
+            "SELECT count(*) FROM sync_conflicts WHERE restored_at IS NULL"
+        ).fetchone()[0]
+        reachable: bool | None = None
+        if session.config.server_url:
+            try:
+                with session.relay(max_retries=0, timeout=5) as relay:
+                    relay.health()
+                reachable = True
+            except (SyncError, ValueError):
+                reachable = False
+        info: dict[str, Any] = {
+            "vault_dir": str(session.path),
+            "vault_id": session.config.vault_id,
+            "relay": session.config.server_url,
+            "relay_reachable": reachable,
+            "device_id": session.device.device_id,
+            "device_label": session.device.label,
+            "clock": session.device.vector_clock,
+            "cursor": session.state.cursor,
+            "pending_pushes": pushes,
+            "pending_tombstones": tombstones,
+            "conflicts": int(conflicts),
+            "skipped_blobs": [asdict(s) for s in session.state.skipped],
+            "oversized": session.state.oversized,
+            "revoked": session.state.revoked,
+            "last_sync_at": session.state.last_sync_at,
+            "last_error": session.state.last_error,
+        }
+    if json_out:
+        _print_json(info)
+        return
+    for key, value in info.items():
+        if key == "skipped_blobs":
+            out.print(f"skipped_blobs: {len(value)}")
+            for s in value[-10:]:
+                out.print(
+                    f"  {s['memory_id']} from {s['device_id']} @{s['vector_clock']}: {s['reason']}"
+                )
+        else:
+            out.print(f"{key}: {value}")  # fmt: skip
+
+
+@app.command()
+def devices(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
+    """The relay's roster of devices for this vault."""
+    with _session() as session, session.relay() as relay:
+        roster = relay.devices(session.config.vault_id or "")
+        me = session.device.device_id
+    rows = [
+        {
+            "device_id": d.device_id,
+            "label": d.label,
+            "last_seen": d.last_seen,
+            "blob_count": d.blob_count,
+            "revoked": d.revoked,
+            "this_device": d.device_id == me,
+        }
+        for d in roster.devices
+    ]
+    if json_out:
+        _print_json(rows)
+        return
+    for r in rows:
+        flags = (" (this device)" if r["this_device"] else "") + (
+            " REVOKED" if r["revoked"] else ""
+        )
+        out.print(f"{r['device_id']}  {r['label'] or '-'}  last seen {r['last_seen']}  "
+                  f"{r['blob_count']} blobs{flags}")  # fmt: skip
+
+
+@app.command()
+def revoke(device_id: Annotated[str, typer.Argument(help="Device id to revoke.")]) -> None:
+    """Revoke a device (needs an admin key): its pushes and pulls are refused from now on."""
+    with _session() as session, session.relay() as relay:
+        relay.revoke_device(session.config.vault_id or "", device_id)
+    out.print(f"revoked {device_id}")
+
+
+@conflicts_app.callback()
+def conflicts_list(
+    ctx: typer.Context,
+    json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+) -> None:
+    """List kept conflict copies (`conflicts restore ID` brings one back as a new edit)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with _session() as session:
+        items = conflict_ops.list_conflicts(session.vault.conn)
+    if json_out:
+        _print_json([asdict(c) for c in items])
+        return
+    if not items:
+        out.print("no conflicts")
+    for c in items:
+        what = "deletion" if c.local_deleted else (c.local_content or "")[:70]
+        out.print(f"#{c.id}  {c.memory_id}  lost to {c.remote_device_id}@{c.remote_vector_clock}"
+                  f"  {c.detected_at[:19]}  {what}")  # fmt: skip
+
+
+@conflicts_app.command("restore")
+def conflicts_restore(conflict_id: Annotated[int, typer.Argument(help="Conflict number.")]) -> None:
+    """Restore a kept local version as a new local edit (it syncs like any edit)."""
+    with _session() as session, session.vault.transaction() as conn:
+        memory_id = conflict_ops.restore_conflict(conn, conflict_id)
+    out.print(f"restored conflict #{conflict_id} into {memory_id}; run `engram-sync sync`")
 
 
 def main() -> None:
-    """Entry point of `engram-sync`."""
-    print("engram-sync: not implemented yet (the client lands with issue 4)", file=sys.stderr)
-    sys.exit(2)
+    """Entry point: one clear line and a non-zero exit on errors; `--debug` for tracebacks."""
+    debug = "--debug" in sys.argv
+    if debug:
+        sys.argv.remove("--debug")
+    try:
+        app(standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("aborted")
+        sys.exit(130)
+    except Exception as exc:
+        if debug:
+            raise
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        sys.exit(_report_error(exc))
+
+
+def _report_error(exc: Exception) -> int:
+    if isinstance(exc, WrongPassphraseError):
+        err.print(f"error: {exc}. Check ENGRAM_PASSPHRASE or the passphrase you typed.")
+        return 2
+    if isinstance(exc, CliError | SyncError | FormatError | ValueError | OSError):
+        err.print(f"error: {exc}")
+        return 1
+    err.print(f"error: {type(exc).__name__}: {exc} (run again with --debug for details)")
+    return 1

@@ -36,8 +36,8 @@ keys_app = typer.Typer(help="Mint, list and revoke API keys.", no_args_is_help=T
 devices_app = typer.Typer(help="List and revoke a vault's devices.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 app.add_typer(devices_app, name="devices")
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
 DatabaseUrl = Annotated[

@@ -1,0 +1,513 @@
+"""The memories of a local vault, as the syncer and the CLI see them (VAULT §3, PROTOCOL §4).
+
+Rows ↔ plaintexts, local edits (which bump `modified_at` and write tombstones),
+what needs pushing, and applying pulled versions as received. Every function
+takes the vault's connection and leaves transactions to the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import struct
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Final
+
+import sqlcipher3
+
+from shared_format.plaintext import Link, MemoryPlaintext, decode_plaintext, encode_memory
+from shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
+from shared_format.vault.content_hash import normalized_hash
+
+DEFAULT_EMBEDDING_MODEL: Final = "all-MiniLM-L6-v2"
+
+_ENGRAM_COLUMNS: Final = (
+    "id, layer, source, privacy_level, content, context, strength, valence, retrievals,"
+    " imagined, grounded, created_at, last_retrieved, project, tags, scope, content_type,"
+    " occurred_at, modified_at, synced_at"
+)
+
+# Local-only bookkeeping of the sync (never pushed): the highest version this device
+# has applied or pushed per memory (PROTOCOL §8 `known_clocks`), and links whose
+# target has not arrived yet (engram_links.target_id must reference an existing row).
+SYNC_TABLES: Final = (
+    """CREATE TABLE IF NOT EXISTS sync_known_clocks (
+        memory_id TEXT PRIMARY KEY,
+        vector_clock INTEGER NOT NULL,
+        device_id TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS sync_pending_links (
+        source_id TEXT NOT NULL,
+        target_id TEXT NOT NULL,
+        link_type TEXT NOT NULL,
+        weight REAL NOT NULL,
+        PRIMARY KEY (source_id, target_id)
+    )""",
+)
+
+NEEDS_PUSH: Final = "(synced_at IS NULL OR modified_at > synced_at)"  # PROTOCOL §8
+
+
+def ensure_sync_tables(conn: sqlite3.Connection) -> None:
+    """Rows by column name, and the client's local-only sync tables (idempotent)."""
+    conn.row_factory = sqlcipher3.Row
+    for statement in SYNC_TABLES:
+        conn.execute(statement)
+
+
+def new_memory_id() -> str:
+    """`mem_` + the first 16 characters of a hyphenated UUIDv4 (VAULT §3)."""
+    return "mem_" + str(uuid.uuid4())[:16]
+
+
+# --- rows <-> plaintexts ---------------------------------------------------------------------
+
+
+def _embedding_floats(blob: bytes) -> list[float]:
+    count = len(blob) // 8
+    return list(struct.unpack(f"<{count}d", blob[: count * 8]))
+
+
+def _embedding_blob(values: list[float]) -> bytes:
+    return struct.pack(f"<{len(values)}d", *values)
+
+
+def _json_or(text: str | None, default: Any) -> Any:
+    if text is None or text == "":
+        return default
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return default
+
+
+def row_to_plaintext(conn: sqlite3.Connection, row: sqlite3.Row) -> MemoryPlaintext:
+    """The PROTOCOL §4 plaintext of one engrams row, with its links and embedding."""
+    links = [
+        Link(link_type=r["link_type"], target_id=r["target_id"], weight=r["weight"])
+        for r in conn.execute(
+            "SELECT link_type, target_id, weight FROM engram_links WHERE source_id = ?"
+            " ORDER BY target_id",
+            (row["id"],),
+        )
+    ]
+    emb = conn.execute(
+        "SELECT embedding, model FROM engram_embeddings WHERE engram_id = ?", (row["id"],)
+    ).fetchone()
+    tags = _json_or(row["tags"], [])
+    return MemoryPlaintext(
+        id=row["id"],
+        content=row["content"],
+        layer=row["layer"],
+        scope=row["scope"],
+        content_type=row["content_type"],
+        source=row["source"],
+        privacy_level=row["privacy_level"],
+        context=_json_or(row["context"], {}),
+        created_at=row["created_at"],
+        modified_at=row["modified_at"] or row["created_at"],
+        last_retrieved=row["last_retrieved"],
+        occurred_at=row["occurred_at"],
+        project=row["project"],
+        tags=[str(t) for t in tags] if isinstance(tags, list) else [],
+        strength=float(row["strength"]),
+        valence=float(row["valence"]),
+        retrievals=int(row["retrievals"]),
+        imagined=bool(row["imagined"]),
+        grounded=bool(row["grounded"]),
+        links=links,
+        embedding=_embedding_floats(emb["embedding"]) if emb else None,
+        embedding_model=emb["model"] if emb else None,
+    )
+
+
+def get_row(conn: sqlite3.Connection, memory_id: str) -> sqlite3.Row | None:
+    """The engrams row of one memory, or None."""
+    row: sqlite3.Row | None = conn.execute(
+        f"SELECT rowid, {_ENGRAM_COLUMNS} FROM engrams WHERE id = ?",  # noqa: S608 - constants
+        (memory_id,),
+    ).fetchone()
+    return row
+
+
+def get_memory(conn: sqlite3.Connection, memory_id: str) -> MemoryPlaintext | None:
+    """One memory as a plaintext, or None."""
+    row = get_row(conn, memory_id)
+    return None if row is None else row_to_plaintext(conn, row)
+
+
+def list_memories(conn: sqlite3.Connection) -> list[MemoryPlaintext]:
+    """Every memory, oldest first."""
+    query = f"SELECT {_ENGRAM_COLUMNS} FROM engrams ORDER BY created_at, id"  # noqa: S608
+    rows = conn.execute(query)
+    return [row_to_plaintext(conn, r) for r in rows.fetchall()]
+
+
+def row_needs_push(row: sqlite3.Row) -> bool:
+    """PROTOCOL §8: `synced_at IS NULL OR modified_at > synced_at`."""
+    synced = row["synced_at"]
+    return synced is None or (row["modified_at"] or "") > synced
+
+
+# --- local edits -----------------------------------------------------------------------------
+
+
+def _fts_replace(conn: sqlite3.Connection, memory_id: str, content: str) -> None:
+    # VAULT §3: engrams_fts is kept in sync by application code (delete by id, then
+    # insert with the engram's rowid), not by triggers.
+    conn.execute("DELETE FROM engrams_fts WHERE id = ?", (memory_id,))
+    conn.execute(
+        "INSERT INTO engrams_fts (rowid, id, content)"
+        " SELECT rowid, id, content FROM engrams WHERE id = ?",
+        (memory_id,),
+    )
+
+
+def next_modified_at(*previous: str | None) -> str:
+    """Now, but strictly after every previous stamp (a remote clock may run ahead)."""
+    stamp = utc_now_rfc3339()
+    floor = None
+    for text in previous:
+        if text:
+            try:
+                instant = parse_rfc3339(text)
+            except ValueError:
+                continue
+            floor = instant if floor is None else max(floor, instant)
+    if floor is not None and parse_rfc3339(stamp) <= floor:
+        stamp = format_rfc3339(floor + timedelta(microseconds=1))
+    return stamp
+
+
+def mark_edited(conn: sqlite3.Connection, memory_id: str, modified_at: str) -> None:
+    """Set modified_at; if text order cannot show it as newer than synced_at, clear synced_at
+    (a pulled row keeps the remote's spelling of its timestamps)."""
+    conn.execute(
+        "UPDATE engrams SET modified_at = ?,"
+        " synced_at = CASE WHEN synced_at IS NOT NULL AND ? > synced_at THEN synced_at END"
+        " WHERE id = ?",
+        (modified_at, modified_at, memory_id),
+    )
+
+
+def add_memory(
+    conn: sqlite3.Connection,
+    content: str,
+    *,
+    layer: str = "episodic",
+    source: str = "user",
+    tags: Iterable[str] = (),
+    project: str | None = None,
+    scope: str = "moment",
+) -> str:
+    """Insert a new local memory (needs pushing); returns its id."""
+    memory_id = new_memory_id()
+    now = utc_now_rfc3339()
+    conn.execute(
+        "INSERT INTO engrams (id, layer, source, privacy_level, content, context, created_at,"
+        " project, tags, content_hash, scope, content_type, modified_at)"
+        " VALUES (?, ?, ?, 'cloud_first', ?, '{}', ?, ?, ?, ?, ?, 'text', ?)",
+        (
+            memory_id,
+            layer,
+            source,
+            content,
+            now,
+            project,
+            json.dumps(list(tags), ensure_ascii=False),
+            normalized_hash(content),
+            scope,
+            now,
+        ),
+    )
+    _fts_replace(conn, memory_id, content)
+    return memory_id
+
+
+def edit_memory(conn: sqlite3.Connection, memory_id: str, content: str) -> bool:
+    """Replace a memory's content as a local edit; False if there is no such memory."""
+    row = get_row(conn, memory_id)
+    if row is None:
+        return False
+    conn.execute(
+        "UPDATE engrams SET content = ?, content_hash = ? WHERE id = ?",
+        (content, normalized_hash(content), memory_id),
+    )
+    mark_edited(conn, memory_id, next_modified_at(row["modified_at"], row["synced_at"]))
+    _fts_replace(conn, memory_id, content)
+    return True
+
+
+def delete_memory(conn: sqlite3.Connection, memory_id: str) -> bool:
+    """Delete locally and record a tombstone in the same transaction (VAULT §3)."""
+    if get_row(conn, memory_id) is None:
+        return False
+    _remove_row(conn, memory_id)
+    conn.execute(
+        "INSERT OR REPLACE INTO tombstones (id, deleted_at) VALUES (?, ?)",
+        (memory_id, utc_now_rfc3339()),
+    )
+    return True
+
+
+def _remove_row(conn: sqlite3.Connection, memory_id: str) -> None:
+    conn.execute("DELETE FROM engrams_fts WHERE id = ?", (memory_id,))
+    conn.execute("DELETE FROM engrams WHERE id = ?", (memory_id,))  # links, embedding cascade
+    conn.execute("DELETE FROM sync_pending_links WHERE source_id = ?", (memory_id,))
+
+
+# --- pushing ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PendingTombstone:
+    """A local deletion the relay has not accepted yet."""
+
+    memory_id: str
+    deleted_at: str
+
+
+def rows_to_push(
+    conn: sqlite3.Connection, limit: int, after: tuple[str, str] | None = None
+) -> list[sqlite3.Row]:
+    """Rows needing a push, oldest edit first (PROTOCOL §8), after a (modified_at, id) key."""
+    mod, last_id = after if after is not None else ("", "")
+    rows: list[sqlite3.Row] = conn.execute(
+        f"SELECT {_ENGRAM_COLUMNS} FROM engrams WHERE {NEEDS_PUSH}"  # noqa: S608 - constants
+        " AND (coalesce(modified_at, '') > ? OR (coalesce(modified_at, '') = ? AND id > ?))"
+        " ORDER BY coalesce(modified_at, ''), id LIMIT ?",
+        (mod, mod, last_id, limit),
+    ).fetchall()
+    return rows
+
+
+def count_to_push(conn: sqlite3.Connection) -> tuple[int, int]:
+    """(rows needing a push, pending tombstones)."""
+    query = f"SELECT count(*) FROM engrams WHERE {NEEDS_PUSH}"  # noqa: S608 - a constant
+    rows = conn.execute(query).fetchone()[0]
+    tombs = conn.execute("SELECT count(*) FROM tombstones").fetchone()[0]
+    return int(rows), int(tombs)
+
+
+def pending_tombstones(conn: sqlite3.Connection, limit: int) -> list[PendingTombstone]:
+    """Local deletions to push, oldest first."""
+    return [
+        PendingTombstone(r["id"], r["deleted_at"])
+        for r in conn.execute(
+            "SELECT id, deleted_at FROM tombstones ORDER BY deleted_at, id LIMIT ?", (limit,)
+        )
+    ]
+
+
+def mark_pushed(conn: sqlite3.Connection, memory_id: str, pushed_modified_at: str) -> None:
+    """After the relay accepted a version: synced_at = the pushed modified_at (PROTOCOL §8)."""
+    conn.execute("UPDATE engrams SET synced_at = ? WHERE id = ?", (pushed_modified_at, memory_id))
+
+
+def clear_tombstone(conn: sqlite3.Connection, memory_id: str, deleted_at: str) -> None:
+    """Forget a pushed tombstone (unless the memory was deleted again since)."""
+    conn.execute("DELETE FROM tombstones WHERE id = ? AND deleted_at = ?", (memory_id, deleted_at))
+
+
+# --- known clocks (LWW) ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KnownVersion:
+    """The highest version this device applied or pushed for a memory."""
+
+    vector_clock: int
+    device_id: str
+    created_at: str
+
+
+def known_version(conn: sqlite3.Connection, memory_id: str) -> KnownVersion | None:
+    """The memory's known version, or None."""
+    row = conn.execute(
+        "SELECT vector_clock, device_id, created_at FROM sync_known_clocks WHERE memory_id = ?",
+        (memory_id,),
+    ).fetchone()
+    return None if row is None else KnownVersion(row[0], row[1], row[2])
+
+
+def remember_version(conn: sqlite3.Connection, memory_id: str, version: KnownVersion) -> None:
+    """Record the version applied or pushed for a memory."""
+    conn.execute(
+        "INSERT OR REPLACE INTO sync_known_clocks (memory_id, vector_clock, device_id, created_at)"
+        " VALUES (?, ?, ?, ?)",
+        (memory_id, version.vector_clock, version.device_id, version.created_at),
+    )
+
+
+def remote_wins(remote: KnownVersion, known: KnownVersion | None) -> bool:
+    """LWW (PROTOCOL §8): higher clock wins; equal clocks from different devices (legacy
+    clients only) go to the later created_at as instants, then the higher device_id."""
+    if known is None or remote.vector_clock > known.vector_clock:
+        return True
+    if remote.vector_clock < known.vector_clock or remote.device_id == known.device_id:
+        return False
+    return (_instant_key(remote.created_at), remote.device_id) > (
+        _instant_key(known.created_at),
+        known.device_id,
+    )
+
+
+def _instant_key(text: str) -> str:
+    try:
+        return format_rfc3339(parse_rfc3339(text))
+    except ValueError:
+        return ""
+
+
+# --- applying pulled versions ----------------------------------------------------------------
+
+
+def local_version_text(conn: sqlite3.Connection, memory_id: str) -> tuple[str, str | None] | None:
+    """If the memory has a local change not yet pushed: (its plaintext, its modified_at).
+
+    A pending local deletion counts too (its plaintext is the tombstone's).
+    """
+    row = get_row(conn, memory_id)
+    if row is not None:
+        if row_needs_push(row):
+            return encode_memory(row_to_plaintext(conn, row)), row["modified_at"]
+        return None
+    tomb = conn.execute("SELECT deleted_at FROM tombstones WHERE id = ?", (memory_id,)).fetchone()
+    if tomb is not None:
+        return json.dumps({"deleted": True, "id": memory_id}, separators=(",", ":")), tomb[0]
+    return None
+
+
+def record_conflict(
+    conn: sqlite3.Connection,
+    memory_id: str,
+    local_plaintext: str,
+    local_modified_at: str | None,
+    remote: KnownVersion,
+    remote_deleted: bool,
+) -> None:
+    """Keep a losing local version in `sync_conflicts` (PROTOCOL §8: nothing lost silently)."""
+    conn.execute(
+        "INSERT INTO sync_conflicts (memory_id, local_plaintext, local_modified_at,"
+        " remote_device_id, remote_vector_clock, remote_deleted, detected_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            memory_id,
+            local_plaintext,
+            local_modified_at,
+            remote.device_id,
+            remote.vector_clock,
+            int(remote_deleted),
+            utc_now_rfc3339(),
+        ),
+    )
+
+
+def apply_tombstone(conn: sqlite3.Connection, memory_id: str) -> None:
+    """A winning remote deletion: remove the row, without a local tombstone (PROTOCOL §8)."""
+    _remove_row(conn, memory_id)
+    conn.execute("DELETE FROM tombstones WHERE id = ?", (memory_id,))
+
+
+def apply_memory(conn: sqlite3.Connection, memory: MemoryPlaintext) -> None:
+    """Write a winning remote memory as received (PROTOCOL §4): synced_at = modified_at."""
+    conn.execute("DELETE FROM tombstones WHERE id = ?", (memory.id,))
+    values = (
+        memory.layer,
+        memory.source,
+        memory.privacy_level,
+        memory.content,
+        json.dumps(memory.context, ensure_ascii=False, separators=(",", ":")),
+        memory.strength,
+        memory.valence,
+        memory.retrievals,
+        int(memory.imagined),
+        int(memory.grounded),
+        memory.created_at,
+        memory.last_retrieved,
+        memory.project,
+        json.dumps(memory.tags, ensure_ascii=False),
+        normalized_hash(memory.content),
+        memory.scope,
+        memory.content_type,
+        memory.occurred_at,
+        memory.modified_at,
+        memory.modified_at,
+    )
+    conn.execute(
+        "INSERT INTO engrams (layer, source, privacy_level, content, context, strength, valence,"
+        " retrievals, imagined, grounded, created_at, last_retrieved, project, tags,"
+        " content_hash, scope, content_type, occurred_at, modified_at, synced_at, id)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (id) DO UPDATE SET layer = excluded.layer, source = excluded.source,"
+        " privacy_level = excluded.privacy_level, content = excluded.content,"
+        " context = excluded.context, strength = excluded.strength,"
+        " valence = excluded.valence, retrievals = excluded.retrievals,"
+        " imagined = excluded.imagined, grounded = excluded.grounded,"
+        " created_at = excluded.created_at, last_retrieved = excluded.last_retrieved,"
+        " project = excluded.project, tags = excluded.tags,"
+        " content_hash = excluded.content_hash, scope = excluded.scope,"
+        " content_type = excluded.content_type, occurred_at = excluded.occurred_at,"
+        " modified_at = excluded.modified_at, synced_at = excluded.synced_at",
+        (*values, memory.id),
+    )
+    _fts_replace(conn, memory.id, memory.content)
+    _replace_links(conn, memory.id, memory.links)
+    _replace_embedding(conn, memory)
+    _resolve_pending_links(conn, memory.id)
+
+
+def _replace_links(conn: sqlite3.Connection, memory_id: str, links: list[Link]) -> None:
+    conn.execute("DELETE FROM engram_links WHERE source_id = ?", (memory_id,))
+    conn.execute("DELETE FROM sync_pending_links WHERE source_id = ?", (memory_id,))
+    for link in links:
+        conn.execute(
+            "INSERT OR REPLACE INTO sync_pending_links (source_id, target_id, link_type, weight)"
+            " VALUES (?, ?, ?, ?)",
+            (memory_id, link.target_id, link.link_type, link.weight),
+        )
+
+
+def _resolve_pending_links(conn: sqlite3.Connection, memory_id: str) -> None:
+    """Materialise pending links whose two ends now exist (this memory as source or target)."""
+    conn.execute(
+        "INSERT OR REPLACE INTO engram_links (source_id, target_id, weight, link_type)"
+        " SELECT p.source_id, p.target_id, p.weight, p.link_type FROM sync_pending_links p"
+        " WHERE (p.source_id = ?1 OR p.target_id = ?1)"
+        " AND EXISTS (SELECT 1 FROM engrams WHERE id = p.source_id)"
+        " AND EXISTS (SELECT 1 FROM engrams WHERE id = p.target_id)",
+        (memory_id,),
+    )
+    conn.execute(
+        "DELETE FROM sync_pending_links WHERE (source_id = ?1 OR target_id = ?1)"
+        " AND EXISTS (SELECT 1 FROM engrams WHERE id = source_id)"
+        " AND EXISTS (SELECT 1 FROM engrams WHERE id = target_id)",
+        (memory_id,),
+    )
+
+
+def _replace_embedding(conn: sqlite3.Connection, memory: MemoryPlaintext) -> None:
+    if memory.embedding is None:
+        conn.execute("DELETE FROM engram_embeddings WHERE engram_id = ?", (memory.id,))
+        return
+    conn.execute(
+        "INSERT OR REPLACE INTO engram_embeddings (engram_id, embedding, model, dimensions,"
+        " created_at) VALUES (?, ?, ?, ?, ?)",
+        (
+            memory.id,
+            _embedding_blob(memory.embedding),
+            memory.embedding_model or DEFAULT_EMBEDDING_MODEL,
+            len(memory.embedding),
+            memory.modified_at,
+        ),
+    )
+
+
+def plaintext_of(text: str, memory_id: str) -> MemoryPlaintext | None:
+    """Decode a plaintext for display (a tombstone gives None)."""
+    decoded = decode_plaintext(text, expected_id=memory_id)
+    return decoded if isinstance(decoded, MemoryPlaintext) else None

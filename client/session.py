@@ -1,0 +1,138 @@
+"""Everything one command needs about a vault directory: the open vault, the device,
+the sync config and state, the sync keys and the relay (each made when first needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from client.device import Device
+from client.errors import AuthError, SyncError
+from client.local_store import ensure_sync_tables
+from client.relay_client import RelayClient
+from client.sync_config import SyncConfig, load_sync_config, save_sync_config
+from client.sync_state import SyncState
+from client.syncer import ProgressCallback, Syncer
+from shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v1, vault_id_v2
+from shared_format.vault import Vault, VaultKeyKind, open_vault
+
+
+class NotLinkedError(SyncError):
+    """The vault has no relay configured yet."""
+
+
+def choose_vault_id(passphrase: str, relay: RelayClient | None) -> str:
+    """PROTOCOL §2: v2 without an API key; else probe v2 then v1, the first with blobs wins."""
+    v2 = vault_id_v2(passphrase)
+    if relay is None:
+        return v2
+    for candidate in (v2, vault_id_v1(passphrase)):
+        try:
+            if relay.stats(candidate).total_blobs > 0:
+                return candidate
+        except AuthError as exc:
+            raise AuthError(
+                exc.status,
+                exc.code,
+                "the relay refused the API key while probing the vault id: check --api-key",
+            ) from None
+    return v2
+
+
+@dataclass
+class VaultSession:
+    """One vault directory opened with its passphrase."""
+
+    path: Path
+    passphrase: str
+    vault: Vault
+    device: Device
+    config: SyncConfig
+    state: SyncState
+    _keys: SyncKeys | None = field(default=None, repr=False)
+
+    @classmethod
+    def open(cls, path: Path, passphrase: str, *, create: bool = False) -> VaultSession:
+        """Open (or create) the vault; the passphrase must open it (nothing is written else)."""
+        vault = open_vault(path, passphrase, create=create)
+        try:
+            ensure_sync_tables(vault.conn)
+            device = Device.load_or_create(path)
+            return cls(
+                path=path,
+                passphrase=passphrase,
+                vault=vault,
+                device=device,
+                config=load_sync_config(path),
+                state=SyncState.load(path),
+            )
+        except BaseException:
+            vault.close()
+            raise
+
+    def close(self) -> None:
+        """Close the database."""
+        self.vault.close()
+
+    def __enter__(self) -> VaultSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def keys(self) -> SyncKeys:
+        """The sync keys, derived once (PROTOCOL §2)."""
+        if self._keys is None:
+            self._keys = derive_sync_keys(self.passphrase)
+        return self._keys
+
+    def relay(self, **kwargs: object) -> RelayClient:
+        """A relay client for the linked relay."""
+        if not self.config.server_url:
+            raise NotLinkedError(
+                "this vault is not linked to a relay: run `engram-sync link --relay URL "
+                "--api-key KEY` first"
+            )
+        return RelayClient(
+            self.config.server_url,
+            self.config.api_key,
+            device_id=self.device.device_id,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def link(self, server_url: str, api_key: str, vault_id: str | None, label: str | None) -> str:
+        """Point the vault at a relay, pin the vault id, register this device's label."""
+        if self.vault.key_kind is not VaultKeyKind.PASSPHRASE:
+            raise SyncError("a machine-key vault cannot sync: sync keys come from a passphrase")
+        with RelayClient(server_url, api_key, device_id=self.device.device_id) as relay:
+            chosen = vault_id or self.config.vault_id or choose_vault_id(self.passphrase, relay)
+            if label:
+                self.device.label = label
+                self.device.save()
+            relay.register_device(chosen, self.device.device_id, self.device.label)
+        self.config = SyncConfig(
+            enabled=True,
+            server_url=server_url.rstrip("/"),
+            api_key=api_key,
+            vault_id=chosen,
+            interval_secs=self.config.interval_secs,
+        )
+        save_sync_config(self.path, self.config)
+        self.state.bind(self.config.server_url or "", chosen)
+        return chosen
+
+    def syncer(self, relay: RelayClient, progress: ProgressCallback | None = None) -> Syncer:
+        """A syncer for the linked vault."""
+        if not self.config.vault_id or not self.config.server_url:
+            raise NotLinkedError("this vault is not linked to a relay: run `engram-sync link`")
+        self.state.bind(self.config.server_url, self.config.vault_id)
+        return Syncer(
+            self.vault,
+            self.keys,
+            self.device,
+            self.state,
+            relay,
+            self.config.vault_id,
+            progress=progress,
+        )

@@ -1,0 +1,80 @@
+"""This device's sync progress: `sync_state.json` (PROTOCOL §9).
+
+The pull cursor is written after a page has been applied, so a restart resumes
+instead of re-downloading. It belongs to one (relay, vault) pair: pointing the
+vault at another relay or vault id starts from cursor 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from client.atomic import read_json, write_json_atomic
+
+STATE_FILE: Final = "sync_state.json"
+MAX_SKIPPED_KEPT: Final = 200
+
+
+@dataclass
+class SkippedBlob:
+    """A pulled blob that failed verification or decoding: never applied (PROTOCOL §3)."""
+
+    memory_id: str
+    device_id: str
+    vector_clock: int
+    reason: str
+    seen_at: str
+
+
+@dataclass
+class SyncState:
+    """What survives between runs."""
+
+    path: Path
+    server_url: str | None = None
+    vault_id: str | None = None
+    cursor: int = 0
+    last_sync_at: str | None = None
+    last_error: str | None = None
+    revoked: bool = False
+    skipped: list[SkippedBlob] = field(default_factory=list)
+    oversized: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, vault_dir: Path) -> SyncState:
+        """Read the state file (a missing file is a fresh state)."""
+        path = vault_dir / STATE_FILE
+        if not path.exists():
+            return cls(path=path)
+        data: dict[str, Any] = read_json(path)
+        return cls(
+            path=path,
+            server_url=data.get("server_url"),
+            vault_id=data.get("vault_id"),
+            cursor=int(data.get("cursor", 0)),
+            last_sync_at=data.get("last_sync_at"),
+            last_error=data.get("last_error"),
+            revoked=bool(data.get("revoked", False)),
+            skipped=[SkippedBlob(**s) for s in data.get("skipped", [])],
+            oversized=list(data.get("oversized", [])),
+        )
+
+    def bind(self, server_url: str, vault_id: str) -> None:
+        """Use this state for (server, vault); a different pair restarts from cursor 0."""
+        if (self.server_url, self.vault_id) != (server_url, vault_id):
+            self.server_url, self.vault_id, self.cursor = server_url, vault_id, 0
+            self.revoked = False
+            self.save()
+
+    def record_skipped(self, skipped: SkippedBlob) -> None:
+        """Remember a skipped blob for `status` (the newest MAX_SKIPPED_KEPT)."""
+        self.skipped.append(skipped)
+        del self.skipped[:-MAX_SKIPPED_KEPT]
+
+    def save(self) -> None:
+        """Persist atomically."""
+        payload = asdict(self)
+        payload.pop("path")
+        write_json_atomic(self.path, payload)

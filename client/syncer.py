@@ -1,0 +1,325 @@
+"""The device side of a sync (PROTOCOL §8, §9): pull, verify, decrypt, apply; then push.
+
+A sync pulls first, so every local edit is pushed with a clock above every version
+this device has seen, and a remote version that beats an unpushed local edit is
+detected here, on the device whose edit loses (the loser goes to `sync_conflicts`).
+A push the relay rejects (it holds a version with a clock >= ours) is followed by
+another pull and push, a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from client.device import Device
+from client.errors import DeviceRevokedError, ResyncRequiredError, SyncError
+from client.local_store import (
+    KnownVersion,
+    PendingTombstone,
+    apply_memory,
+    apply_tombstone,
+    clear_tombstone,
+    ensure_sync_tables,
+    known_version,
+    local_version_text,
+    mark_pushed,
+    pending_tombstones,
+    record_conflict,
+    remember_version,
+    remote_wins,
+    row_to_plaintext,
+    rows_to_push,
+)
+from client.relay_client import RelayClient
+from client.sync_state import SkippedBlob, SyncState
+from shared_format.blob import NONCE_LEN, TAG_LEN, BlobCipher
+from shared_format.errors import FormatError
+from shared_format.keys import SyncKeys
+from shared_format.plaintext import Tombstone, decode_plaintext, encode_memory, tombstone_plaintext
+from shared_format.timestamps import utc_now_rfc3339
+from shared_format.vault import Vault
+from shared_format.wire import SyncBlob
+
+PUSH_BATCH: Final = 500  # PROTOCOL §8
+PULL_PAGE: Final = 1000
+DEFAULT_MAX_BLOB_BYTES: Final = 1_048_576
+MAX_ROUNDS: Final = 3
+
+
+@dataclass
+class SyncReport:
+    """Counts of one sync, for progress bars, `--json` and tests."""
+
+    pushed: int = 0
+    rejected: int = 0
+    pulled: int = 0
+    applied: int = 0
+    stale: int = 0
+    invalid: int = 0
+    conflicts: int = 0
+    resynced: bool = False
+    cursor: int = 0
+    oversized: list[str] = field(default_factory=list)
+
+
+ProgressCallback = Callable[[str, SyncReport], None]
+
+
+def _ciphertext_chars(plaintext_bytes: int) -> int:
+    raw = NONCE_LEN + plaintext_bytes + TAG_LEN
+    return 4 * ((raw + 2) // 3)
+
+
+class Syncer:
+    """Synchronises one open vault with one relay vault."""
+
+    def __init__(
+        self,
+        vault: Vault,
+        keys: SyncKeys,
+        device: Device,
+        state: SyncState,
+        relay: RelayClient,
+        vault_id: str,
+        *,
+        progress: ProgressCallback | None = None,
+        push_batch: int = PUSH_BATCH,
+    ) -> None:
+        self.vault = vault
+        self.cipher = BlobCipher(keys)
+        self.device = device
+        self.state = state
+        self.relay = relay
+        self.vault_id = vault_id
+        self.progress = progress or (lambda phase, report: None)
+        self.push_batch = push_batch
+        self._max_blob_bytes: int | None = None
+        ensure_sync_tables(vault.conn)
+
+    # -- the whole cycle --------------------------------------------------------------------
+
+    def sync(self) -> SyncReport:
+        """Pull, then push; pull and push again while the relay rejects stale clocks."""
+        report = SyncReport()
+        if self.state.revoked:
+            raise self._revoked_error()
+        try:
+            for _ in range(MAX_ROUNDS):
+                self.pull(report)
+                rejected_before = report.rejected
+                self.push(report)
+                if report.rejected == rejected_before:
+                    break
+            self.state.last_error = None
+            self.state.last_sync_at = utc_now_rfc3339()
+        except DeviceRevokedError:
+            self._mark_revoked()
+            raise self._revoked_error() from None
+        except SyncError as exc:
+            self.state.last_error = str(exc)
+            raise
+        finally:
+            self.state.save()
+        return report
+
+    def _revoked_error(self) -> DeviceRevokedError:
+        return DeviceRevokedError(403, "device_revoked", self._revoked_message())
+
+    def _revoked_message(self) -> str:
+        return (
+            f"this device ({self.device.device_id}) was revoked for vault {self.vault_id}: "
+            "it can no longer push or pull. Its local memories are kept. To sync again, ask "
+            "an admin for a new key and run `engram-sync link` with it."
+        )
+
+    def _mark_revoked(self) -> None:
+        self.state.revoked = True
+        self.state.save()
+
+    # -- pull -------------------------------------------------------------------------------
+
+    def pull(self, report: SyncReport) -> None:
+        """Page through the relay with the commit-ordered cursor, applying each page."""
+        cursor = self.state.cursor
+        seen: set[str] | None = None
+        while True:
+            try:
+                page = self.relay.pull(self.vault_id, cursor=cursor, limit=PULL_PAGE)
+            except ResyncRequiredError:
+                if seen is not None:
+                    raise
+                cursor, seen, report.resynced = 0, set(), True  # PROTOCOL §9: full re-pull
+                continue
+            highest = self._apply_page(page.blobs, report, seen)
+            self.device.observe(highest)
+            cursor = page.cursor if isinstance(page.cursor, int) else cursor
+            self.state.cursor = cursor
+            self.state.save()  # after the page is applied (PROTOCOL §9)
+            report.cursor = cursor
+            self.progress("pull", report)
+            if not page.has_more or not page.blobs:
+                break
+        if seen is not None:
+            self._reconcile(seen)
+
+    def _apply_page(self, blobs: list[SyncBlob], report: SyncReport, seen: set[str] | None) -> int:
+        """Apply one page in one transaction; returns the highest verified clock."""
+        highest = 0
+        with self.vault.transaction() as conn:
+            for blob in blobs:
+                report.pulled += 1
+                if seen is not None:
+                    seen.add(blob.memory_id)
+                verified = self._apply_blob(conn, blob, report)
+                if verified:
+                    highest = max(highest, blob.vector_clock)
+        return highest
+
+    def _skip(self, blob: SyncBlob, reason: str, report: SyncReport) -> bool:
+        report.invalid += 1
+        self.state.record_skipped(
+            SkippedBlob(
+                memory_id=blob.memory_id[:256],
+                device_id=blob.device_id[:256],
+                vector_clock=blob.vector_clock,
+                reason=reason,
+                seen_at=utc_now_rfc3339(),
+            )
+        )
+        return False
+
+    def _apply_blob(self, conn: sqlite3.Connection, blob: SyncBlob, report: SyncReport) -> bool:
+        """Verify → decrypt → decode → LWW → apply (PROTOCOL §3, §4, §8). True if verified."""
+        if blob.vault_id != self.vault_id:
+            return self._skip(blob, "blob names another vault", report)
+        try:
+            text = self.cipher.open(blob)
+            decoded = decode_plaintext(text, expected_id=blob.memory_id)
+        except FormatError as exc:
+            return self._skip(blob, f"{type(exc).__name__}: {exc}", report)
+        remote = KnownVersion(blob.vector_clock, blob.device_id, blob.created_at)
+        if not remote_wins(remote, known_version(conn, blob.memory_id)):
+            report.stale += 1
+            return True
+        deleted = blob.deleted or isinstance(decoded, Tombstone)
+        incoming = (
+            tombstone_plaintext(blob.memory_id)
+            if isinstance(decoded, Tombstone) or deleted
+            else encode_memory(decoded)
+        )
+        local = local_version_text(conn, blob.memory_id)
+        if local is not None and local[0] != incoming:
+            record_conflict(conn, blob.memory_id, local[0], local[1], remote, deleted)
+            report.conflicts += 1
+        if deleted or isinstance(decoded, Tombstone):
+            apply_tombstone(conn, blob.memory_id)
+        else:
+            apply_memory(conn, decoded)
+        remember_version(conn, blob.memory_id, remote)
+        report.applied += 1
+        return True
+
+    def _reconcile(self, seen: set[str]) -> None:
+        """After a full re-pull: synced rows the relay no longer has were deleted remotely
+        (their tombstones were compacted), so remove them; unpushed rows stay and push."""
+        with self.vault.transaction() as conn:
+            conn.execute("CREATE TEMP TABLE IF NOT EXISTS sync_seen (id TEXT PRIMARY KEY)")
+            conn.execute("DELETE FROM sync_seen")
+            conn.executemany(
+                "INSERT OR IGNORE INTO sync_seen (id) VALUES (?)", ((i,) for i in seen)
+            )
+            gone = conn.execute(
+                "SELECT id FROM engrams WHERE synced_at IS NOT NULL AND modified_at <= synced_at"
+                " AND id NOT IN (SELECT id FROM sync_seen)"
+            ).fetchall()
+            for (memory_id,) in gone:
+                apply_tombstone(conn, memory_id)
+            conn.execute("DELETE FROM sync_seen")
+
+    # -- push -------------------------------------------------------------------------------
+
+    def _blob_limit(self) -> int:
+        if self._max_blob_bytes is None:
+            try:
+                self._max_blob_bytes = self.relay.info().max_blob_bytes
+            except SyncError:  # a relay without /v1/info: the core's limit (PROTOCOL §6)
+                self._max_blob_bytes = DEFAULT_MAX_BLOB_BYTES
+        return self._max_blob_bytes
+
+    def push(self, report: SyncReport) -> None:
+        """Push changed rows, then pending tombstones, in batches (PROTOCOL §8)."""
+        after: tuple[str, str] | None = None
+        while True:
+            rows = rows_to_push(self.vault.conn, self.push_batch, after=after)
+            if not rows:
+                break
+            after = (rows[-1]["modified_at"] or "", rows[-1]["id"])
+            items: list[tuple[str, str, str | None]] = []  # (id, plaintext, modified_at)
+            for row in rows:
+                text = encode_memory(row_to_plaintext(self.vault.conn, row))
+                if _ciphertext_chars(len(text.encode("utf-8"))) > self._blob_limit():
+                    if row["id"] not in report.oversized:
+                        report.oversized.append(row["id"])
+                    continue
+                items.append((row["id"], text, row["modified_at"]))
+            self._push_batch(items, deleted=False, report=report)
+        self.state.oversized = list(report.oversized)
+        done: set[str] = set()
+        while True:
+            tombs = [
+                t
+                for t in pending_tombstones(self.vault.conn, self.push_batch + len(done))
+                if t.memory_id not in done
+            ]
+            if not tombs:
+                break
+            done.update(t.memory_id for t in tombs)
+            self._push_tombstones(tombs, report)
+
+    def _push_tombstones(self, tombs: list[PendingTombstone], report: SyncReport) -> None:
+        items: list[tuple[str, str, str | None]] = [
+            (t.memory_id, tombstone_plaintext(t.memory_id), t.deleted_at) for t in tombs
+        ]
+        self._push_batch(items, deleted=True, report=report)
+
+    def _push_batch(
+        self, items: list[tuple[str, str, str | None]], *, deleted: bool, report: SyncReport
+    ) -> None:
+        if not items:
+            return
+        clocks = self.device.reserve_clocks(len(items))  # persisted before anything is sent
+        blobs = [
+            self.cipher.seal(
+                text,
+                vault_id=self.vault_id,
+                memory_id=memory_id,
+                device_id=self.device.device_id,
+                vector_clock=clock,
+                deleted=deleted,
+            )
+            for (memory_id, text, _), clock in zip(items, clocks, strict=True)
+        ]
+        response = self.relay.push(self.vault_id, blobs)
+        if self.device.device_id in response.revoked_devices:
+            self._mark_revoked()
+            raise self._revoked_error()
+        rejected = set(response.rejected)
+        with self.vault.transaction() as conn:
+            for (memory_id, _, stamp), blob in zip(items, blobs, strict=True):
+                if memory_id in rejected:
+                    continue
+                if deleted:
+                    clear_tombstone(conn, memory_id, stamp or "")
+                elif stamp is not None:
+                    mark_pushed(conn, memory_id, stamp)
+                remember_version(
+                    conn,
+                    memory_id,
+                    KnownVersion(blob.vector_clock, blob.device_id, blob.created_at),
+                )
+        report.pushed += len(items) - len(rejected & {m for m, _, _ in items})
+        report.rejected += len(rejected)
+        self.progress("push", report)
