@@ -1,0 +1,163 @@
+"""Typed errors of the device side; every message is one line a person can act on.
+
+No message or repr ever holds an API key (at most its first characters).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+BODY_EXCERPT_CHARS: Final = 200
+
+
+class SyncError(Exception):
+    """Base class of every error the Engram Sync client raises."""
+
+
+class RelayError(SyncError):
+    """The relay answered a request with an error status (PROTOCOL §5)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.message} (HTTP {self.status}, {self.code})"
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        return f"{name}(status={self.status}, code={self.code!r}, message={self.message!r})"
+
+
+class AuthError(RelayError):
+    """401: the API key is missing, unknown or revoked."""
+
+
+class ForbiddenError(RelayError):
+    """403: the key is valid but not for this vault, route or device."""
+
+
+class DeviceRevokedError(ForbiddenError):
+    """403 `device_revoked`: this device (and every key bound to it) was revoked (§10)."""
+
+
+class QuotaExceededError(RelayError):
+    """402: the push would exceed the vault's quota; nothing of the batch was written."""
+
+    def __init__(self, message: str, *, detail: str, limit: int, used: int) -> None:
+        super().__init__(402, "quota_exceeded", message)
+        self.detail = detail
+        self.limit = limit
+        self.used = used
+
+
+class ResyncRequiredError(RelayError):
+    """409 `resync_required`: the cursor is behind the compaction horizon (§9, §12)."""
+
+    def __init__(self, message: str, *, horizon: int | None = None) -> None:
+        super().__init__(409, "resync_required", message)
+        self.horizon = horizon
+
+
+class RateLimitedError(RelayError):
+    """429 that persisted after every retry; `retry_after` is the relay's last hint."""
+
+    def __init__(self, code: str, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(429, code, message)
+        self.retry_after = retry_after
+
+
+class RelayUnavailableError(SyncError):
+    """The relay could not be reached, or kept answering 5xx, after every retry.
+
+    `status` is the last 5xx status, or None when no answer arrived at all.
+    """
+
+    def __init__(self, message: str, *, url: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
+
+
+class ProtocolError(SyncError):
+    """A success answer whose body is not what the protocol promises."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def one_line(text: str) -> str:
+    """Collapse all whitespace (newlines included) into single spaces."""
+    return " ".join(text.split())
+
+
+def body_excerpt(body: bytes) -> str:
+    """The first 200 characters of a body, as one line of text."""
+    text = body.decode("utf-8", "replace")[:BODY_EXCERPT_CHARS]
+    return one_line(text) or "<empty body>"
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+_QUOTA_HINTS: Final = {
+    "bytes": "delete memories or ask the relay's operator for a larger quota",
+    "devices": "revoke an unused device or ask the relay's operator for a larger quota",
+}
+
+
+def _quota_error(inner: dict[str, Any]) -> QuotaExceededError:
+    detail = str(inner.get("detail", "unknown"))
+    limit, used = _int(inner.get("limit")), _int(inner.get("used"))
+    hint = _QUOTA_HINTS.get(detail, "ask the relay's operator for a larger quota")
+    message = (
+        f"quota exceeded: {detail} (used {used} of {limit}); nothing in this batch was "
+        f"written — {hint}"
+    )
+    return QuotaExceededError(one_line(message), detail=detail, limit=limit or 0, used=used or 0)
+
+
+def _parsed(body: bytes) -> dict[str, Any] | None:
+    try:
+        value = msgspec.json.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def relay_error(status: int, body: bytes, *, retry_after: float | None = None) -> RelayError:
+    """The typed error for an error answer: status and the JSON `{"error","code"}` body.
+
+    A body that is not the relay's JSON error shape gives a message with the
+    status and the first 200 characters of the body.
+    """
+    parsed = _parsed(body)
+    error = parsed.get("error") if parsed is not None else None
+    if status == 402 and isinstance(error, dict):
+        return _quota_error(error)
+    if isinstance(error, str) and error.strip():
+        message = one_line(error)
+        code_value = parsed.get("code") if parsed is not None else None
+        code = code_value if isinstance(code_value, str) and code_value else f"http_{status}"
+    else:
+        message = f"the relay answered HTTP {status}: {body_excerpt(body)}"
+        code = f"http_{status}"
+    if status == 401:
+        return AuthError(status, code, message)
+    if status == 403:
+        cls = DeviceRevokedError if code == "device_revoked" else ForbiddenError
+        return cls(status, code, message)
+    if status == 402:
+        return QuotaExceededError(message, detail="unknown", limit=0, used=0)
+    if status == 409 and code == "resync_required":
+        horizon = _int(parsed.get("horizon")) if parsed is not None else None
+        return ResyncRequiredError(message, horizon=horizon)
+    if status == 429:
+        return RateLimitedError(code, message, retry_after=retry_after)
+    return RelayError(status, code, message)

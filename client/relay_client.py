@@ -1,0 +1,389 @@
+"""A synchronous client of the relay HTTP API (PROTOCOL §5-§12), on httpx.
+
+Every method returns the wire Struct of its route. Connection failures,
+timeouts, 5xx and 429 are retried with exponential backoff and full jitter
+(honouring `Retry-After`); other 4xx answers raise at once as typed errors
+(client.errors).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Final, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from client import __version__
+from client.errors import (
+    ProtocolError,
+    RateLimitedError,
+    RelayError,
+    RelayUnavailableError,
+    SyncError,
+    body_excerpt,
+    one_line,
+    relay_error,
+)
+from shared_format.errors import WireDecodeError
+from shared_format.wire import (
+    DeviceRegistered,
+    DeviceRevoked,
+    DeviceRoster,
+    PullResponse,
+    PushRequest,
+    PushResponse,
+    RegisterDeviceRequest,
+    RelayInfo,
+    SyncBlob,
+    SyncHealth,
+    VaultStats,
+    decode_json,
+    encode_json,
+)
+
+log = logging.getLogger(__name__)
+
+USER_AGENT: Final = f"engram-sync/{__version__}"
+DEVICE_HEADER: Final = "X-Engram-Device"
+KEY_PREFIX_CHARS: Final = 6
+_REDACTED: Final = b"<api key>"
+
+T = TypeVar("T")
+
+
+def path_segment(value: str) -> str:
+    """`value` escaped as one URL path segment (`/`, `?`, `#` and dot segments too)."""
+    escaped = quote(value, safe="")
+    if escaped in {".", ".."}:
+        return escaped.replace(".", "%2E")
+    return escaped
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """The `Retry-After` header in seconds, or None when absent or not a number."""
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw.strip())
+    except ValueError:
+        return None  # an HTTP-date: fall back to our own backoff
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+class RelayClient:
+    """A synchronous relay client; use it as a context manager or call `close()`.
+
+    `max_retries` is the number of retries after the first attempt, so a request
+    is sent at most `max_retries + 1` times. The delay before retry n (from 0) is
+    uniform in [0, min(backoff_max, backoff_base * 2**n)] ("full jitter"), or the
+    relay's `Retry-After` capped at `backoff_max` when it sends one. `sleep` and
+    `rng` are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        *,
+        device_id: str | None = None,
+        timeout: float = 30.0,
+        max_retries: int = 5,
+        backoff_base: float = 0.5,
+        backoff_max: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        try:
+            url = httpx.URL(base_url.strip().rstrip("/"))
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"relay URL is not a valid URL: {exc}") from None
+        if url.scheme not in {"http", "https"} or not url.host:
+            raise ValueError(
+                f"relay URL {_display_url(url)!r} is not an http(s) URL with a host, "
+                "e.g. https://relay.example.com"
+            )
+        if max_retries < 0 or backoff_base < 0 or backoff_max < 0 or timeout <= 0:
+            raise ValueError("max_retries, backoff_base and backoff_max must be >= 0, timeout > 0")
+        if device_id is not None and not _header_safe(device_id):
+            raise ValueError("device_id must be printable ASCII (it is sent in a header)")
+        api_key = api_key.strip() if api_key else None
+        if api_key and not _header_safe(api_key):
+            raise ValueError(
+                "the API key contains characters that cannot be sent in a header; "
+                "check it for stray spaces, quotes or line breaks"
+            )
+        self.base_url = _display_url(url)
+        self.device_id = device_id
+        self.max_retries = max_retries
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self._key_bytes = api_key.encode("utf-8") if api_key else None
+        self._key_prefix = api_key[:KEY_PREFIX_CHARS] if api_key else None
+        self._sleep = sleep
+        self._rng = rng if rng is not None else random.Random()  # noqa: S311 (jitter, not crypto)
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        if device_id is not None:
+            headers[DEVICE_HEADER] = device_id
+        self._http = httpx.Client(
+            base_url=url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout),
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    def __repr__(self) -> str:
+        key = f"{self._key_prefix}…" if self._key_prefix else None
+        return (
+            f"RelayClient(base_url={self.base_url!r}, api_key={key!r}, "
+            f"device_id={self.device_id!r})"
+        )
+
+    def __enter__(self) -> RelayClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the underlying connection pool."""
+        self._http.close()
+
+    # -- routes -----------------------------------------------------------------
+
+    def info(self) -> RelayInfo:
+        """`GET /v1/info`: the relay's limits advertisement (§11)."""
+        return self._call("GET", "/v1/info", RelayInfo)
+
+    def health(self) -> SyncHealth:
+        """`GET /health`: liveness and compatible counters (§5)."""
+        return self._call("GET", "/health", SyncHealth)
+
+    def ready(self) -> bool:
+        """`GET /ready`, one attempt: True when the relay and its database answer.
+
+        False for a 5xx (the relay's database is down, or a proxy cannot reach
+        the relay) and when nothing answers at all; any other error status raises.
+        """
+        try:
+            response = self._http.get("/ready")
+        except httpx.TransportError as exc:
+            log.debug("relay at %s is not ready: %s", self.base_url, type(exc).__name__)
+            return False
+        if response.status_code >= 500:
+            return False
+        if response.is_success:
+            return True
+        raise self._error(response)
+
+    def push(self, vault_id: str, blobs: list[SyncBlob]) -> PushResponse:
+        """`POST /v1/vaults/{vault_id}/push` with 1..1000 blobs (§5, §6).
+
+        Retried like every call. That is safe: the relay treats an equal clock as
+        stale, so when a first attempt committed but its answer was lost, the
+        retry answers with those memory ids in `rejected` (and `accepted` 0 for
+        them). The syncer handles that like any rejection: pull, then see its own
+        version come back.
+        """
+        body = encode_json(PushRequest(blobs=blobs))
+        return self._call("POST", f"{_vault(vault_id)}/push", PushResponse, content=body)
+
+    def pull(
+        self,
+        vault_id: str,
+        *,
+        cursor: int | None = None,
+        since: str | None = None,
+        limit: int | None = None,
+    ) -> PullResponse:
+        """`GET /v1/vaults/{vault_id}/pull`: cursor mode (§9) when `cursor` is given,
+        else the legacy `since` mode (§7). A stale cursor raises ResyncRequiredError.
+        """
+        params: dict[str, str | int] = {}
+        if cursor is not None:
+            params["cursor"] = cursor
+        if since is not None:
+            params["since"] = since
+        if limit is not None:
+            params["limit"] = limit
+        return self._call("GET", f"{_vault(vault_id)}/pull", PullResponse, params=params)
+
+    def stats(self, vault_id: str) -> VaultStats:
+        """`GET /v1/vaults/{vault_id}/stats`: live blob count and newest created_at."""
+        return self._call("GET", f"{_vault(vault_id)}/stats", VaultStats)
+
+    def devices(self, vault_id: str) -> DeviceRoster:
+        """`GET /v1/vaults/{vault_id}/devices`: the roster, newest first."""
+        return self._call("GET", f"{_vault(vault_id)}/devices", DeviceRoster)
+
+    def register_device(self, vault_id: str, device_id: str, label: str) -> DeviceRegistered:
+        """`POST /v1/vaults/{vault_id}/devices/register`: label a device (idempotent)."""
+        body = encode_json(RegisterDeviceRequest(device_id=device_id, label=label))
+        path = f"{_vault(vault_id)}/devices/register"
+        return self._call("POST", path, DeviceRegistered, content=body)
+
+    def revoke_device(self, vault_id: str, device_id: str) -> DeviceRevoked:
+        """`DELETE /v1/vaults/{vault_id}/devices/{device_id}`: admin key; idempotent."""
+        path = f"{_vault(vault_id)}/devices/{path_segment(device_id)}"
+        return self._call("DELETE", path, DeviceRevoked)
+
+    # -- machinery --------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        type_: type[T],
+        *,
+        params: Mapping[str, str | int] | None = None,
+        content: bytes | None = None,
+    ) -> T:
+        response = self._send(method, path, params=params, content=content)
+        try:
+            return decode_json(response.content, type_)
+        except WireDecodeError as exc:
+            raise ProtocolError(
+                one_line(
+                    f"the relay at {self.base_url} answered {method} {path} with a body that "
+                    f"is not a valid {type_.__name__} ({exc}); check that the URL points at "
+                    "an Engram sync relay"
+                ),
+                field=exc.field,
+            ) from None
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None,
+        content: bytes | None,
+    ) -> httpx.Response:
+        """Send with retries; a success response, or the typed error of the last answer."""
+        headers = {"Content-Type": "application/json"} if content is not None else None
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(
+                    method, path, params=params, content=content, headers=headers
+                )
+            except httpx.TransportError as exc:
+                if attempt >= self.max_retries:
+                    raise self._unreachable(exc, attempt + 1) from exc
+                delay = self._backoff(attempt)
+                log.info(
+                    "relay %s %s failed (%s); retry %d in %.2fs",
+                    method, path, type(exc).__name__, attempt + 1, delay,
+                )  # fmt: skip
+            except httpx.HTTPError as exc:  # e.g. an undecodable Content-Encoding
+                raise ProtocolError(
+                    one_line(f"the relay at {self.base_url} sent an unreadable answer: {exc}")
+                ) from None
+            else:
+                status = response.status_code
+                if response.is_success:
+                    return response
+                if status != 429 and status < 500:
+                    raise self._error(response)
+                if attempt >= self.max_retries:
+                    raise self._gave_up(response, attempt + 1)
+                hint = _retry_after(response.headers)
+                delay = min(hint, self.backoff_max) if hint is not None else self._backoff(attempt)
+                log.info(
+                    "relay %s %s answered %d; retry %d in %.2fs",
+                    method, path, status, attempt + 1, delay,
+                )  # fmt: skip
+            self._sleep(delay)
+            attempt += 1
+
+    def _backoff(self, attempt: int) -> float:
+        """Full jitter: uniform in [0, min(backoff_max, backoff_base * 2**attempt)]."""
+        cap = min(self.backoff_max, self.backoff_base * 2.0 ** min(attempt, 64))
+        return self._rng.uniform(0.0, cap)
+
+    def _body(self, response: httpx.Response) -> bytes:
+        """The response body with any echo of the API key blanked out."""
+        body = response.content
+        if self._key_bytes:
+            body = body.replace(self._key_bytes, _REDACTED)
+        return body
+
+    def _error(self, response: httpx.Response) -> SyncError:
+        """The typed error for a non-retried error answer (3xx or 4xx)."""
+        status = response.status_code
+        if 300 <= status < 400:
+            location = response.headers.get("location", "")
+            where = f" to {location}" if location else ""
+            return RelayError(
+                status,
+                f"http_{status}",
+                one_line(
+                    f"the relay at {self.base_url} redirects{where}; "
+                    "configure the relay URL it redirects to"
+                ),
+            )
+        return relay_error(status, self._body(response), retry_after=_retry_after(response.headers))
+
+    def _gave_up(self, response: httpx.Response, attempts: int) -> SyncError:
+        """The error after the last retry of a 429 or 5xx answer."""
+        status = response.status_code
+        error = relay_error(
+            status, self._body(response), retry_after=_retry_after(response.headers)
+        )
+        if isinstance(error, RateLimitedError):
+            return RateLimitedError(
+                error.code,
+                f"{error.message} (still rate limited after {attempts} attempts; "
+                "wait a minute or ask the relay's operator for a higher rate)",
+                retry_after=error.retry_after,
+            )
+        reason = (
+            error.message if error.code != f"http_{status}" else body_excerpt(self._body(response))
+        )
+        return RelayUnavailableError(
+            one_line(
+                f"the relay at {self.base_url} could not serve the request: HTTP {status} "
+                f"({reason}) after {attempts} attempts; try again later, and check the relay "
+                "URL and the relay's status"
+            ),
+            url=self.base_url,
+            status=status,
+        )
+
+    def _unreachable(self, exc: httpx.TransportError, attempts: int) -> RelayUnavailableError:
+        detail = one_line(str(exc)) or "no detail"
+        return RelayUnavailableError(
+            f"the relay at {self.base_url} could not be reached ({type(exc).__name__}: "
+            f"{detail}) after {attempts} attempts; check the relay URL and your network",
+            url=self.base_url,
+        )
+
+
+def _header_safe(value: str) -> bool:
+    return bool(value) and value.isascii() and value.isprintable() and " " not in value
+
+
+def _vault(vault_id: str) -> str:
+    return f"/v1/vaults/{path_segment(vault_id)}"
+
+
+def _display_url(url: httpx.URL) -> str:
+    """The URL without any user:password part, safe to show."""
+    return str(url.copy_with(userinfo=b"")) if url.userinfo else str(url)
