@@ -122,7 +122,9 @@ class VaultSession:
         self.state.bind(self.config.server_url or "", chosen)
         return chosen
 
-    def syncer(self, relay: RelayClient, progress: ProgressCallback | None = None) -> Syncer:
+    def syncer(
+        self, relay: RelayClient, progress: ProgressCallback | None = None, **options: int
+    ) -> Syncer:
         """A syncer for the linked vault."""
         if not self.config.vault_id or not self.config.server_url:
             raise NotLinkedError("this vault is not linked to a relay: run `engram-sync link`")
@@ -135,4 +137,5 @@ class VaultSession:
             relay,
             self.config.vault_id,
             progress=progress,
+            **options,
         )

@@ -87,6 +87,7 @@ class Syncer:
         *,
         progress: ProgressCallback | None = None,
         push_batch: int = PUSH_BATCH,
+        pull_page: int = PULL_PAGE,
     ) -> None:
         self.vault = vault
         self.cipher = BlobCipher(keys)
@@ -96,6 +97,7 @@ class Syncer:
         self.vault_id = vault_id
         self.progress = progress or (lambda phase, report: None)
         self.push_batch = push_batch
+        self.pull_page = pull_page
         self._max_blob_bytes: int | None = None
         ensure_sync_tables(vault.conn)
 
@@ -147,7 +149,7 @@ class Syncer:
         seen: set[str] | None = None
         while True:
             try:
-                page = self.relay.pull(self.vault_id, cursor=cursor, limit=PULL_PAGE)
+                page = self.relay.pull(self.vault_id, cursor=cursor, limit=self.pull_page)
             except ResyncRequiredError:
                 if seen is not None:
                     raise

@@ -1,0 +1,42 @@
+"""Small helpers shared by the e2e tests."""
+
+from __future__ import annotations
+
+from client import local_store
+from tests.e2e.conftest import DeviceHandle
+
+
+def contents(device: DeviceHandle) -> dict[str, str]:
+    """memory id -> content of every memory on a device."""
+    with device.open() as session:
+        return {m.id: m.content for m in local_store.list_memories(session.vault.conn)}
+
+
+def add(device: DeviceHandle, text: str, **kwargs: object) -> str:
+    with device.open() as session, session.vault.transaction() as conn:
+        return local_store.add_memory(conn, text, **kwargs)  # type: ignore[arg-type]
+
+
+def edit(device: DeviceHandle, memory_id: str, text: str) -> None:
+    with device.open() as session, session.vault.transaction() as conn:
+        assert local_store.edit_memory(conn, memory_id, text)
+
+
+def delete(device: DeviceHandle, memory_id: str) -> None:
+    with device.open() as session, session.vault.transaction() as conn:
+        assert local_store.delete_memory(conn, memory_id)
+
+
+def conflicts(device: DeviceHandle) -> list[tuple[str, str]]:
+    """(memory id, kept local plaintext) of every conflict on a device."""
+    with device.open() as session:
+        rows = session.vault.conn.execute(
+            "SELECT memory_id, local_plaintext FROM sync_conflicts ORDER BY id"
+        ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def sync_all(*devices: DeviceHandle, rounds: int = 2) -> None:
+    for _ in range(rounds):
+        for device in devices:
+            device.sync()
