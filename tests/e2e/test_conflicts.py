@@ -40,7 +40,7 @@ def test_local_delete_losing_to_remote_edit_is_kept(devices: list[DeviceHandle])
     assert bravo.sync().conflicts == 1
     sync_all(alpha, bravo)
     assert contents(bravo)[memory_id] == "edited while bravo deleted it"
-    (kept_id, kept_text), = conflicts(bravo)
+    ((kept_id, kept_text),) = conflicts(bravo)
     assert kept_id == memory_id
     assert json.loads(kept_text) == {"deleted": True, "id": memory_id}
 

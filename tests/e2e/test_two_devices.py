@@ -22,8 +22,10 @@ def test_create_edit_delete_propagate(devices: list[DeviceHandle]) -> None:
     with bravo.open() as session:
         memory = local_store.get_memory(session.vault.conn, memory_id)
         row = local_store.get_row(session.vault.conn, memory_id)
-    assert memory is not None and row is not None
-    assert memory.tags == ["ops"] and memory.project == "engram"
+    assert memory is not None
+    assert row is not None
+    assert memory.tags == ["ops"]
+    assert memory.project == "engram"
     assert row["synced_at"] == row["modified_at"]  # applied as received, not echoed back
 
     edit(bravo, memory_id, "Deploy with `make ship-it`")
@@ -81,7 +83,8 @@ def test_links_and_embeddings_travel(devices: list[DeviceHandle]) -> None:
     with bravo.open() as session:
         linked = local_store.get_memory(session.vault.conn, second)
         embedded = local_store.get_memory(session.vault.conn, first)
-    assert linked is not None and embedded is not None
+    assert linked is not None
+    assert embedded is not None
     assert [(link.target_id, link.link_type, link.weight) for link in linked.links] == [
         (first, "causal", 0.9)
     ]
