@@ -3,7 +3,7 @@ vaults in separate directories, driven through the client library."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,10 +72,14 @@ class DeviceHandle:
         return RelayClient(self.relay.url, ADMIN_KEY)
 
 
-def make_device(tmp_path: Path, relay: Relay, name: str, key: str = ADMIN_KEY) -> DeviceHandle:
+def make_device(
+    tmp_path: Path, relay: Relay, name: str, key: str | Callable[[str], str] = ADMIN_KEY
+) -> DeviceHandle:
+    """Create a vault and link it; `key` may be a function of the new device's id."""
     path = tmp_path / name
     with VaultSession.open(path, PASSPHRASE, create=True) as session:
-        session.link(relay.url, key, VAULT_ID, name)
+        api_key = key(session.device.device_id) if callable(key) else key
+        session.link(relay.url, api_key, VAULT_ID, name)
     return DeviceHandle(name, path, relay)
 
 
