@@ -1,9 +1,10 @@
-"""The `engram-relay` command: serve, migrate, keys, devices, gc, stats."""
+"""The `engram-relay` command: serve, migrate, keys, devices, gc, stats, backup, restore."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -36,7 +37,7 @@ keys_app = typer.Typer(help="Mint, list and revoke API keys.", no_args_is_help=T
 devices_app = typer.Typer(help="List and revoke a vault's devices.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 app.add_typer(devices_app, name="devices")
-out = Console(soft_wrap=True)
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
@@ -121,8 +122,29 @@ def serve(
                 timeout_graceful_shutdown=10,
             )
         )
-        server.run()  # returns on SIGINT / SIGTERM after a graceful shutdown
+        _run_until_signalled(server)
     log.info("relay stopped")
+
+
+class _Stop(Exception):  # noqa: N818 - control flow, not an error
+    """Raised by our signal handler once uvicorn has shut down gracefully."""
+
+
+def _run_until_signalled(server: uvicorn.Server) -> None:
+    """Run uvicorn; on SIGINT/SIGTERM it drains requests, then re-raises the signal, which
+    lands here (instead of killing the process) so the embedded database is stopped too."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Stop
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    except _Stop:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _first_admin_key(url: str, *, has_static: bool) -> str | None:

@@ -1,0 +1,151 @@
+"""`engram-relay` as a person runs it: serve on the embedded PostgreSQL, admin commands."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from relay.db.embedded import EmbeddedPostgres
+from tests.relay.conftest import free_port
+
+BIN = Path(sys.executable).parent
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if "DATABASE_URL" not in k}
+    env.pop("SYNC_API_KEYS", None)
+    env.update(extra)
+    return env
+
+
+def _relay(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "engram-relay"), *args],
+        env=env or _env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    # Not pytest's tmp_path: as root the embedded server runs as another user, which
+    # must traverse the parents of its data dir (tmp_path's parents are private).
+    path = Path(tempfile.mkdtemp(prefix="engram-relay-cli-"))
+    try:
+        yield path
+    finally:
+        EmbeddedPostgres(path / "postgres").stop()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"relay exited early: {proc.communicate()}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("relay did not become ready")
+
+
+def test_serve_on_embedded_postgres_mints_one_admin_key_and_stops_cleanly(
+    data_dir: Path,
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [str(BIN / "engram-relay"), "serve", "--port", str(port), "--data-dir", str(data_dir)]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        _wait_ready(url, proc)
+        key_file = data_dir / "admin-key"
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        key = key_file.read_text().strip()
+        assert key.startswith("en_")
+        authed = httpx.get(f"{url}/v1/vaults/v/stats", headers={"Authorization": f"Bearer {key}"})
+        assert authed.status_code == 200
+        assert httpx.get(f"{url}/v1/vaults/v/stats").status_code == 401
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert url in out
+    assert key in out  # printed once, with the URL
+    assert not EmbeddedPostgres(data_dir / "postgres").is_running()  # database stopped too
+    assert key not in err  # never logged
+
+    # a second start finds keys and mints none
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        _wait_ready(url, proc)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out2, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert "admin key" not in out2
+    assert (data_dir / "admin-key").read_text().strip() == key
+
+
+def test_admin_commands(fresh_database_url: str) -> None:
+    env = _env(DATABASE_URL=fresh_database_url)
+    created = _relay("keys", "create", "--vault", "team", "--admin", "--label", "ops", env=env)
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert key.startswith("en_")
+    listing = _relay("keys", "list", env=env)
+    assert listing.returncode == 0
+    assert key[:8] in listing.stdout
+    assert key not in listing.stdout  # only the prefix is ever shown again
+    key_id = created.stderr.split()[1]
+    assert key_id.startswith("k_")
+
+    revoked = _relay("keys", "revoke", key_id, env=env)
+    assert revoked.returncode == 0, revoked.stderr
+    unknown = _relay("keys", "revoke", "k_nope", env=env)
+    assert unknown.returncode != 0
+    assert "no key with id" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+
+    dev = _relay("devices", "revoke", "--vault", "team", "laptop-1", env=env)
+    assert dev.returncode == 0, dev.stderr
+    roster = _relay("devices", "list", "--vault", "team", env=env)
+    assert "laptop-1" in roster.stdout
+    assert "yes" in roster.stdout
+
+    stats = _relay("stats", env=env)
+    assert "revoked_devices: 1" in stats.stdout
+    gc = _relay("gc", env=env)
+    assert gc.returncode == 0
+    assert "removed 0 tombstone(s)" in gc.stdout
+    migrated = _relay("migrate", env=env)
+    assert migrated.returncode == 0
+
+
+def test_bad_input_is_one_clear_line(fresh_database_url: str) -> None:
+    env = _env(DATABASE_URL=fresh_database_url)
+    bad_vault = _relay("keys", "create", "--vault", "", env=env)
+    assert bad_vault.returncode != 0
+    assert "vault id is empty" in bad_vault.stderr
+    bad_url = _relay("stats", env=_env(DATABASE_URL="mysql://nope"))
+    assert bad_url.returncode != 0
+    assert "not a PostgreSQL URL" in bad_url.stderr
+    assert "Traceback" not in bad_url.stderr + bad_vault.stderr
+    assert _relay("--help").returncode == 0
