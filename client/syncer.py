@@ -38,7 +38,13 @@ from client.sync_state import SkippedBlob, SyncState
 from shared_format.blob import NONCE_LEN, TAG_LEN, BlobCipher
 from shared_format.errors import FormatError
 from shared_format.keys import SyncKeys
-from shared_format.plaintext import Tombstone, decode_plaintext, encode_memory, tombstone_plaintext
+from shared_format.plaintext import (
+    MemoryPlaintext,
+    Tombstone,
+    decode_plaintext,
+    encode_memory,
+    tombstone_plaintext,
+)
 from shared_format.timestamps import utc_now_rfc3339
 from shared_format.vault import Vault
 from shared_format.wire import SyncBlob
@@ -213,6 +219,10 @@ class Syncer:
             else encode_memory(decoded)
         )
         local = local_version_text(conn, blob.memory_id)
+        if local is not None and blob.device_id == self.device.device_id:
+            self._own_push_returned(conn, blob, remote, decoded, local)
+            report.stale += 1
+            return True
         if local is not None and local[0] != incoming:
             record_conflict(conn, blob.memory_id, local[0], local[1], remote, deleted)
             report.conflicts += 1
@@ -223,6 +233,23 @@ class Syncer:
         remember_version(conn, blob.memory_id, remote)
         report.applied += 1
         return True
+
+    def _own_push_returned(
+        self,
+        conn: sqlite3.Connection,
+        blob: SyncBlob,
+        remote: KnownVersion,
+        decoded: MemoryPlaintext | Tombstone,
+        local: tuple[str, str | None],
+    ) -> None:
+        """One of our own pushes whose answer was lost comes back while we hold unpushed
+        changes: it is older than them, so keep them and only record what the relay has."""
+        remember_version(conn, blob.memory_id, remote)
+        if isinstance(decoded, MemoryPlaintext) and not blob.deleted:
+            if local[1] == decoded.modified_at:
+                mark_pushed(conn, blob.memory_id, decoded.modified_at)
+        elif local[1] is not None and tombstone_plaintext(blob.memory_id) == local[0]:
+            clear_tombstone(conn, blob.memory_id, local[1])
 
     def _reconcile(self, seen: set[str]) -> None:
         """After a full re-pull: synced rows the relay no longer has were deleted remotely
