@@ -1,0 +1,156 @@
+"""The local store on a real SQLCipher vault: edits, push bookkeeping, LWW, applying."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from client import local_store as ls
+from shared_format.plaintext import Link, MemoryPlaintext
+from shared_format.timestamps import parse_rfc3339
+from shared_format.vault import open_vault
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "vault"
+    open_vault(path, "local store tests", create=True).close()
+    return path
+
+
+@pytest.fixture
+def conn(template: Path, tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    import shutil
+
+    path = tmp_path / "vault"
+    shutil.copytree(template, path)
+    vault = open_vault(path, "local store tests")
+    ls.ensure_sync_tables(vault.conn)
+    try:
+        yield vault.conn
+    finally:
+        vault.close()
+
+
+def _remote(memory_id: str, content: str, **changes: object) -> MemoryPlaintext:
+    base = MemoryPlaintext(
+        id=memory_id, content=content, layer="semantic", scope="rule", content_type="text",
+        source="agent", privacy_level="hybrid", context={"k": [1]},
+        created_at="2026-01-01T00:00:00.000000+00:00",
+        modified_at="2026-01-02T00:00:00.000000+00:00", last_retrieved=None, occurred_at=None,
+        project="p", tags=["t"], strength=1.0, valence=0.0, retrievals=0, imagined=False,
+        grounded=False, links=[], embedding=None, embedding_model=None,
+    )  # fmt: skip
+    return msgspec.structs.replace(base, **changes)
+
+
+def test_add_edit_delete_and_push_bookkeeping(conn: sqlite3.Connection) -> None:
+    memory_id = ls.add_memory(conn, "[12] first  Note", tags=["a"])
+    assert memory_id.startswith("mem_")
+    assert len(memory_id) == 20
+    assert ls.count_to_push(conn) == (1, 0)
+    row = ls.get_row(conn, memory_id)
+    assert row is not None
+    ls.mark_pushed(conn, memory_id, row["modified_at"])
+    assert ls.count_to_push(conn) == (0, 0)
+    assert ls.edit_memory(conn, memory_id, "second")
+    assert ls.count_to_push(conn) == (1, 0)
+    hits = conn.execute("SELECT id FROM engrams_fts WHERE engrams_fts MATCH 'second'").fetchall()
+    assert [h[0] for h in hits] == [memory_id]
+    assert ls.delete_memory(conn, memory_id)
+    assert ls.count_to_push(conn) == (0, 1)
+    assert ls.get_row(conn, memory_id) is None
+    assert not ls.edit_memory(conn, memory_id, "gone")
+    assert conn.execute("SELECT count(*) FROM engrams_fts").fetchone()[0] == 0
+
+
+def test_content_hash_is_normalised(conn: sqlite3.Connection) -> None:
+    from shared_format.vault import normalized_hash
+
+    memory_id = ls.add_memory(conn, "[89] [10:23:45] [/home/alice/engram] Cargo  check")
+    row = conn.execute("SELECT content_hash FROM engrams WHERE id = ?", (memory_id,)).fetchone()
+    assert row[0] == normalized_hash("cargo check")
+
+
+def test_edit_after_a_remote_row_from_the_future_still_needs_push(conn: sqlite3.Connection) -> None:
+    future = "2999-01-01T00:00:00Z"  # another device's clock ran far ahead, and says Z
+    ls.apply_memory(conn, _remote("mem_future", "remote", modified_at=future))
+    assert ls.count_to_push(conn) == (0, 0)  # applied as received, synced_at = modified_at
+    assert ls.edit_memory(conn, "mem_future", "local edit")
+    row = ls.get_row(conn, "mem_future")
+    assert row is not None
+    assert parse_rfc3339(row["modified_at"]) > parse_rfc3339(future)
+    assert ls.row_needs_push(row)
+    assert ls.count_to_push(conn) == (1, 0)
+
+
+def test_apply_writes_as_received(conn: sqlite3.Connection) -> None:
+    remote = _remote("mem_r", "remote text", embedding=[0.5, 1.5], embedding_model="m")
+    ls.apply_memory(conn, remote)
+    assert ls.get_memory(conn, "mem_r") == remote
+    row = ls.get_row(conn, "mem_r")
+    assert row is not None
+    assert row["synced_at"] == row["modified_at"] == remote.modified_at
+
+
+def test_links_wait_for_their_target(conn: sqlite3.Connection) -> None:
+    link = Link(link_type="temporal", target_id="mem_later", weight=0.3)
+    ls.apply_memory(conn, _remote("mem_first", "first", links=[link]))
+    assert conn.execute("SELECT count(*) FROM engram_links").fetchone()[0] == 0
+    ls.apply_memory(conn, _remote("mem_later", "arrives later"))
+    first = ls.get_memory(conn, "mem_first")
+    assert first is not None
+    assert first.links == [link]
+    assert conn.execute("SELECT count(*) FROM sync_pending_links").fetchone()[0] == 0
+
+
+def test_remote_tombstone_leaves_no_local_tombstone(conn: sqlite3.Connection) -> None:
+    ls.apply_memory(conn, _remote("mem_x", "x"))
+    ls.apply_tombstone(conn, "mem_x")
+    assert ls.get_row(conn, "mem_x") is None
+    assert ls.count_to_push(conn) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("remote", "known", "wins"),
+    [
+        (ls.KnownVersion(5, "b", "2026-01-01T00:00:00+00:00"), None, True),
+        (ls.KnownVersion(6, "b", "2026-01-01T00:00:00+00:00"),
+         ls.KnownVersion(5, "a", "2026-01-02T00:00:00+00:00"), True),
+        (ls.KnownVersion(4, "b", "2026-01-03T00:00:00+00:00"),
+         ls.KnownVersion(5, "a", "2026-01-01T00:00:00+00:00"), False),
+        (ls.KnownVersion(5, "a", "2026-01-03T00:00:00+00:00"),
+         ls.KnownVersion(5, "a", "2026-01-01T00:00:00+00:00"), False),  # same version
+        # equal clocks from different devices (legacy): the later instant wins ...
+        (ls.KnownVersion(5, "a", "2026-01-01T02:00:00+02:00"),
+         ls.KnownVersion(5, "b", "2026-01-01T00:30:00+00:00"), False),
+        (ls.KnownVersion(5, "a", "2026-01-01T01:00:00Z"),
+         ls.KnownVersion(5, "b", "2026-01-01T00:30:00+00:00"), True),
+        # ... then the higher device id
+        (ls.KnownVersion(5, "b", "2026-01-01T00:00:00Z"),
+         ls.KnownVersion(5, "a", "2026-01-01T00:00:00+00:00"), True),
+        (ls.KnownVersion(5, "a", "2026-01-01T00:00:00Z"),
+         ls.KnownVersion(5, "b", "2026-01-01T00:00:00+00:00"), False),
+    ],
+)  # fmt: skip
+def test_lww(remote: ls.KnownVersion, known: ls.KnownVersion | None, wins: bool) -> None:
+    assert ls.remote_wins(remote, known) is wins
+
+
+def test_local_version_text(conn: sqlite3.Connection) -> None:
+    memory_id = ls.add_memory(conn, "unpushed")
+    local = ls.local_version_text(conn, memory_id)
+    assert local is not None
+    assert '"content":"unpushed"' in local[0]
+    row = ls.get_row(conn, memory_id)
+    assert row is not None
+    ls.mark_pushed(conn, memory_id, row["modified_at"])
+    assert ls.local_version_text(conn, memory_id) is None
+    ls.delete_memory(conn, memory_id)
+    tomb = ls.local_version_text(conn, memory_id)
+    assert tomb is not None
+    assert tomb[0] == f'{{"deleted":true,"id":"{memory_id}"}}'
