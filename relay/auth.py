@@ -33,14 +33,18 @@ async def authenticate(request: Request[Any, Any, Any]) -> Principal:
     principal = state.static_keys.get(hash_key(token))
     if principal is None:
         found = await key_store.lookup(state.require_pool(), token)
-        if found is None or found.revoked:
+        if found is None:
             raise unauthorized("unknown or revoked API key")
+        # Before the key's own revocation: revoking a device also revokes its keys (§10),
+        # and such a key must still get 403 `device_revoked`, not a generic 401.
         if found.device_revoked:
             raise forbidden(
                 f"device {found.principal.device_id} was revoked for this vault; this key no "
                 "longer works. Ask an admin for a new device key.",
                 code="device_revoked",
             )
+        if found.revoked:
+            raise unauthorized("unknown or revoked API key")
         principal = found.principal
     _rate_limit(state, principal)
     request.state.key_prefix = principal.prefix

@@ -146,7 +146,7 @@ def _database_unavailable(_: Request[Any, Any, Any], exc: Exception) -> Response
 
 
 def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    if isinstance(exc, OSError | asyncpg.PostgresConnectionStatusError | asyncpg.InterfaceError):
+    if isinstance(exc, OSError | asyncpg.PostgresConnectionError | asyncpg.InterfaceError):
         return _database_unavailable(request, exc)
     if isinstance(exc, asyncpg.CannotConnectNowError | asyncpg.ConnectionDoesNotExistError):
         return _database_unavailable(request, exc)

@@ -70,8 +70,13 @@ async def _check_quota(
         for item in plan.accepted
     )
     if quota.max_devices > 0:
+        # Non-revoked devices holding blobs here. A device row alone (a label registration,
+        # a pull with X-Engram-Device) takes no slot, else it would bypass the quota.
         active = await conn.fetch(
-            "SELECT device_id FROM devices WHERE vault_id = $1 AND revoked_at IS NULL", vault_id
+            "SELECT DISTINCT b.device_id FROM blobs b WHERE b.vault_id = $1 AND NOT EXISTS"
+            " (SELECT 1 FROM devices d WHERE d.vault_id = $1 AND d.device_id = b.device_id"
+            " AND d.revoked_at IS NOT NULL)",
+            vault_id,
         )
         known = {r["device_id"] for r in active}
         devices = known | {i.blob.device_id for i in plan.accepted}

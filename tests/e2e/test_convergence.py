@@ -1,0 +1,262 @@
+"""Convergence under random histories (issue 8 §2): a hypothesis state machine over three
+devices and one real relay. Random adds, edits, deletes, syncs, offline periods, restarts
+and dropped connections (before a push, or after the relay committed it); then every
+device syncs until quiet. Checked:
+
+- after every successful sync of a device, each of its local changes made since its last
+  sync was either accepted by the relay or kept in its `sync_conflicts`;
+- at the end all devices hold identical memories.
+
+CI runs a few examples; `ENGRAM_SLOW=1` runs 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from client import local_store
+from client.errors import RelayUnavailableError
+from client.relay_client import RelayClient
+from client.session import VaultSession
+from relay.db.migrate import upgrade_to_head
+from shared_format.keys import SyncKeys, derive_sync_keys
+from shared_format.wire import PushResponse, SyncBlob
+from tests.conftest import _execute, database_url_for
+from tests.e2e.conftest import PASSPHRASE
+from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
+
+SLOW = os.environ.get("ENGRAM_SLOW") == "1"
+DEVICES = ("alpha", "bravo", "charlie")
+_vault_numbers = itertools.count()
+
+
+class DropsConnection(RelayClient):
+    """A relay client whose next push fails: before sending, or after the relay committed."""
+
+    mode: str = "none"
+
+    def push(self, vault_id: str, blobs: list[SyncBlob]) -> PushResponse:
+        if self.mode == "before":
+            raise RelayUnavailableError("dropped before the push (simulated)", url=self.base_url)
+        response = super().push(vault_id, blobs)
+        if self.mode == "after":
+            raise RelayUnavailableError("dropped after the push (simulated)", url=self.base_url)
+        return response
+
+
+class World:
+    """Shared across examples: one relay, one template vault, the derived keys."""
+
+    relay: Relay
+    template: Path
+    keys: SyncKeys
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def world(postgres_url: str) -> Iterator[World]:
+    """One relay on its own database for the whole module; each example uses a new vault id."""
+    name = f"test_conv_{secrets.token_hex(6)}"
+    asyncio.run(_execute(postgres_url, f'CREATE DATABASE "{name}"'))
+    database_url = database_url_for(postgres_url, name)
+    upgrade_to_head(database_url)
+    config = base_config(database_url)
+    server = RelayThread(config).start()
+    w = World()
+    w.relay = Relay(server.url, database_url, config)
+    w.root = Path(tempfile.mkdtemp(prefix="engram-convergence-"))
+    w.template = w.root / "template"
+    with VaultSession.open(w.template, PASSPHRASE, create=True):
+        pass
+    (w.template / "device.json").unlink()
+    w.keys = derive_sync_keys(PASSPHRASE)
+    try:
+        yield w
+    finally:
+        server.stop()
+        shutil.rmtree(w.root, ignore_errors=True)
+        asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+class Device:
+    def __init__(self, world: World, vault_id: str, name: str) -> None:
+        self.world = world
+        self.path = world.root / vault_id / name
+        shutil.copytree(world.template, self.path)
+        self.session = self._open()
+        self.session.link(world.relay.url, ADMIN_KEY, vault_id, name)
+        self.client = DropsConnection(world.relay.url, ADMIN_KEY, max_retries=0)
+        self.pending: dict[str, str | None] = {}  # memory id -> local text (None = deleted)
+
+    def _open(self) -> VaultSession:
+        session = VaultSession.open(self.path, PASSPHRASE)
+        session._keys = self.world.keys  # the same passphrase derives the same keys
+        return session
+
+    def restart(self) -> None:
+        self.session.close()
+        self.session = self._open()
+
+    def contents(self) -> dict[str, str]:
+        conn = self.session.vault.conn
+        return {m.id: m.content for m in local_store.list_memories(conn)}
+
+    def conflict_texts(self) -> set[tuple[str, str | None]]:
+        rows = self.session.vault.conn.execute(
+            "SELECT memory_id, local_plaintext FROM sync_conflicts"
+        ).fetchall()
+        kept: set[tuple[str, str | None]] = set()
+        for memory_id, text in rows:
+            obj = json.loads(text)
+            kept.add((memory_id, None if obj.get("deleted") else obj["content"]))
+        return kept
+
+    def sync(self, drop: str = "none") -> bool:
+        self.client.mode = drop
+        try:
+            self.session.syncer(self.client).sync()
+        except RelayUnavailableError:
+            return False
+        finally:
+            self.client.mode = "none"
+        return True
+
+    def close(self) -> None:
+        self.client.close()
+        self.session.close()
+
+
+class Convergence(RuleBasedStateMachine):
+    world: World
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vault_id = f"conv-{os.getpid()}-{next(_vault_numbers)}"
+        self.devices = [Device(self.world, self.vault_id, n) for n in DEVICES]
+        self.texts = itertools.count()
+
+    def teardown(self) -> None:
+        for device in self.devices:
+            device.close()
+        shutil.rmtree(self.world.root / self.vault_id, ignore_errors=True)
+
+    def _text(self, device: Device) -> str:
+        return f"{device.path.name} text {next(self.texts)}"
+
+    @initialize()
+    def start(self) -> None:
+        """Begin with a few memories every device holds, so conflicts can happen at once."""
+        for _ in range(3):
+            self.add(0)
+        for index in range(len(self.devices)):
+            assert self.devices[index].sync()
+            self._check_nothing_lost(self.devices[index])
+
+    @rule(d=st.integers(0, 2))
+    def add(self, d: int) -> None:
+        device = self.devices[d]
+        text = self._text(device)
+        with device.session.vault.transaction() as conn:
+            memory_id = local_store.add_memory(conn, text)
+        device.pending[memory_id] = text
+
+    def _pick(self, device: Device, pick: int) -> str | None:
+        held = sorted(device.contents())
+        return held[pick % len(held)] if held else None
+
+    def _edit(self, device: Device, memory_id: str) -> None:
+        text = self._text(device)
+        with device.session.vault.transaction() as conn:
+            if local_store.edit_memory(conn, memory_id, text):
+                device.pending[memory_id] = text
+
+    @rule(d=st.integers(0, 2), pick=st.integers(0, 10**6))
+    def edit(self, d: int, pick: int) -> None:
+        device = self.devices[d]
+        memory_id = self._pick(device, pick)
+        if memory_id is not None:
+            self._edit(device, memory_id)
+
+    @rule(pair=st.sampled_from([(0, 1), (1, 2), (0, 2)]), pick=st.integers(0, 10**6))
+    def edit_on_two_devices(self, pair: tuple[int, int], pick: int) -> None:
+        """The same memory edited on two devices before either syncs: a real conflict."""
+        first, second = (self.devices[i] for i in pair)
+        memory_id = self._pick(first, pick)
+        if memory_id is not None and memory_id in second.contents():
+            self._edit(first, memory_id)
+            self._edit(second, memory_id)
+
+    @rule(d=st.integers(0, 2), pick=st.integers(0, 10**6))
+    def delete(self, d: int, pick: int) -> None:
+        device = self.devices[d]
+        memory_id = self._pick(device, pick)
+        if memory_id is None:
+            return
+        with device.session.vault.transaction() as conn:
+            if local_store.delete_memory(conn, memory_id):
+                device.pending[memory_id] = None
+
+    @rule(d=st.integers(0, 2), drop=st.sampled_from(["none", "none", "none", "before", "after"]))
+    def sync(self, d: int, drop: str) -> None:
+        device = self.devices[d]
+        if device.sync(drop):
+            self._check_nothing_lost(device)
+
+    @rule(d=st.integers(0, 2))
+    def restart(self, d: int) -> None:
+        self.devices[d].restart()
+
+    def _check_nothing_lost(self, device: Device) -> None:
+        held = device.contents()
+        kept = device.conflict_texts()
+        for memory_id, text in device.pending.items():
+            accepted = memory_id not in held if text is None else held.get(memory_id) == text
+            assert accepted or (memory_id, text) in kept, (memory_id, text, held.get(memory_id))
+        device.pending.clear()
+
+    @invariant()
+    def clocks_never_go_backwards(self) -> None:
+        for device in self.devices:
+            assert device.session.device.vector_clock >= 0
+
+    def converge(self) -> None:
+        for _ in range(3):
+            for device in self.devices:
+                assert device.sync()
+                self._check_nothing_lost(device)
+        first = self.devices[0].contents()
+        for device in self.devices[1:]:
+            assert device.contents() == first
+
+
+def test_devices_converge(world: World) -> None:
+    Convergence.world = world
+
+    class Checked(Convergence):
+        def teardown(self) -> None:
+            try:
+                self.converge()
+            finally:
+                super().teardown()
+
+    runner = Checked.TestCase
+    runner.settings = settings(
+        max_examples=500 if SLOW else 8,
+        stateful_step_count=40 if SLOW else 25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    runner("runTest").runTest()
