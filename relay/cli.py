@@ -17,6 +17,7 @@ import uvicorn
 from rich.console import Console
 from rich.table import Table
 
+from relay import ops
 from relay.app import create_app
 from relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
 from relay.db.url import to_libpq_url
@@ -87,8 +88,12 @@ def _check_vault(vault_id: str) -> str:
 
 @app.command()
 def serve(
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to bind.")] = DEFAULT_PORT,
+    host: Annotated[
+        str, typer.Option(help="Address to bind.", envvar="ENGRAM_RELAY_HOST")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(help="Port to bind.", envvar="ENGRAM_RELAY_PORT")
+    ] = DEFAULT_PORT,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
     quota_devices: Annotated[
@@ -324,6 +329,10 @@ def stats(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
     row = _run_db(database_url, data_dir, work)
     for name, value in dict(row).items():
         out.print(f"{name}: {value}")
+
+
+app.command()(ops.backup)
+app.command()(ops.restore)
 
 
 def main() -> None:
