@@ -1,0 +1,215 @@
+"""Crash safety (issue 8 §1): SIGKILL the relay while a client pushes, and SIGKILL the
+client mid-push and mid-pull. Nothing acknowledged is lost, nothing is duplicated, no
+clock value is reused, no blob is skipped.
+
+CI size: a few thousand memories and a handful of kills; `ENGRAM_SLOW=1` runs 10k
+memories and 20 relay kills.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from client import local_store
+from client.errors import SyncError
+from client.session import VaultSession
+from tests.relay.conftest import ADMIN_KEY, free_port
+
+SLOW = os.environ.get("ENGRAM_SLOW") == "1"
+BIN = Path(sys.executable).parent
+PASSPHRASE = "crash safety passphrase"
+VAULT = "crash-vault"
+
+
+class RelayProcess:
+    """`engram-relay serve` as a real process on a fixed port, killable and restartable."""
+
+    def __init__(self, database_url: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.database_url = database_url
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, SYNC_API_KEYS=f"{ADMIN_KEY}:100000")
+        self.proc = subprocess.Popen(
+            [str(BIN / "engram-relay"), "serve", "--port", str(self.port),
+             "--database-url", self.database_url, "--log-level", "warning"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise AssertionError("relay did not start")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def relay_process(fresh_database_url: str) -> Iterator[RelayProcess]:
+    relay = RelayProcess(fresh_database_url)
+    relay.start()
+    try:
+        yield relay
+    finally:
+        relay.stop()
+
+
+def _vault(path: Path, relay: RelayProcess, memories: int = 0) -> list[str]:
+    with VaultSession.open(path, PASSPHRASE, create=True) as session:
+        session.link(relay.url, ADMIN_KEY, VAULT, path.name)
+        with session.vault.transaction() as conn:
+            return [local_store.add_memory(conn, f"memory {i}") for i in range(memories)]
+
+
+def _contents(path: Path) -> dict[str, str]:
+    with VaultSession.open(path, PASSPHRASE) as session:
+        return {m.id: m.content for m in local_store.list_memories(session.vault.conn)}
+
+
+def _sync_until_done(path: Path, relay: RelayProcess, attempts: int = 60) -> None:
+    for _ in range(attempts):
+        try:
+            with (
+                VaultSession.open(path, PASSPHRASE) as session,
+                session.relay(
+                    max_retries=2, backoff_base=0.05, backoff_max=0.2, timeout=10
+                ) as client,
+            ):
+                session.syncer(client).sync()
+                return
+        except SyncError:
+            time.sleep(0.3)
+    raise AssertionError("sync never completed")
+
+
+def _relay_rows(relay: RelayProcess) -> list[tuple[str, str, int]]:
+    from tests.relay.conftest import Relay
+
+    rows = Relay(relay.url, relay.database_url, None).sql(  # type: ignore[arg-type]
+        "SELECT memory_id, device_id, vector_clock FROM blobs WHERE vault_id = $1", VAULT
+    )
+    return [(r["memory_id"], r["device_id"], r["vector_clock"]) for r in rows]
+
+
+def test_relay_killed_during_pushes_loses_nothing(
+    relay_process: RelayProcess, tmp_path: Path
+) -> None:
+    count, kills = (10_000, 20) if SLOW else (3_000, 4)
+    rng = random.Random(int(os.environ.get("ENGRAM_SEED", "7")))
+    ids = _vault(tmp_path / "pusher", relay_process, count)
+    import threading
+
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def push() -> None:
+        try:
+            _sync_until_done(tmp_path / "pusher", relay_process, attempts=200)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=push)
+    worker.start()
+    killed = 0
+    while killed < kills and not done.is_set():
+        time.sleep(rng.uniform(0.2, 1.5))
+        if done.is_set():
+            break
+        relay_process.kill()
+        killed += 1
+        time.sleep(rng.uniform(0.0, 0.5))
+        relay_process.start()
+    worker.join(timeout=600)
+    assert not errors, errors
+    assert killed >= 1, "the push finished before any kill: raise the size"
+
+    rows = _relay_rows(relay_process)
+    assert sorted(r[0] for r in rows) == sorted(ids)  # every memory exactly once
+    clocks = [r[2] for r in rows]
+    assert len(set(clocks)) == len(clocks)  # no clock value used twice
+    with VaultSession.open(tmp_path / "pusher", PASSPHRASE) as session:
+        assert local_store.count_to_push(session.vault.conn) == (0, 0)
+        assert session.device.vector_clock >= max(clocks)
+
+    _vault(tmp_path / "reader", relay_process)
+    _sync_until_done(tmp_path / "reader", relay_process)
+    assert _contents(tmp_path / "reader") == _contents(tmp_path / "pusher")
+
+
+def _cli(vault: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, ENGRAM_PASSPHRASE=PASSPHRASE)
+    return subprocess.Popen(
+        [str(BIN / "engram-sync"), "--vault", str(vault), *args],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _kill_cli_runs_until_one_finishes(vault: Path, rng: random.Random, kills: int) -> int:
+    """Run `engram-sync sync`, SIGKILL it after a random delay, `kills` times; then let a
+    final run finish. Returns how many runs were killed before finishing."""
+    killed = 0
+    for _ in range(kills):
+        proc = _cli(vault, "sync")
+        time.sleep(rng.uniform(1.0, 3.0))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
+        proc.wait(timeout=60)
+    final = _cli(vault, "sync")
+    assert final.wait(timeout=600) == 0
+    return killed
+
+
+def test_client_killed_mid_push_and_mid_pull_stays_consistent(
+    relay_process: RelayProcess, tmp_path: Path
+) -> None:
+    count, kills = (10_000, 10) if SLOW else (3_000, 3)
+    rng = random.Random(int(os.environ.get("ENGRAM_SEED", "11")))
+    ids = _vault(tmp_path / "writer", relay_process, count)
+    killed_push = _kill_cli_runs_until_one_finishes(tmp_path / "writer", rng, kills)
+
+    rows = _relay_rows(relay_process)
+    assert sorted(r[0] for r in rows) == sorted(ids)
+    clocks = [r[2] for r in rows]
+    assert len(set(clocks)) == len(clocks)
+    with VaultSession.open(tmp_path / "writer", PASSPHRASE) as session:
+        assert session.device.vector_clock >= max(clocks)  # persisted before use
+        assert local_store.count_to_push(session.vault.conn) == (0, 0)
+
+    _vault(tmp_path / "reader", relay_process)
+    killed_pull = _kill_cli_runs_until_one_finishes(tmp_path / "reader", rng, kills)
+    assert _contents(tmp_path / "reader") == _contents(tmp_path / "writer")
+    with VaultSession.open(tmp_path / "reader", PASSPHRASE) as session:
+        assert session.state.cursor == max(
+            r["seq"]
+            for r in __import__("tests.relay.conftest", fromlist=["Relay"])
+            .Relay(relay_process.url, relay_process.database_url, None)  # type: ignore[arg-type]
+            .sql("SELECT seq FROM blobs WHERE vault_id = $1", VAULT)
+        )
+        assert session.state.skipped == []
+    assert killed_push + killed_pull >= 1, "no run was killed: raise the size"
