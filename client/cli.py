@@ -427,7 +427,9 @@ def main() -> None:
     if debug:
         sys.argv.remove("--debug")
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a typer.Exit(n) inside a command returns n
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):

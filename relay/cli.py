@@ -341,7 +341,9 @@ def main() -> None:
     if debug:
         sys.argv.remove("--debug")
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a typer.Exit(n) inside a command returns n
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except (CliError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
