@@ -21,7 +21,7 @@ from relay.config import RelayConfig
 from relay.db.pool import create_pool
 from relay.errors import EXCEPTION_HANDLERS, RelayError
 from relay.metrics import RelayMetrics
-from relay.routes import devices, sync, system
+from relay.routes import accounts, devices, handoff, pairing, sync, system
 from relay.state import RelayState
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,9 @@ def create_app(config: RelayConfig) -> Litestar:
             system.ready,
             system.info,
             system.metrics,
+            *accounts.ROUTES,  # PROTOCOL §13
+            *pairing.ROUTES,
+            *handoff.ROUTES,  # PROTOCOL §14
         ],
         lifespan=[lifespan],
         on_app_init=[on_app_init],

@@ -12,9 +12,11 @@ from typing import Any
 from litestar import Request
 
 from relay.errors import RelayError, forbidden, unauthorized
-from relay.keys import Principal, hash_key
+from relay.keys import DEFAULT_KEY_RATE, Principal, hash_key, key_prefix
 from relay.state import RelayState, relay_state
+from relay.store import accounts as account_store
 from relay.store import keys as key_store
+from relay.store.accounts import SESSION_PREFIX, AccountSession
 
 
 def _bearer(request: Request[Any, Any, Any]) -> str:
@@ -72,3 +74,51 @@ async def authorize(
     if admin and not principal.is_admin_for(vault_id):
         raise forbidden("this route needs an admin key for this vault")
     return principal
+
+
+# --- PROTOCOL §13: account sessions, the second kind of bearer token -----------------------
+# Session tokens (`ses_…`) authenticate the /account routes only; API keys do not work there,
+# and session tokens are unknown keys on the vault routes (401), except where a route says
+# otherwise (creating pairing codes accepts the session of an account that owns the vault).
+
+SESSION_RATE = DEFAULT_KEY_RATE  # requests/second per account, like a key
+
+
+def bearer_is_session(request: Request[Any, Any, Any]) -> bool:
+    """True when the request's bearer token is shaped like a session token."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and token.strip().startswith(SESSION_PREFIX)
+
+
+def _session_unauthorized(message: str) -> RelayError:
+    return RelayError(
+        401,
+        "unauthorized",
+        f"{message}: sign in with POST /auth/signin and send "
+        "`Authorization: Bearer <session token>`",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+async def authenticate_session(request: Request[Any, Any, Any]) -> AccountSession:
+    """The live session of the request's bearer token, rate limited per account; 401/429."""
+    state = relay_state(request)
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise _session_unauthorized("missing session token")
+    if not token.startswith(SESSION_PREFIX):
+        raise _session_unauthorized("API keys do not work on account routes")
+    session = await account_store.find_session(state.require_pool(), token)
+    if session is None:
+        raise _session_unauthorized("unknown or expired session token")
+    wait = state.limiter.take("session:" + session.account_id, SESSION_RATE)
+    if wait > 0:
+        raise RelayError(
+            429,
+            "rate_limited",
+            f"rate limit of {SESSION_RATE} requests/second exceeded; retry later",
+            headers={"Retry-After": state.limiter.retry_after_header(wait)},
+        )
+    request.state.key_prefix = key_prefix(token)
+    return session

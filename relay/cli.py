@@ -311,6 +311,42 @@ def gc(
 
 
 @app.command()
+def pair(
+    vault: Annotated[str, typer.Option("--vault", help="Vault id the new device joins.")],
+    label: Annotated[
+        str | None, typer.Option("--label", help="Default label of the paired device.")
+    ] = None,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Print a one-time pairing code (10 minutes); a new device redeems it for its own key."""
+    from relay.store.pairing import TooManyCodesError, create_code
+
+    _check_vault(vault)
+    if label is not None and (not label.strip() or len(label) > 128):
+        raise CliError("--label must be 1..128 characters")
+    with database(database_url, data_dir, migrate=True) as url:
+
+        async def go() -> tuple[str, str]:
+            pool = await asyncpg.create_pool(to_libpq_url(url), min_size=1, max_size=1)
+            try:
+                issued = await create_code(
+                    pool, vault, label=label, device_bound=True, created_by="cli"
+                )
+                return issued.code, issued.expires_at.isoformat(timespec="seconds")
+            except TooManyCodesError:
+                raise CliError(
+                    f"vault {vault} already has 5 unused pairing codes; wait for them to expire"
+                ) from None
+            finally:
+                await pool.close()
+
+        code, expires = asyncio.run(go())
+    err.print(f"pairing code for vault {vault}, single use, valid until {expires}:")
+    out.print(code)
+
+
+@app.command()
 def stats(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
     """Vaults, blobs, tombstones, devices, keys and database size."""
 

@@ -217,3 +217,313 @@ def convert(obj: Any, type_: type[T]) -> T:
 def encode_json(obj: Any) -> bytes:
     """Encode a wire type (or builtins) as compact JSON."""
     return msgspec.json.encode(obj)
+
+
+# --- PROTOCOL §13: accounts and key wraps --------------------------------------------------
+# Wraps, salts, the recovery verifier and proof are standard base64 with padding;
+# timestamps are RFC 3339. Optional request fields may be left out.
+
+
+class SignupRequest(Struct, frozen=True):
+    """Body of `POST /auth/signup` (password: at least 10 characters)."""
+
+    email: str
+    password: str
+
+
+class SigninRequest(Struct, frozen=True):
+    """Body of `POST /auth/signin`."""
+
+    email: str
+    password: str
+
+
+class AccountCreated(Struct, frozen=True):
+    """Answer to a sign-up: the account, already signed in (the token is shown once)."""
+
+    account_id: str
+    email: str
+    created_at: str
+    session_token: str
+    expires_at: str
+
+
+class SessionIssued(Struct, frozen=True):
+    """Answer to `POST /auth/signin` and `POST /auth/recover` (the token is shown once)."""
+
+    account_id: str
+    session_token: str
+    expires_at: str
+
+
+class LoggedOut(Struct, frozen=True):
+    """Answer to `POST /auth/logout`."""
+
+    logged_out: bool = True
+
+
+class AccountKeyInfo(Struct, frozen=True):
+    """One key of the account in `GET /account` (never the key itself)."""
+
+    id: str
+    prefix: str
+    vault_id: str | None
+    device_id: str | None
+    is_admin: bool
+    label: str | None
+    created_at: str
+    revoked: bool
+
+
+class AccountInfo(Struct, frozen=True):
+    """`GET /account`: `vaults` are the vault ids the account holds a wrap for (owns)."""
+
+    account_id: str
+    email: str
+    created_at: str
+    vaults: list[str]
+    keys: list[AccountKeyInfo]
+
+
+class MintAccountKeyRequest(Struct, frozen=True):
+    """Body of `POST /account/keys`; `admin` defaults to true (the account owns the vault)."""
+
+    vault_id: str
+    device_id: str | None = None
+    label: str | None = None
+    admin: bool = True
+
+
+class MintedAccountKey(Struct, frozen=True):
+    """A key minted from a session (the key text is shown once)."""
+
+    id: str
+    key: str
+    prefix: str
+    vault_id: str
+    device_id: str | None
+    is_admin: bool
+    label: str | None
+
+
+class AccountKeyRevoked(Struct, frozen=True):
+    """Answer to `DELETE /account/keys/{id}` (idempotent)."""
+
+    id: str
+    revoked: bool = True
+
+
+class PasswordWrapWrite(Struct, frozen=True):
+    """`PUT /account/wraps/password`: `password` is the current one; a `new_password`
+    replaces the login password in the same transaction (ending the other sessions)."""
+
+    wrapped_a: str
+    salt_pw: str
+    password: str
+    new_password: str | None = None
+
+
+class PasswordWrap(Struct, frozen=True):
+    """The password wrap of A as stored."""
+
+    wrapped_a: str
+    salt_pw: str
+    updated_at: str
+    password_changed: bool = False
+
+
+class RecoveryWrapWrite(Struct, frozen=True):
+    """`PUT /account/wraps/recovery`: `recovery_verifier` = SHA-256(recovery proof), see
+    shared_format.recovery_proof; `password` is the current login password."""
+
+    wrapped_a_rec: str
+    salt_rec: str
+    recovery_verifier: str
+    password: str
+
+
+class RecoveryWrap(Struct, frozen=True):
+    """The recovery wrap of A as stored (and as `POST /auth/recover/start` hands it out)."""
+
+    wrapped_a_rec: str
+    salt_rec: str
+    updated_at: str
+
+
+class AccountWraps(Struct, frozen=True):
+    """`GET /account/wraps`: both wraps of A, null where not stored."""
+
+    wrapped_a: str | None
+    salt_pw: str | None
+    wrapped_a_rec: str | None
+    salt_rec: str | None
+    updated_at: str | None
+
+
+class VaultWrapWrite(Struct, frozen=True):
+    """`PUT /account/vaults/{vault_id}/wrap` (`password` is the current login password)."""
+
+    wrapped_k: str
+    password: str
+
+
+class VaultWrap(Struct, frozen=True):
+    """One vault key wrap as stored."""
+
+    vault_id: str
+    wrapped_k: str
+    updated_at: str
+
+
+class PasswordConfirmation(Struct, frozen=True):
+    """Body of `DELETE /account/vaults/{vault_id}/wrap`."""
+
+    password: str
+
+
+class VaultWrapDeleted(Struct, frozen=True):
+    """Answer to deleting a vault wrap (idempotent; `deleted` false if there was none)."""
+
+    vault_id: str
+    deleted: bool
+
+
+class RecoverStartRequest(Struct, frozen=True):
+    """Body of `POST /auth/recover/start`."""
+
+    email: str
+
+
+class RecoverRequest(Struct, frozen=True):
+    """Body of `POST /auth/recover`: the proof opens nothing; the new wrap is of the same A."""
+
+    email: str
+    proof: str
+    new_password: str
+    wrapped_a: str
+    salt_pw: str
+
+
+# --- Pairing codes (our addition) ---------------------------------------------------------
+
+
+class CreatePairingCodeRequest(Struct, frozen=True):
+    """Body of `POST /v1/vaults/{vault_id}/pairing-codes` (may be empty)."""
+
+    label: str | None = None
+    device_bound: bool = True
+
+
+class PairingCodeIssued(Struct, frozen=True):
+    """A new pairing code `ENG-XXXX-XXXX-XXXX` (shown once)."""
+
+    code: str
+    vault_id: str
+    expires_at: str
+    label: str | None
+    device_bound: bool
+
+
+class RedeemPairingCodeRequest(Struct, frozen=True):
+    """Body of `POST /pair/redeem`; `label` defaults to the code's label."""
+
+    code: str
+    device_id: str
+    label: str | None = None
+
+
+class PairingRedeemed(Struct, frozen=True):
+    """The key a redeemed code produced (shown once): non-admin, device-bound if the code was."""
+
+    vault_id: str
+    api_key: str
+    key_id: str
+    device_id: str
+    label: str
+    device_bound: bool
+
+
+# --- PROTOCOL §14: team key handoff -------------------------------------------------------
+# Public keys and seals are base64url without padding.
+
+
+class HandoffCreateRequest(Struct, frozen=True):
+    """Body of `POST /v1/vaults/{vault_id}/handoff`: a 65-byte SEC1 P-256 public key."""
+
+    public_key: str
+    label: str = ""
+
+
+class HandoffCreated(Struct, frozen=True):
+    """Answer to a handoff request: show `fingerprint` on the requester's screen."""
+
+    request_id: str
+    vault_id: str
+    expires_at: str
+    fingerprint: str
+    status: str = "pending"
+
+
+class HandoffPending(Struct, frozen=True):
+    """One pending request as an admin lists it; `fingerprint` is computed from `public_key`."""
+
+    request_id: str
+    public_key: str
+    label: str
+    fingerprint: str
+    created_at: str
+    expires_at: str
+
+
+class HandoffList(Struct, frozen=True):
+    """`GET /v1/vaults/{vault_id}/handoff`: pending requests, oldest first."""
+
+    vault_id: str
+    requests: list[HandoffPending]
+
+
+class HandoffStatus(Struct, frozen=True):
+    """`GET /v1/vaults/{vault_id}/handoff/{request_id}`: pending, sealed, claimed or expired."""
+
+    request_id: str
+    vault_id: str
+    status: str
+    fingerprint: str
+    label: str
+    created_at: str
+    expires_at: str
+    sealed_at: str | None
+    claimed_at: str | None
+
+
+class HandoffSealRequest(Struct, frozen=True):
+    """Body of the seal route: the admin's ephemeral public key and the seal of K."""
+
+    public_key: str
+    sealed: str
+
+
+class HandoffSealed(Struct, frozen=True):
+    """Answer to the seal route."""
+
+    request_id: str
+    vault_id: str
+    sealed_at: str
+    status: str = "sealed"
+
+
+class HandoffClaimed(Struct, frozen=True):
+    """Answer to the claim route, given exactly once: open it with the requester's key."""
+
+    request_id: str
+    vault_id: str
+    public_key: str
+    sealed: str
+
+
+class HandoffCancelled(Struct, frozen=True):
+    """Answer to `DELETE /v1/vaults/{vault_id}/handoff/{request_id}`."""
+
+    request_id: str
+    vault_id: str
+    deleted: bool = True

@@ -65,6 +65,7 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
         "label": ("text", True, None),
         "created_at": ("timestamp with time zone", False, "now()"),
         "revoked_at": ("timestamp with time zone", True, None),
+        "account_id": ("text", True, None),  # 0002_accounts: keys minted from a session
     },
     "quotas": {
         "vault_id": ("text", False, None),
@@ -140,9 +141,9 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
     return {r["indexname"]: r["indexdef"] for r in rows}
 
 
-def test_head_is_the_initial_revision() -> None:
+def test_head_is_the_accounts_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0001_initial"
+    assert head_revision() == "0002_accounts"
 
 
 def test_upgrade_fresh_database_reaches_head(empty_database_url: str) -> None:

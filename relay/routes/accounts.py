@@ -1,0 +1,592 @@
+"""Accounts, sessions and key wraps (PROTOCOL §13), plus helpers the pairing and handoff
+routes share (strict body decoding, per-IP limits, field validation).
+
+Auth: `/auth/*` needs none (rate limited per client IP); `/account/*` needs a
+session token (`Authorization: Bearer ses_…`) — API keys are refused there.
+Every write or delete of a wrap needs the current `password` in the body, so a
+stolen session cannot lock the owner out; recovery instead proves knowledge of
+the recovery phrase (see `recover` and shared_format/recovery_proof.py).
+Passwords, tokens, wraps and proofs are never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import time
+from typing import Any, Final, TypeVar
+
+from litestar import Request, delete, get, post, put
+from litestar.params import FromPath
+
+from relay import passwords
+from relay.auth import authenticate_session
+from relay.errors import RelayError, bad_request, forbidden
+from relay.ids import require_id
+from relay.keys import hash_key
+from relay.ratelimit import RateLimiter
+from relay.state import relay_state
+from relay.store import accounts as store
+from relay.store import keys as key_store
+from relay.store.accounts import AccountSession
+from shared_format.b64 import Base64Error, b64decode_std
+from shared_format.errors import WireDecodeError
+from shared_format.timestamps import format_rfc3339
+from shared_format.wire import (
+    AccountCreated,
+    AccountInfo,
+    AccountKeyInfo,
+    AccountKeyRevoked,
+    AccountWraps,
+    LoggedOut,
+    MintAccountKeyRequest,
+    MintedAccountKey,
+    PasswordConfirmation,
+    PasswordWrap,
+    PasswordWrapWrite,
+    RecoverRequest,
+    RecoverStartRequest,
+    RecoveryWrap,
+    RecoveryWrapWrite,
+    SessionIssued,
+    SigninRequest,
+    SignupRequest,
+    VaultWrap,
+    VaultWrapDeleted,
+    VaultWrapWrite,
+    decode_json,
+)
+from shared_format.wraps import MAX_SALT_LEN, MAX_WRAP_LEN, MIN_SALT_LEN, NONCE_LEN, TAG_LEN
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_EMAIL_CHARS: Final = 254
+MAX_LABEL_CHARS: Final = 128
+MIN_WRAP_LEN: Final = NONCE_LEN + TAG_LEN  # an AES-GCM envelope of nothing
+PROOF_LEN: Final = 32
+ADOPT_HEADER: Final = "x-engram-vault-key"
+# Per-IP token buckets: requests per minute, burst equal to the rate.
+SIGNUP_PER_MINUTE: Final = 10
+SIGNIN_PER_MINUTE: Final = 30
+RECOVER_PER_MINUTE: Final = 10
+REDEEM_PER_MINUTE: Final = 30
+# Password confirmations per account (a stolen session must not become a guessing oracle).
+PASSWORD_CHECKS_PER_MINUTE: Final = 10
+
+_EMAIL = re.compile(r"[^@\s\x00-\x1f\x7f]{1,64}@[^@\s\x00-\x1f\x7f.]+(\.[^@\s\x00-\x1f\x7f.]+)+")
+_LIMITER_KEY: Final = "engram_per_minute_limiter"
+_DUMMY_VERIFIER: Final = bytes(32)
+
+
+# --- helpers shared with the pairing and handoff routes --------------------------------------
+
+
+async def decode_body(
+    request: Request[Any, Any, Any], type_: type[T], *, empty_ok: bool = False
+) -> T:
+    """Strict JSON decoding of the body: 400 naming the field, never a lax coercion."""
+    body = await request.body()
+    if empty_ok and not body.strip():
+        body = b"{}"
+    try:
+        return decode_json(body, type_)
+    except WireDecodeError as exc:
+        message = str(exc)
+        if message.startswith("malformed JSON"):
+            raise bad_request(
+                f"request body is not valid JSON: {message}", code="malformed_json"
+            ) from None
+        field = (exc.field or "$").removeprefix("$").removeprefix(".") or "body"
+        raise bad_request(
+            f"invalid request: {message}", code="invalid_request", field=field
+        ) from None
+
+
+def client_ip(request: Request[Any, Any, Any]) -> str:
+    """The peer address (uvicorn applies X-Forwarded-For only from trusted proxies)."""
+    return request.client.host if request.client else "unknown"
+
+
+def _minute_limiter(request: Request[Any, Any, Any]) -> RateLimiter:
+    state = request.app.state
+    limiter: RateLimiter | None = state.get(_LIMITER_KEY)
+    if limiter is None:
+        # The limiter's clock runs in minutes: `rate` then means requests per minute.
+        limiter = state.setdefault(_LIMITER_KEY, RateLimiter(lambda: time.monotonic() / 60.0))
+    return limiter
+
+
+def limit_per_minute(request: Request[Any, Any, Any], bucket: str, per_minute: int) -> None:
+    """Spend one token of `bucket` (e.g. "signin:<ip>"); 429 with Retry-After when empty."""
+    wait_minutes = _minute_limiter(request).take(bucket, per_minute)
+    if wait_minutes > 0:
+        raise RelayError(
+            429,
+            "rate_limited",
+            f"too many attempts (at most {per_minute} a minute); retry later",
+            headers={"Retry-After": RateLimiter.retry_after_header(wait_minutes * 60.0)},
+        )
+
+
+def check_label(label: str | None, field: str = "label") -> str | None:
+    """A trimmed label of at most 128 characters (None stays None, blank becomes None)."""
+    if label is None:
+        return None
+    label = label.strip()
+    if len(label) > MAX_LABEL_CHARS:
+        raise bad_request(
+            f"{field} is longer than {MAX_LABEL_CHARS} characters",
+            code="invalid_request",
+            field=field,
+        )
+    if re.search(r"[\x00-\x1f\x7f]", label):
+        raise bad_request(
+            f"{field} contains control characters", code="invalid_request", field=field
+        )
+    return label or None
+
+
+def std_b64(value: str, field: str, lo: int, hi: int) -> bytes:
+    """Strict standard base64 of lo..hi decoded bytes; 400 naming the field otherwise."""
+    try:
+        raw = b64decode_std(value)
+    except Base64Error as exc:
+        raise bad_request(f"{field}: {exc}", code="invalid_request", field=field) from None
+    if not lo <= len(raw) <= hi:
+        size = f"exactly {lo}" if lo == hi else f"{lo}..{hi}"
+        raise bad_request(
+            f"{field} must decode to {size} bytes, got {len(raw)}",
+            code="invalid_request",
+            field=field,
+        )
+    return raw
+
+
+def _wrap(value: str, field: str) -> str:
+    std_b64(value, field, MIN_WRAP_LEN, MAX_WRAP_LEN)  # PROTOCOL §13: 512 bytes per wrap
+    return value
+
+
+def _salt(value: str, field: str) -> str:
+    std_b64(value, field, MIN_SALT_LEN, MAX_SALT_LEN)  # PROTOCOL §13: 64 bytes per salt
+    return value
+
+
+def _email(text: str) -> str:
+    email = text.strip().lower()
+    if len(email) > MAX_EMAIL_CHARS or not _EMAIL.fullmatch(email):
+        raise bad_request(
+            "email does not look like an email address (name@example.org)",
+            code="invalid_request",
+            field="email",
+        )
+    return email
+
+
+def _new_password(password: str, field: str) -> str:
+    problem = passwords.password_problem(password)
+    if problem:
+        raise bad_request(problem.replace("password", field, 1), code="weak_password", field=field)
+    return password
+
+
+async def _confirm_password(
+    request: Request[Any, Any, Any], session: AccountSession, password: str
+) -> None:
+    """403 `wrong_password` unless `password` is the account's current login password."""
+    limit_per_minute(request, f"password:{session.account_id}", PASSWORD_CHECKS_PER_MINUTE)
+    stored = await store.login_hash(relay_state(request).require_pool(), session.account_id)
+    if not await passwords.verify_password(stored, password):
+        raise forbidden(
+            "the current password is needed to change or delete a wrap, and this one is wrong",
+            code="wrong_password",
+        )
+
+
+def _invalid_credentials() -> RelayError:
+    # One answer for an unknown email and a wrong password.
+    return RelayError(
+        401,
+        "invalid_credentials",
+        "wrong email or password",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def _no_wrap(what: str) -> RelayError:
+    return RelayError(404, "no_wrap", f"this account has no {what} stored")
+
+
+# --- /auth ---------------------------------------------------------------------------------
+
+
+@post("/auth/signup", status_code=200, tags=["accounts"])
+async def signup(request: Request[Any, Any, Any]) -> AccountCreated:
+    """Create an account and sign it in (PROTOCOL §13); 409 `email_taken`."""
+    limit_per_minute(request, f"signup:{client_ip(request)}", SIGNUP_PER_MINUTE)
+    data = await decode_body(request, SignupRequest)
+    email = _email(data.email)
+    password_hash = await passwords.hash_password(_new_password(data.password, "password"))
+    pool = relay_state(request).require_pool()
+    async with pool.acquire() as conn, conn.transaction():
+        created = await store.create_account(conn, email, password_hash)
+        if created is None:
+            raise RelayError(
+                409, "email_taken", "an account with this email exists: sign in instead"
+            )
+        token, expires_at = await store.create_session(conn, created.account_id)
+    log.info("account created", extra={"account_id": created.account_id})
+    return AccountCreated(
+        account_id=created.account_id,
+        email=created.email,
+        created_at=format_rfc3339(created.created_at),
+        session_token=token,
+        expires_at=format_rfc3339(expires_at),
+    )
+
+
+@post("/auth/signin", status_code=200, tags=["accounts"])
+async def signin(request: Request[Any, Any, Any]) -> SessionIssued:
+    """A new session for email + password; one 401 `invalid_credentials` for any failure."""
+    limit_per_minute(request, f"signin:{client_ip(request)}", SIGNIN_PER_MINUTE)
+    data = await decode_body(request, SigninRequest)
+    email = data.email.strip().lower()
+    pool = relay_state(request).require_pool()
+    login = await store.find_login(pool, email)
+    # Unknown email: verify against a dummy hash, so it costs what a wrong password costs.
+    if not await passwords.verify_password(login.password_hash if login else None, data.password):
+        raise _invalid_credentials()
+    assert login is not None
+    if passwords.needs_rehash(login.password_hash):
+        await store.set_login_hash(
+            pool, login.account_id, await passwords.hash_password(data.password)
+        )
+    token, expires_at = await store.create_session(pool, login.account_id)
+    return SessionIssued(
+        account_id=login.account_id, session_token=token, expires_at=format_rfc3339(expires_at)
+    )
+
+
+@post("/auth/logout", status_code=200, tags=["accounts"])
+async def logout(request: Request[Any, Any, Any]) -> LoggedOut:
+    """End the session whose token authenticates this request."""
+    session = await authenticate_session(request)
+    await store.end_session(relay_state(request).require_pool(), session.token_hash)
+    return LoggedOut()
+
+
+@post("/auth/recover/start", status_code=200, tags=["accounts"])
+async def recover_start(request: Request[Any, Any, Any]) -> RecoveryWrap:
+    """The recovery wrap of an email's account, to open with the phrase (no auth).
+
+    Safe to hand out: opening it needs the 12-word phrase (128 bits) through
+    Argon2id. 404 `recovery_unavailable` for an unknown email or no recovery wrap.
+    """
+    limit_per_minute(request, f"recover:{client_ip(request)}", RECOVER_PER_MINUTE)
+    data = await decode_body(request, RecoverStartRequest)
+    pool = relay_state(request).require_pool()
+    record = await store.recovery_record(pool, data.email.strip().lower())
+    if record is None:
+        raise RelayError(404, "recovery_unavailable", "no recovery wrap is stored for this email")
+    return RecoveryWrap(
+        wrapped_a_rec=record.wrapped_a_rec,
+        salt_rec=record.salt_rec,
+        updated_at=format_rfc3339(record.updated_at),
+    )
+
+
+@post("/auth/recover", status_code=200, tags=["accounts"])
+async def recover(request: Request[Any, Any, Any]) -> SessionIssued:
+    """Set a new password with the recovery phrase: our design for §13 recovery.
+
+    The client opens the recovery wrap with the phrase (`/auth/recover/start`),
+    re-wraps the same A under the new password, and proves it holds the phrase
+    with `proof` = HMAC-SHA256(recovery wrap key, "engram-recovery-proof-v1").
+    The relay stored only SHA-256(proof) (`recovery_verifier`, written with the
+    recovery wrap under the then-current password) and compares in constant
+    time; it never sees the phrase, the wrap key or A. On success, in one
+    transaction: new login hash, new password wrap, every session ended; the
+    answer is a fresh session. 403 `recovery_failed` for any mismatch.
+    """
+    limit_per_minute(request, f"recover:{client_ip(request)}", RECOVER_PER_MINUTE)
+    data = await decode_body(request, RecoverRequest)
+    proof = std_b64(data.proof, "proof", PROOF_LEN, PROOF_LEN)
+    wrapped_a, salt_pw = _wrap(data.wrapped_a, "wrapped_a"), _salt(data.salt_pw, "salt_pw")
+    password_hash = await passwords.hash_password(_new_password(data.new_password, "new_password"))
+    pool = relay_state(request).require_pool()
+    record = await store.recovery_record(pool, data.email.strip().lower())
+    expected = record.verifier if record else _DUMMY_VERIFIER
+    matches = hmac.compare_digest(hashlib.sha256(proof).digest(), expected)
+    if record is None or not matches:
+        raise forbidden(
+            "recovery failed: the proof does not match this account's recovery phrase",
+            code="recovery_failed",
+        )
+    async with pool.acquire() as conn, conn.transaction():
+        await store.set_login_hash(conn, record.account_id, password_hash)
+        await store.put_password_wrap(conn, record.account_id, wrapped_a, salt_pw)
+        ended = await store.end_sessions(conn, record.account_id)
+        token, expires_at = await store.create_session(conn, record.account_id)
+    log.info("account recovered", extra={"account_id": record.account_id, "sessions_ended": ended})
+    return SessionIssued(
+        account_id=record.account_id, session_token=token, expires_at=format_rfc3339(expires_at)
+    )
+
+
+# --- /account --------------------------------------------------------------------------------
+
+
+@get("/account", tags=["accounts"])
+async def get_account(request: Request[Any, Any, Any]) -> AccountInfo:
+    """The account, the vaults it holds wraps for (owns), and its keys (never the keys)."""
+    session = await authenticate_session(request)
+    pool = relay_state(request).require_pool()
+    row = await store.account(pool, session.account_id)
+    if row is None:  # deleted under a live session
+        raise RelayError(401, "unauthorized", "this account no longer exists")
+    keys = await store.account_keys(pool, session.account_id)
+    return AccountInfo(
+        account_id=row.account_id,
+        email=row.email,
+        created_at=format_rfc3339(row.created_at),
+        vaults=await store.vault_ids(pool, session.account_id),
+        keys=[
+            AccountKeyInfo(
+                id=k.id,
+                prefix=k.prefix,
+                vault_id=k.vault_id,
+                device_id=k.device_id,
+                is_admin=k.is_admin,
+                label=k.label,
+                created_at=format_rfc3339(k.created_at),
+                revoked=k.revoked,
+            )
+            for k in keys
+        ],
+    )
+
+
+@post("/account/keys", status_code=200, tags=["accounts"])
+async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
+    """Mint a key for a vault the account owns (holds a wrap for); shown once.
+
+    Admin on that vault unless `admin: false` (the account owns the vault, so it
+    may revoke devices and seal handoffs); bound to `device_id` if given (§10).
+    """
+    session = await authenticate_session(request)
+    data = await decode_body(request, MintAccountKeyRequest)
+    vault_id = require_id(data.vault_id, "vault_id")
+    device_id = None if data.device_id is None else require_id(data.device_id, "device_id")
+    label = check_label(data.label)
+    pool = relay_state(request).require_pool()
+    if not await store.owns_vault(pool, session.account_id, vault_id):
+        raise forbidden(
+            f"this account holds no wrap for vault {vault_id}: store one with "
+            f"PUT /account/vaults/{vault_id}/wrap first",
+            code="not_vault_owner",
+        )
+    if device_id is not None and await store.device_revoked(pool, vault_id, device_id):
+        raise forbidden(f"device {device_id} was revoked for this vault", code="device_revoked")
+    key_id, key = await store.insert_key(
+        pool,
+        vault_id=vault_id,
+        is_admin=data.admin,
+        device_id=device_id,
+        account_id=session.account_id,
+        label=label,
+    )
+    log.info("account key minted", extra={"account_id": session.account_id, "key_id": key_id})
+    return MintedAccountKey(
+        id=key_id,
+        key=key,
+        prefix=key[:8],
+        vault_id=vault_id,
+        device_id=device_id,
+        is_admin=data.admin,
+        label=label,
+    )
+
+
+@delete("/account/keys/{key_id:str}", status_code=200, tags=["accounts"])
+async def revoke_account_key(
+    request: Request[Any, Any, Any], key_id: FromPath[str]
+) -> AccountKeyRevoked:
+    """Revoke one of the account's keys (idempotent); 404 for a key that is not its own."""
+    session = await authenticate_session(request)
+    pool = relay_state(request).require_pool()
+    if not await store.revoke_account_key(pool, session.account_id, key_id):
+        raise RelayError(404, "not_found", "this account has no key with this id")
+    return AccountKeyRevoked(id=key_id)
+
+
+@get("/account/wraps", tags=["accounts"])
+async def get_wraps(request: Request[Any, Any, Any]) -> AccountWraps:
+    """Both wraps of A (null where not stored)."""
+    session = await authenticate_session(request)
+    w = await store.wraps(relay_state(request).require_pool(), session.account_id)
+    if w is None:
+        return AccountWraps(None, None, None, None, None)
+    return AccountWraps(
+        w.wrapped_a, w.salt_pw, w.wrapped_a_rec, w.salt_rec, format_rfc3339(w.updated_at)
+    )
+
+
+@get("/account/wraps/password", tags=["accounts"])
+async def get_password_wrap(request: Request[Any, Any, Any]) -> PasswordWrap:
+    """The password wrap of A; 404 `no_wrap` if none."""
+    session = await authenticate_session(request)
+    w = await store.wraps(relay_state(request).require_pool(), session.account_id)
+    if w is None or w.wrapped_a is None or w.salt_pw is None:
+        raise _no_wrap("password wrap")
+    return PasswordWrap(w.wrapped_a, w.salt_pw, format_rfc3339(w.updated_at))
+
+
+@put("/account/wraps/password", tags=["accounts"])
+async def put_password_wrap(request: Request[Any, Any, Any]) -> PasswordWrap:
+    """Store the password wrap of A (current `password` required).
+
+    With `new_password`, this is a password change: the login hash and the wrap
+    change in one transaction and every other session ends.
+    """
+    session = await authenticate_session(request)
+    data = await decode_body(request, PasswordWrapWrite)
+    wrapped_a, salt_pw = _wrap(data.wrapped_a, "wrapped_a"), _salt(data.salt_pw, "salt_pw")
+    new_hash = None
+    if data.new_password is not None:
+        new_hash = await passwords.hash_password(_new_password(data.new_password, "new_password"))
+    await _confirm_password(request, session, data.password)
+    async with relay_state(request).require_pool().acquire() as conn, conn.transaction():
+        await store.put_password_wrap(conn, session.account_id, wrapped_a, salt_pw)
+        if new_hash is not None:
+            await store.set_login_hash(conn, session.account_id, new_hash)
+            await store.end_sessions(conn, session.account_id, keep=session.token_hash)
+        w = await store.wraps(conn, session.account_id)
+    assert w is not None
+    return PasswordWrap(
+        wrapped_a, salt_pw, format_rfc3339(w.updated_at), password_changed=new_hash is not None
+    )
+
+
+@get("/account/wraps/recovery", tags=["accounts"])
+async def get_recovery_wrap(request: Request[Any, Any, Any]) -> RecoveryWrap:
+    """The recovery wrap of A; 404 `no_wrap` if none."""
+    session = await authenticate_session(request)
+    w = await store.wraps(relay_state(request).require_pool(), session.account_id)
+    if w is None or w.wrapped_a_rec is None or w.salt_rec is None:
+        raise _no_wrap("recovery wrap")
+    return RecoveryWrap(w.wrapped_a_rec, w.salt_rec, format_rfc3339(w.updated_at))
+
+
+@put("/account/wraps/recovery", tags=["accounts"])
+async def put_recovery_wrap(request: Request[Any, Any, Any]) -> RecoveryWrap:
+    """Store the recovery wrap of A and the verifier of its proof (current `password` required)."""
+    session = await authenticate_session(request)
+    data = await decode_body(request, RecoveryWrapWrite)
+    wrapped, salt = _wrap(data.wrapped_a_rec, "wrapped_a_rec"), _salt(data.salt_rec, "salt_rec")
+    verifier = std_b64(data.recovery_verifier, "recovery_verifier", PROOF_LEN, PROOF_LEN)
+    await _confirm_password(request, session, data.password)
+    pool = relay_state(request).require_pool()
+    await store.put_recovery_wrap(pool, session.account_id, wrapped, salt, verifier)
+    w = await store.wraps(pool, session.account_id)
+    assert w is not None
+    return RecoveryWrap(wrapped, salt, format_rfc3339(w.updated_at))
+
+
+@get("/account/vaults/{vault_id:str}/wrap", tags=["accounts"])
+async def get_vault_wrap(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> VaultWrap:
+    """The wrap of one vault key K under A; 404 `no_wrap` if none."""
+    session = await authenticate_session(request)
+    found = await store.vault_wrap(
+        relay_state(request).require_pool(), session.account_id, require_id(vault_id, "vault_id")
+    )
+    if found is None:
+        raise _no_wrap(f"wrap for vault {vault_id}")
+    return VaultWrap(vault_id=vault_id, wrapped_k=found[0], updated_at=format_rfc3339(found[1]))
+
+
+async def _adopting(request: Request[Any, Any, Any], vault_id: str) -> bool:
+    """True when `X-Engram-Vault-Key` carries an admin key for the vault (to adopt it)."""
+    key = request.headers.get(ADOPT_HEADER, "").strip()
+    if not key:
+        return False
+    state = relay_state(request)
+    principal = state.static_keys.get(hash_key(key))
+    if principal is None:
+        found = await key_store.lookup(state.require_pool(), key)
+        if found is None or found.revoked or found.device_revoked:
+            raise forbidden(
+                "X-Engram-Vault-Key is not a valid admin key for this vault", code="forbidden"
+            )
+        principal = found.principal
+    if not principal.is_admin_for(vault_id):
+        raise forbidden("X-Engram-Vault-Key is not a valid admin key for this vault")
+    return True
+
+
+@put("/account/vaults/{vault_id:str}/wrap", tags=["accounts"])
+async def put_vault_wrap(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> VaultWrap:
+    """Store the wrap of K under A (current `password` required); the account then owns v.
+
+    A vault someone else has a stake in (another account's wrap, keys or data)
+    is 409 `vault_claimed`, unless `X-Engram-Vault-Key` carries an admin key for it.
+    """
+    session = await authenticate_session(request)
+    require_id(vault_id, "vault_id")
+    data = await decode_body(request, VaultWrapWrite)
+    wrapped_k = _wrap(data.wrapped_k, "wrapped_k")
+    adopt = await _adopting(request, vault_id)
+    await _confirm_password(request, session, data.password)
+    try:
+        updated = await store.put_vault_wrap(
+            relay_state(request).require_pool(),
+            session.account_id,
+            vault_id,
+            wrapped_k,
+            adopt=adopt,
+        )
+    except store.VaultClaimedError:
+        raise RelayError(
+            409,
+            "vault_claimed",
+            f"vault {vault_id} already has another owner, keys or data; to adopt it, send an "
+            "admin key for it in the X-Engram-Vault-Key header",
+        ) from None
+    return VaultWrap(vault_id=vault_id, wrapped_k=wrapped_k, updated_at=format_rfc3339(updated))
+
+
+@delete("/account/vaults/{vault_id:str}/wrap", status_code=200, tags=["accounts"])
+async def delete_vault_wrap(
+    request: Request[Any, Any, Any], vault_id: FromPath[str]
+) -> VaultWrapDeleted:
+    """Forget a vault wrap (current `password` required; idempotent). Keys stay valid."""
+    session = await authenticate_session(request)
+    require_id(vault_id, "vault_id")
+    data = await decode_body(request, PasswordConfirmation)
+    await _confirm_password(request, session, data.password)
+    deleted = await store.delete_vault_wrap(
+        relay_state(request).require_pool(), session.account_id, vault_id
+    )
+    return VaultWrapDeleted(vault_id=vault_id, deleted=deleted)
+
+
+ROUTES: Final = [
+    signup,
+    signin,
+    logout,
+    recover_start,
+    recover,
+    get_account,
+    mint_account_key,
+    revoke_account_key,
+    get_wraps,
+    get_password_wrap,
+    put_password_wrap,
+    get_recovery_wrap,
+    put_recovery_wrap,
+    get_vault_wrap,
+    put_vault_wrap,
+    delete_vault_wrap,
+]

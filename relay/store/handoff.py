@@ -1,0 +1,228 @@
+"""The team key handoff mailbox in the database (PROTOCOL §14).
+
+The relay keeps the requester's public key, then one seal (the admin's
+ephemeral public key and ciphertext of K it cannot open). Claiming is one
+statement: it returns the seal and erases it in the same UPDATE, so concurrent
+claims have exactly one winner. At expiry the seal is erased; the row (public
+metadata only) stays a day so the status route can say "expired", then goes.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final, TypeAlias
+
+import asyncpg
+
+from relay.store.accounts import purge_expired_sessions
+from relay.store.pairing import purge_expired_codes
+
+HANDOFF_TTL: Final = timedelta(minutes=15)
+EXPIRED_ROW_GRACE: Final = timedelta(days=1)
+MAX_PENDING_PER_VAULT: Final = 20
+
+Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
+
+_STATUS: Final = """
+    CASE WHEN claimed_at IS NOT NULL THEN 'claimed'
+         WHEN expires_at <= now() THEN 'expired'
+         WHEN sealed_at IS NOT NULL THEN 'sealed'
+         ELSE 'pending' END
+"""
+
+
+class TooManyRequestsError(Exception):
+    """The vault already has the maximum number of pending requests."""
+
+
+@dataclass(frozen=True)
+class HandoffRow:
+    """A request as stored (public data only; the seal is never read back but by claim)."""
+
+    request_id: str
+    vault_id: str
+    public_key: str
+    label: str
+    requester_key_id: str
+    created_at: datetime
+    expires_at: datetime
+    sealed_at: datetime | None
+    claimed_at: datetime | None
+    status: str
+
+
+@dataclass(frozen=True)
+class ClaimedSeal:
+    """What a successful claim hands the requester."""
+
+    admin_public_key: str
+    sealed: str
+
+
+def new_request_id() -> str:
+    """A public id for a handoff request."""
+    return "ho_" + secrets.token_hex(12)
+
+
+# Constant SQL fragments only (the `noqa: S608` below): every value is a $n parameter.
+_COLUMNS: Final = (
+    "request_id, vault_id, public_key, label, requester_key_id, created_at, expires_at,"
+    f" sealed_at, claimed_at, {_STATUS} AS status"
+)
+
+
+def _row(record: asyncpg.Record) -> HandoffRow:
+    return HandoffRow(**dict(record))
+
+
+async def create(
+    pool: asyncpg.Pool,
+    vault_id: str,
+    public_key: str,
+    label: str,
+    requester_key_id: str,
+    ttl: timedelta = HANDOFF_TTL,
+) -> HandoffRow:
+    """Open a request; TooManyRequestsError past MAX_PENDING_PER_VAULT unexpired ones."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('engram-handoff:' || $1, 0))", vault_id
+        )
+        await purge_expired_requests(conn, vault_id)
+        pending: int = await conn.fetchval(
+            "SELECT count(*) FROM handoff_requests WHERE vault_id = $1 AND claimed_at IS NULL"
+            " AND expires_at > now()",
+            vault_id,
+        )
+        if pending >= MAX_PENDING_PER_VAULT:
+            raise TooManyRequestsError(vault_id)
+        record = await conn.fetchrow(
+            "INSERT INTO handoff_requests (vault_id, request_id, public_key, label,"  # noqa: S608
+            " requester_key_id, expires_at) VALUES ($1, $2, $3, $4, $5, now() + $6)"
+            f" RETURNING {_COLUMNS}",
+            vault_id,
+            new_request_id(),
+            public_key,
+            label,
+            requester_key_id,
+            ttl,
+        )
+    return _row(record)
+
+
+async def pending(pool: asyncpg.Pool, vault_id: str) -> list[HandoffRow]:
+    """Unsealed, unclaimed, unexpired requests of the vault, oldest first."""
+    async with pool.acquire() as conn:
+        await purge_expired_requests(conn, vault_id)
+        rows = await conn.fetch(
+            f"SELECT {_COLUMNS} FROM handoff_requests WHERE vault_id = $1"  # noqa: S608
+            " AND sealed_at IS NULL"
+            " AND claimed_at IS NULL AND expires_at > now() ORDER BY created_at, request_id",
+            vault_id,
+        )
+    return [_row(r) for r in rows]
+
+
+async def get(pool: asyncpg.Pool, vault_id: str, request_id: str) -> HandoffRow | None:
+    """One request with its status, if it exists (expired ones for a day)."""
+    async with pool.acquire() as conn:
+        await purge_expired_requests(conn, vault_id)
+        record = await conn.fetchrow(
+            f"SELECT {_COLUMNS} FROM handoff_requests"  # noqa: S608
+            " WHERE vault_id = $1 AND request_id = $2",
+            vault_id,
+            request_id,
+        )
+    return None if record is None else _row(record)
+
+
+async def seal(
+    pool: asyncpg.Pool, vault_id: str, request_id: str, admin_public_key: str, sealed: str
+) -> datetime | None:
+    """Store the seal of a pending request; None when it is not pending (see `get`)."""
+    async with pool.acquire() as conn:
+        await purge_expired_requests(conn, vault_id)
+        sealed_at: datetime | None = await conn.fetchval(
+            "UPDATE handoff_requests SET admin_public_key = $3, sealed = $4, sealed_at = now()"
+            " WHERE vault_id = $1 AND request_id = $2 AND sealed_at IS NULL"
+            " AND claimed_at IS NULL AND expires_at > now() RETURNING sealed_at",
+            vault_id,
+            request_id,
+            admin_public_key,
+            sealed,
+        )
+    return sealed_at
+
+
+async def claim(
+    pool: asyncpg.Pool, vault_id: str, request_id: str, requester_key_id: str
+) -> ClaimedSeal | None:
+    """Hand the seal over and erase it, exactly once; None for everyone else (see `get`)."""
+    async with pool.acquire() as conn:
+        await purge_expired_requests(conn, vault_id)
+        # `old` locks the row and carries the values before the UPDATE erases them;
+        # a concurrent claimer waits on that lock, then re-checks `claimed_at IS NULL`
+        # against the winner's committed row and updates nothing.
+        record = await conn.fetchrow(
+            """
+            WITH old AS (
+                SELECT vault_id, request_id, admin_public_key, sealed FROM handoff_requests
+                WHERE vault_id = $1 AND request_id = $2 FOR UPDATE
+            )
+            UPDATE handoff_requests h
+            SET claimed_at = now(), sealed = NULL, admin_public_key = NULL
+            FROM old
+            WHERE h.vault_id = old.vault_id AND h.request_id = old.request_id
+              AND h.requester_key_id = $3 AND h.claimed_at IS NULL
+              AND h.sealed IS NOT NULL AND h.expires_at > now()
+            RETURNING old.admin_public_key, old.sealed
+            """,
+            vault_id,
+            request_id,
+            requester_key_id,
+        )
+    if record is None or record["sealed"] is None:
+        return None
+    return ClaimedSeal(record["admin_public_key"], record["sealed"])
+
+
+async def cancel(pool: asyncpg.Pool, vault_id: str, request_id: str) -> bool:
+    """Delete a request and anything sealed to it; False when there was none."""
+    status: str = await pool.execute(
+        "DELETE FROM handoff_requests WHERE vault_id = $1 AND request_id = $2",
+        vault_id,
+        request_id,
+    )
+    return status.split()[-1] != "0"
+
+
+async def purge_expired_requests(conn: Conn, vault_id: str | None = None) -> int:
+    """Erase the seals of expired requests and delete rows a day past expiry.
+
+    `vault_id` limits the sweep to one vault (what the routes do); None sweeps all.
+    Returns the number of rows touched.
+    """
+    scope, args = ("", ()) if vault_id is None else (" AND vault_id = $1", (vault_id,))
+    erased: str = await conn.execute(
+        "UPDATE handoff_requests SET sealed = NULL, admin_public_key = NULL"  # noqa: S608
+        f" WHERE expires_at <= now() AND sealed IS NOT NULL{scope}",
+        *args,
+    )
+    grace = len(args) + 1
+    deleted: str = await conn.execute(
+        f"DELETE FROM handoff_requests WHERE expires_at <= now() - ${grace}::interval{scope}",  # noqa: S608
+        *args,
+        EXPIRED_ROW_GRACE,
+    )
+    return int(erased.split()[-1]) + int(deleted.split()[-1])
+
+
+async def purge_expired(conn: Conn) -> dict[str, int]:
+    """Everything that expired: handoff seals/rows, pairing codes, sessions (for `gc`)."""
+    return {
+        "handoff_requests": await purge_expired_requests(conn),
+        "pairing_codes": await purge_expired_codes(conn),
+        "sessions": await purge_expired_sessions(conn),
+    }
