@@ -9,6 +9,7 @@ and, from the connection, the sqlcipher3 exception classes re-exported here.
 
 from __future__ import annotations
 
+from shared_format.timestamps import utc_now_rfc3339
 from shared_format.vault.content_hash import normalize_content, normalized_hash, strip_prefixes
 from shared_format.vault.keys import (
     MachineIdSource,
@@ -29,7 +30,6 @@ from shared_format.vault.schema import (
 )
 from shared_format.vault.sqlcipher import DatabaseError, Error, IntegrityError, OperationalError
 from shared_format.vault.store import DB_FILE_NAME, Vault, VaultKeyKind, open_vault
-from shared_format.timestamps import utc_now_rfc3339
 
 __all__ = [
     "DB_FILE_NAME",
