@@ -21,10 +21,12 @@ from relay.config import RelayConfig
 from relay.db.pool import create_pool
 from relay.errors import EXCEPTION_HANDLERS, RelayError
 from relay.metrics import RelayMetrics
+from relay.request_context import request_id_middleware
 from relay.routes import accounts, devices, handoff, pairing, sync, system
 from relay.state import RelayState
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("relay.access")
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -72,8 +74,24 @@ def _timing(app: ASGIApp) -> ASGIApp:
             metrics: RelayMetrics = scope["app"].state.relay.metrics
             route = scope.get("path_template") or "unmatched"
             method = str(scope.get("method", ""))
+            elapsed = time.perf_counter() - started
             metrics.requests.labels(route, method, str(status)).inc()
-            metrics.latency.labels(route, method).observe(time.perf_counter() - started)
+            metrics.latency.labels(route, method).observe(elapsed)
+            state = scope.get("state") or {}
+            access_log.info(
+                "%s %s %d %.1fms",
+                method,
+                route,
+                status,
+                elapsed * 1000,
+                extra={
+                    "method": method,
+                    "route": route,
+                    "status": status,
+                    "duration_ms": round(elapsed * 1000, 2),
+                    "key_prefix": state.get("key_prefix"),
+                },
+            )
 
     return middleware
 
@@ -86,6 +104,7 @@ async def _refresh_health(state: RelayState) -> None:
                 row = await conn.fetchrow(
                     "SELECT (SELECT count(*) FROM vaults) AS vaults,"
                     " (SELECT count(*) FROM blobs WHERE NOT deleted) AS live,"
+                    " (SELECT count(*) FROM blobs WHERE deleted) AS tombstones,"
                     " pg_database_size(current_database()) AS size"
                 )
             state.health.vaults = int(row["vaults"])
@@ -93,6 +112,7 @@ async def _refresh_health(state: RelayState) -> None:
             state.health.db_size_bytes = int(row["size"])
             state.metrics.vaults.set(state.health.vaults)
             state.metrics.live_blobs.set(state.health.total_blobs)
+            state.metrics.tombstones.set(int(row["tombstones"]))
         except Exception as exc:  # the database may be down; /ready reports that
             log.warning("health refresh failed: %s", type(exc).__name__)
         await asyncio.sleep(state.config.health_refresh_secs)
@@ -144,7 +164,7 @@ def create_app(config: RelayConfig) -> Litestar:
         ],
         lifespan=[lifespan],
         on_app_init=[on_app_init],
-        middleware=[_timing, _content_type_guard],
+        middleware=[request_id_middleware, _timing, _content_type_guard],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         request_max_body_size=config.max_body_bytes,
         openapi_config=OpenAPIConfig(title="Engram Sync relay", version=__version__),

@@ -12,6 +12,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from relay.request_context import RequestIdFilter
+
 _STANDARD: Final = frozenset(
     logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys() | {"message", "asctime"}
 )
@@ -42,6 +44,7 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

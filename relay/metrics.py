@@ -62,6 +62,17 @@ class RelayMetrics:
         )
         self.vaults = Gauge("engram_relay_vaults", "Vaults on this relay", registry=r)
         self.live_blobs = Gauge("engram_relay_live_blobs", "Live (non-deleted) blobs", registry=r)
+        self.tombstones = Gauge(
+            "engram_relay_tombstones",
+            "Tombstones stored (compaction removes those every active device pulled past)",
+            registry=r,
+        )
+        self.pull_lag = Histogram(
+            "engram_relay_pull_lag_blobs",
+            "Blobs still ahead of a device after a cursor pull (vault sequence - cursor)",
+            buckets=(0, 1, 10, 100, 1000, 10_000, 100_000, 1_000_000),
+            registry=r,
+        )
 
     def watch_pool(self, pool_stats: Callable[[], tuple[int, int, int]]) -> None:
         """Export pool (open, idle, max) connection counts on every scrape."""

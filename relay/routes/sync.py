@@ -110,6 +110,7 @@ async def pull(
         page = await store.pull_by_cursor(pool, vault_id, cursor, page_size, device)
         state.metrics.pulls.labels("cursor").inc()
         state.metrics.blobs_pulled.inc(len(page.blobs))
+        state.metrics.pull_lag.observe(page.lag)
         return PullResponse(blobs=page.blobs, has_more=page.has_more, cursor=page.cursor)
     instant = None
     if since:

@@ -212,6 +212,7 @@ class Page:
     blobs: list[SyncBlob]
     has_more: bool
     cursor: int
+    lag: int = 0  # blobs of the vault still ahead of `cursor` (for metrics)
 
 
 def resync_required(cursor: int, horizon: int) -> RelayError:
@@ -230,10 +231,11 @@ async def pull_by_cursor(
 ) -> Page:
     """Blobs with seq > cursor in seq order (PROTOCOL §9); limit+1 rows decide has_more."""
     async with pool.acquire() as conn:
-        horizon = await conn.fetchval(
-            "SELECT compacted_through FROM vaults WHERE vault_id = $1", vault_id
+        vault = await conn.fetchrow(
+            "SELECT seq, compacted_through FROM vaults WHERE vault_id = $1", vault_id
         )
-        if horizon is not None and 0 < cursor < horizon:
+        horizon = 0 if vault is None else int(vault["compacted_through"])
+        if 0 < cursor < horizon:
             raise resync_required(cursor, horizon)
         rows = await conn.fetch(
             "SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,"
@@ -258,7 +260,8 @@ async def pull_by_cursor(
                 device_id,
                 new_cursor,
             )
-        return Page([_to_blob(r) for r in rows], has_more, new_cursor)
+        lag = 0 if vault is None else max(0, int(vault["seq"]) - new_cursor)
+        return Page([_to_blob(r) for r in rows], has_more, new_cursor, lag)
 
 
 async def pull_since(

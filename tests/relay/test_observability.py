@@ -1,0 +1,76 @@
+"""Request ids, JSON access logs and the dashboard metrics (issue 6)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from relay.logs import JsonFormatter
+from relay.request_context import RequestIdFilter
+from tests.relay.conftest import ADMIN_KEY, Relay
+from tests.relay.support import Sealer, push_ok
+
+
+@pytest.fixture
+def json_log() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    handler.addFilter(RequestIdFilter())
+    access = logging.getLogger("relay.access")
+    old_level = access.level
+    access.setLevel(logging.INFO)
+    logging.getLogger().addHandler(handler)
+    try:
+        yield stream
+    finally:
+        logging.getLogger().removeHandler(handler)
+        access.setLevel(old_level)
+
+
+def _lines(stream: io.StringIO) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
+
+
+def test_request_id_is_echoed_and_logged(relay: Relay, json_log: io.StringIO) -> None:
+    with relay.client() as client:
+        given = client.get("/v1/vaults/obs/stats", headers={"X-Request-ID": "trace-123"})
+        made = client.get("/v1/vaults/obs/stats")
+        hostile = client.get(
+            "/v1/vaults/obs/stats", headers={"X-Request-ID": "bad id; drop table" * 10}
+        )
+    assert given.headers["x-request-id"] == "trace-123"
+    assert re.fullmatch(r"[0-9a-f]{16}", made.headers["x-request-id"])
+    assert re.fullmatch(r"[0-9a-f]{16}", hostile.headers["x-request-id"])  # replaced
+    access = [line for line in _lines(json_log) if line["logger"] == "relay.access"]
+    traced = [line for line in access if line["request_id"] == "trace-123"]
+    assert len(traced) == 1
+    assert traced[0]["route"] == "/v1/vaults/{vault_id}/stats"
+    assert traced[0]["status"] == 200
+    assert traced[0]["key_prefix"] == ADMIN_KEY[:8]
+    assert ADMIN_KEY not in json_log.getvalue()  # a prefix, never the key
+    assert "obs" not in json.dumps(access)  # route templates, not vault ids
+
+
+def test_dashboard_metrics(relay: Relay) -> None:
+    sealer = Sealer("m")
+    with relay.client() as client:
+        push_ok(client, "m", sealer.blobs(3))
+        push_ok(client, "m", [sealer.blob("mem-0000", 2, deleted=True)])
+        pulled = client.get("/v1/vaults/m/pull", params={"cursor": 0, "limit": 1})
+        assert pulled.status_code == 200
+        time.sleep(0.5)  # the background counters refresh every 0.2 s in tests
+        text = client.get("/metrics").text
+    assert re.search(r"^engram_relay_tombstones 1\.0$", text, re.M)
+    assert re.search(r"^engram_relay_live_blobs 2\.0$", text, re.M)
+    # one pull of 1 blob out of a vault at sequence 4: 3 blobs still ahead of it
+    assert re.search(r'^engram_relay_pull_lag_blobs_bucket\{le="1\.0"\} 0\.0$', text, re.M)
+    assert re.search(r'^engram_relay_pull_lag_blobs_bucket\{le="10\.0"\} 1\.0$', text, re.M)
+    push_route = r'route="/v1/vaults/\{vault_id\}/push"'
+    assert re.search(rf"^engram_relay_request_seconds_bucket\{{.*{push_route}", text, re.M)
