@@ -17,54 +17,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from client import local_store
 from client.errors import SyncError
 from client.session import VaultSession
-from tests.relay.conftest import ADMIN_KEY, free_port
+from tests.relay.conftest import ADMIN_KEY
+from tests.reliability.support import RelayProcess
 
 SLOW = os.environ.get("ENGRAM_SLOW") == "1"
 BIN = Path(sys.executable).parent
 PASSPHRASE = "crash safety passphrase"
 VAULT = "crash-vault"
-
-
-class RelayProcess:
-    """`engram-relay serve` as a real process on a fixed port, killable and restartable."""
-
-    def __init__(self, database_url: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.database_url = database_url
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = dict(os.environ, SYNC_API_KEYS=f"{ADMIN_KEY}:100000")
-        self.proc = subprocess.Popen(
-            [str(BIN / "engram-relay"), "serve", "--port", str(self.port),
-             "--database-url", self.database_url, "--log-level", "warning"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise AssertionError("relay did not start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
 
 
 @pytest.fixture

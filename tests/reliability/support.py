@@ -1,0 +1,52 @@
+"""Shared pieces of the reliability suites."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.relay.conftest import ADMIN_KEY, free_port
+
+BIN = Path(sys.executable).parent
+
+
+class RelayProcess:
+    """`engram-relay serve` as a real process on a fixed port, killable and restartable."""
+
+    def __init__(self, database_url: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.database_url = database_url
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, SYNC_API_KEYS=f"{ADMIN_KEY}:100000")
+        self.proc = subprocess.Popen(
+            [str(BIN / "engram-relay"), "serve", "--port", str(self.port),
+             "--database-url", self.database_url, "--log-level", "warning"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise AssertionError("relay did not start")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
