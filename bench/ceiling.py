@@ -1,0 +1,137 @@
+"""The ceiling: raw asyncpg on the relay's own tables, with the relay's SQL shapes.
+
+Writes are the set-based upsert of `relay/store/sync.py` `_write_blobs` (unnest
+arrays, one statement per batch of 500, each its own durable commit); reads are
+the cursor pull's keyset query on the `(vault_id, seq)` index, 1,000 rows a page.
+No HTTP, no validation, no per-vault lock: what the database and driver can do.
+Vault ids of the ceiling are separate from the relay's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import asyncpg
+
+from bench.corpus import Corpus
+from relay.db.url import to_libpq_url
+from shared_format.timestamps import parse_rfc3339
+from shared_format.wire import SyncBlob
+
+# Verbatim from relay/store/sync.py _write_blobs.
+UPSERT_SQL: Final = """
+        INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,
+                           created_at, created_at_ts, deleted, seq, size_bytes)
+        SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[],
+                                 $7::text[], $8::timestamptz[], $9::boolean[], $10::bigint[],
+                                 $11::integer[])
+        ON CONFLICT (vault_id, memory_id) DO UPDATE SET
+            device_id = EXCLUDED.device_id, vector_clock = EXCLUDED.vector_clock,
+            ciphertext = EXCLUDED.ciphertext, hmac = EXCLUDED.hmac,
+            created_at = EXCLUDED.created_at, created_at_ts = EXCLUDED.created_at_ts,
+            deleted = EXCLUDED.deleted, seq = EXCLUDED.seq, size_bytes = EXCLUDED.size_bytes,
+            received_at = now()
+        """
+# Verbatim from relay/store/sync.py pull_by_cursor.
+PAGE_SQL: Final = (
+    "SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,"
+    " deleted, seq FROM blobs WHERE vault_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+)
+
+
+def columns(blobs: Sequence[SyncBlob], first_seq: int) -> list[list[Any]]:
+    """The ten unnest arrays of one batch, as `_write_blobs` builds them."""
+    cols: list[list[Any]] = [[] for _ in range(10)]
+    for offset, b in enumerate(blobs):
+        row = (
+            b.memory_id,
+            b.device_id,
+            b.vector_clock,
+            b.ciphertext,
+            b.hmac,
+            b.created_at,
+            parse_rfc3339(b.created_at),
+            b.deleted,
+            first_seq + offset,
+            len(b.ciphertext),
+        )
+        for column, value in zip(cols, row, strict=True):
+            column.append(value)
+    return cols
+
+
+async def connect(url: str) -> asyncpg.Connection:
+    """A connection set up like the relay's pool (UTC sessions)."""
+    return await asyncpg.connect(to_libpq_url(url), server_settings={"timezone": "UTC"})
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One vault's upsert batches, built before any clock starts."""
+
+    vault_id: str
+    batches: list[list[list[Any]]]
+    last_seq: int
+    size_bytes: int
+
+    @property
+    def count(self) -> int:
+        """Blobs in all batches."""
+        return sum(len(cols[0]) for cols in self.batches)
+
+
+def prepare(
+    corpus: Corpus, vault_id: str, *, count: int, batch: int, start: int = 0, first_seq: int = 1
+) -> Prepared:
+    """The unnest arrays of blobs start..start+count-1, seq numbers from `first_seq`."""
+    batches: list[list[list[Any]]] = []
+    seq = first_seq
+    for blobs in corpus.batches(
+        vault_id=vault_id, device_id="ceiling-device", start=start, count=count, batch=batch
+    ):
+        batches.append(columns(blobs, seq))
+        seq += len(blobs)
+    size = sum(sum(cols[9]) for cols in batches)
+    return Prepared(vault_id, batches, seq - 1, size)
+
+
+async def write(conn: asyncpg.Connection, prepared: Prepared) -> float:
+    """Upsert the prepared batches, each its own commit; returns the seconds they took.
+
+    The vault row is created first (the foreign key needs it) and afterwards left with
+    `seq` and `bytes_used` matching the blobs, so the relay can continue the vault.
+    """
+    vault_id = prepared.vault_id
+    await conn.execute("INSERT INTO vaults (vault_id) VALUES ($1) ON CONFLICT DO NOTHING", vault_id)
+    started = time.perf_counter()
+    for cols in prepared.batches:
+        await conn.execute(UPSERT_SQL, vault_id, *cols)
+    elapsed = time.perf_counter() - started
+    await conn.execute(
+        "UPDATE vaults SET seq = $2, bytes_used = bytes_used + $3 WHERE vault_id = $1",
+        vault_id,
+        prepared.last_seq,
+        prepared.size_bytes,
+    )
+    return elapsed
+
+
+async def read(conn: asyncpg.Connection, vault_id: str, *, page: int) -> tuple[float, int]:
+    """Read the whole vault by cursor pages; returns (seconds, rows)."""
+    cursor = 0
+    rows_read = 0
+    started = time.perf_counter()
+    while True:
+        rows = await conn.fetch(PAGE_SQL, vault_id, cursor, page + 1)
+        has_more = len(rows) > page
+        rows = rows[:page]
+        rows_read += len(rows)
+        if not rows:
+            break
+        cursor = rows[-1]["seq"]
+        if not has_more:
+            break
+    return time.perf_counter() - started, rows_read

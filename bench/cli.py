@@ -1,0 +1,73 @@
+"""`python -m bench`: run every measurement and write the report."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench import plots, report, runner
+from bench.env import git_state
+from bench.settings import Settings
+from bench.targets import judge
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmark the relay and the client; writes a JSON and a Markdown report "
+        "(and PNG plots when matplotlib is installed).",
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes: runs in seconds")
+    parser.add_argument("--n", type=int, help="blobs for the throughput figures "
+                        "(default 100000; 2000 with --quick)")  # fmt: skip
+    parser.add_argument("--duration", type=float, help="seconds of each latency run "
+                        "(default 20; 2 with --quick)")  # fmt: skip
+    parser.add_argument("--out", type=Path, help="report directory (default bench/results)")
+    parser.add_argument("--repeats", type=int, help="repeats of each figure (default 3; 1 quick)")
+    parser.add_argument("--large-vault", type=int, help="blobs of the large vault of the "
+                        "pull-cost comparison (default 200000; 20000 with --quick)")  # fmt: skip
+    parser.add_argument("--memories", type=int, help="memories of the client end-to-end run "
+                        "(default 100000; 1000 with --quick)")  # fmt: skip
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; 0 when the report was written (whatever the verdicts), else 1."""
+    args = _parser().parse_args(argv)
+    try:
+        settings = Settings.build(
+            quick=args.quick,
+            n=args.n,
+            duration=args.duration,
+            repeats=args.repeats,
+            large_vault=args.large_vault,
+            memories=args.memories,
+            out=args.out,
+        )
+    except ValueError as exc:
+        print(f"python -m bench: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    started = time.monotonic()
+
+    def log(message: str) -> None:
+        print(f"[{time.monotonic() - started:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+    command = "python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    data = runner.execute(settings, log)
+    data["targets"] = judge(data["sections"])
+    sha, _ = git_state()
+    stem = f"{datetime.now(UTC):%Y-%m-%d}-{sha}" + ("-quick" if settings.quick else "")
+    settings.out.mkdir(parents=True, exist_ok=True)
+    pngs, note = plots.write_plots(data, data["latencies_ms"], settings.out, stem)
+    json_path, md_path = report.write(data, settings.out, stem, command.strip(), pngs, note)
+    for target in data["targets"]:
+        log(f"{target['verdict']}  {target['name']}: {report.fmt(target['value'])} "
+            f"(target {target['target']})")  # fmt: skip
+    log(f"report: {md_path} and {json_path.name}" + (f"; plots {note}" if note else ""))
+    return 0

@@ -1,0 +1,142 @@
+"""The one PostgreSQL of a run: an embedded server in a temp dir (fsync left ON), or the
+server of `DATABASE_URL`. Either way the run gets a new database migrated to head, used by
+the relay and by the raw asyncpg ceiling alike, and removed afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from relay.db.embedded import EmbeddedPostgres
+from relay.db.migrate import upgrade_to_head
+from relay.db.url import redact_url, to_libpq_url
+
+log = logging.getLogger(__name__)
+
+
+def _with_database(server_url: str, database: str) -> str:
+    parts = urlsplit(to_libpq_url(server_url))
+    return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
+
+
+async def _execute(url: str, sql: str) -> None:
+    conn = await asyncpg.connect(to_libpq_url(url))
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def _fetchval(url: str, sql: str) -> str:
+    conn = await asyncpg.connect(to_libpq_url(url))
+    try:
+        return str(await conn.fetchval(sql))
+    finally:
+        await conn.close()
+
+
+def _scratch_base() -> Path:
+    """A temp dir outside /root (the embedded server refuses a data dir in root's home)."""
+    base = Path(tempfile.gettempdir()).resolve()
+    home = Path.home().resolve()
+    if os.geteuid() == 0 and (base == home or home in base.parents):
+        base = Path("/var/tmp")  # noqa: S108 - mkdtemp makes a private dir in it
+    return Path(tempfile.mkdtemp(prefix="engram-bench-", dir=base))
+
+
+class BenchDatabase:
+    """Start (or reach) PostgreSQL, create and migrate the run's database; undo on close."""
+
+    def __init__(self) -> None:
+        self.scratch = _scratch_base()  # also holds the client vaults of the run
+        self.external = os.environ.get("DATABASE_URL", "").strip() or None
+        self._server: EmbeddedPostgres | None = None
+        self._server_url = ""
+        self.url = ""
+        self.server_version = ""
+        self.durability = ""
+
+    def __enter__(self) -> BenchDatabase:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start or reach the server, then create and migrate the run's database."""
+        if self.external is not None:
+            self._server_url = self.external
+            where = f"DATABASE_URL ({redact_url(self.external)})"
+        else:
+            # Default settings on purpose: fsync, synchronous_commit and full_page_writes
+            # stay ON, so every commit is durable as in production.
+            self._server = EmbeddedPostgres(self.scratch / "pgdata", database="postgres")
+            self._server.start()
+            self._server_url = self._server.url_for("postgres")
+            where = f"embedded PostgreSQL in {self.scratch / 'pgdata'}"
+        name = f"engram_bench_{secrets.token_hex(4)}"
+        asyncio.run(_execute(self._server_url, f'CREATE DATABASE "{name}"'))
+        self.url = _with_database(self._server_url, name)
+        upgrade_to_head(self.url)
+        self.server_version = asyncio.run(_fetchval(self.url, "SHOW server_version"))
+        settings = [
+            asyncio.run(_fetchval(self.url, f"SHOW {setting}"))
+            for setting in ("fsync", "synchronous_commit", "full_page_writes")
+        ]
+        self.durability = (
+            f"fsync={settings[0]}, synchronous_commit={settings[1]}, full_page_writes={settings[2]}"
+        )
+        log.info("database ready: %s, %s", where, self.durability)
+
+    @property
+    def where(self) -> str:
+        """Where the database runs, for the report (no password)."""
+        if self.external is not None:
+            return f"DATABASE_URL server ({redact_url(self.external)})"
+        return "embedded PostgreSQL started for the run (temp dir)"
+
+    def postmaster_pid(self) -> int | None:
+        """The server's pid when it is ours (for its CPU figures), else None."""
+        if self._server is None:
+            return None
+        try:
+            first = (self._server.data_dir / "postmaster.pid").read_text().splitlines()[0]
+            return int(first)
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def close(self) -> None:
+        """Drop the run's database (on a DATABASE_URL server), or stop the embedded server;
+        remove the scratch dir."""
+        try:
+            if self.external is not None and self.url:
+                name = urlsplit(self.url).path.lstrip("/")
+                try:
+                    asyncio.run(
+                        _execute(self._server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                    )
+                except (OSError, asyncpg.PostgresError) as exc:
+                    log.warning("could not drop the bench database %s: %s", name, exc)
+            if self._server is not None:
+                self._server.stop()
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)

@@ -1,0 +1,144 @@
+"""The relay under test, in its own process (honest RSS and CPU figures).
+
+The child side (`python -m bench.relay_process`) builds `create_app(RelayConfig)`
+with the production defaults and serves it with uvicorn like `engram-relay serve`
+does; the parent side (`RelayProcess`) starts it on a free loopback port, waits
+for `/ready` and stops it with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+import httpx
+
+ROOT: Final = Path(__file__).resolve().parents[1]
+ENV_DATABASE_URL: Final = "ENGRAM_BENCH_DATABASE_URL"
+ENV_PORT: Final = "ENGRAM_BENCH_PORT"
+ENV_KEY: Final = "ENGRAM_BENCH_KEY"
+KEY_RATE: Final = 1_000_000  # requests/second: the bench measures the relay, not its limiter
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def serve() -> None:
+    """Child side: serve the relay until SIGTERM."""
+    import uvicorn
+
+    from relay.app import create_app
+    from relay.config import RelayConfig
+    from relay.keys import parse_static_keys
+
+    config = RelayConfig(
+        database_url=os.environ[ENV_DATABASE_URL],
+        static_keys=tuple(parse_static_keys(f"{os.environ[ENV_KEY]}:{KEY_RATE}")),
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config),
+            host="127.0.0.1",
+            port=int(os.environ[ENV_PORT]),
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=10,
+        )
+    )
+    server.run()
+
+
+class RelayProcess:
+    """Parent side: one relay subprocess on a free loopback port."""
+
+    def __init__(self, database_url: str, key: str, log_path: Path) -> None:
+        self.database_url = database_url
+        self.key = key
+        self.log_path = log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        """The relay's process id."""
+        if self._proc is None:
+            raise RuntimeError("the relay is not running")
+        return self._proc.pid
+
+    def start(self, timeout: float = 60.0) -> RelayProcess:
+        """Start the relay and wait until `/ready` answers 200."""
+        env = dict(os.environ)
+        env.update({ENV_DATABASE_URL: self.database_url, ENV_PORT: str(self.port)})
+        env[ENV_KEY] = self.key
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        with self.log_path.open("wb") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "bench.relay_process"],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.url, timeout=2.0) as client:
+            while True:
+                if self._proc.poll() is not None:
+                    raise RuntimeError(f"the relay exited at start:\n{self.log_tail()}")
+                try:
+                    if client.get("/ready").status_code == 200:
+                        return self
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"the relay did not become ready:\n{self.log_tail()}")
+                time.sleep(0.05)
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The end of the relay's output."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM (graceful, like a service manager), then kill after 30 s."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def __enter__(self) -> RelayProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    serve()

@@ -1,0 +1,374 @@
+"""One benchmark run: every measurement, in order, on one database and one relay process."""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from bench import ceiling, client_e2e
+from bench.corpus import Corpus
+from bench.database import BenchDatabase
+from bench.env import environment
+from bench.monitor import ResourceMonitor
+from bench.relay_load import (
+    LatencyRun,
+    concurrent_single_pushes,
+    headers,
+    incremental_pull_ms,
+    pull_all,
+    push_all,
+    push_bodies,
+)
+from bench.relay_process import RelayProcess
+from bench.settings import (
+    DEVICES,
+    INCREMENT,
+    INCREMENTAL_PULLS,
+    PULL_PAGE,
+    PUSH_BATCH,
+    SMALL_VAULT,
+    Settings,
+)
+from bench.stats import percentile, rate, summary
+
+Log = Callable[[str], None]
+FILL_CHUNK = 20_000  # blobs per prepared chunk while filling the large vault
+
+
+class Run:
+    """The state shared by the measurements of one run."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        corpus: Corpus,
+        db: BenchDatabase,
+        relay: RelayProcess,
+        monitor: ResourceMonitor,
+        loop: asyncio.Runner,
+        conn: Any,
+        http: httpx.Client,
+        log: Log,
+    ) -> None:
+        self.s = settings
+        self.corpus = corpus
+        self.db = db
+        self.relay = relay
+        self.monitor = monitor
+        self.loop = loop
+        self.conn = conn
+        self.http = http
+        self.log = log
+
+    # -- 1-3: ceiling, relay push, relay pull ---------------------------------------------
+
+    def throughput(self) -> dict[str, Any]:
+        """Ceiling write/read and relay push/pull of the same N blobs, repeats interleaved."""
+        n = self.s.n
+        figures: dict[str, list[float]] = {k: [] for k in ("cw", "cr", "rp", "rl")}
+        for r in range(self.s.repeats):
+            self.log(f"throughput repeat {r + 1}/{self.s.repeats}: {n} blobs")
+            cw, rp, rl, cr = self._one_size(f"r{r}", n, PUSH_BATCH, PULL_PAGE, phases=True)
+            figures["cw"].append(cw)
+            figures["rp"].append(rp)
+            figures["cr"].append(cr)
+            figures["rl"].append(rl)
+        write = summary(figures["cw"], "blobs/s")
+        read = summary(figures["cr"], "blobs/s")
+        push = summary(figures["rp"], "blobs/s")
+        pull = summary(figures["rl"], "blobs/s")
+        return {
+            "ceiling": {"blobs": n, "batch": PUSH_BATCH, "page": PULL_PAGE,
+                        "write_blobs_per_s": write, "read_blobs_per_s": read},
+            "relay_push": {"blobs": n, "batch": PUSH_BATCH, "blobs_per_s": push,
+                           "ratio_to_ceiling": push["median"] / write["median"]},
+            "relay_pull": {"blobs": n, "page": PULL_PAGE, "blobs_per_s": pull,
+                           "ratio_to_ceiling": pull["median"] / read["median"]},
+        }  # fmt: skip
+
+    def _one_size(
+        self, tag: str, n: int, batch: int, page: int, *, phases: bool
+    ) -> tuple[float, float, float, float]:
+        """(ceiling write, relay push, relay pull, ceiling read) in blobs/s for n blobs."""
+        phase = self.monitor.phase if phases else _no_phase
+        prepared = ceiling.prepare(self.corpus, f"ceiling-{tag}", count=n, batch=batch)
+        with phase("ceiling_write"):
+            cw = rate(n, self.loop.run(ceiling.write(self.conn, prepared)))
+        del prepared
+        bodies = push_bodies(self.corpus, f"push-{tag}", count=n, batch=batch)
+        with phase("relay_push"):
+            rp = rate(n, push_all(self.http, f"push-{tag}", bodies))
+        del bodies
+        with phase("ceiling_read"):
+            seconds, rows = self.loop.run(ceiling.read(self.conn, f"ceiling-{tag}", page=page))
+        _expect(rows, n, "ceiling read")
+        with phase("relay_pull"):
+            seconds_pull, blobs = pull_all(self.http, f"push-{tag}", page=page)
+        _expect(blobs, n, "relay pull")
+        return cw, rp, rate(blobs, seconds_pull), rate(rows, seconds)
+
+    def sweep(self) -> dict[str, Any]:
+        """Throughput against batch size (push) and page size (pull), one pass each."""
+        if self.s.sweep_n <= 0:
+            return {"skipped": True}
+        points: list[dict[str, float]] = []
+        with self.monitor.phase("sweep"):
+            for size in self.s.sweep_sizes:
+                points.append(self._sweep_point(size))
+        return {"blobs": self.s.sweep_n, "repeats": 1, "points": points}
+
+    def _sweep_point(self, size: int) -> dict[str, float]:
+        self.log(f"sweep: batch/page size {size}, {self.s.sweep_n} blobs")
+        cw, rp, rl, cr = self._one_size(f"sweep{size}", self.s.sweep_n, size, size, phases=False)
+        return {"size": size, "ceiling_write": cw, "relay_push": rp,
+                "ceiling_read": cr, "relay_pull": rl}  # fmt: skip
+
+    # -- 4: incremental pull against vault size ---------------------------------------------
+
+    def _vault_with_increment(self, vault_id: str, size: int) -> int:
+        """Fill `vault_id` with `size` blobs (raw SQL), then push INCREMENT through the relay;
+        returns the cursor just before the increment."""
+        for start in range(0, size, FILL_CHUNK):
+            count = min(FILL_CHUNK, size - start)
+            prepared = ceiling.prepare(
+                self.corpus, vault_id, count=count, batch=PUSH_BATCH, start=start,
+                first_seq=start + 1,
+            )  # fmt: skip
+            self.loop.run(ceiling.write(self.conn, prepared))
+        self.loop.run(self.conn.execute("ANALYZE blobs"))
+        bodies = push_bodies(self.corpus, vault_id, count=INCREMENT, batch=INCREMENT, start=size)
+        push_all(self.http, vault_id, bodies)
+        return size
+
+    def pull_vs_size(self) -> dict[str, Any]:
+        """Incremental pull of INCREMENT new blobs: a small vault against a large one."""
+        large = self.s.large_vault
+        self.log(f"pull cost vs vault size: filling vaults of {SMALL_VAULT} and {large} blobs")
+        with self.monitor.phase("fill_vaults"):
+            small_cursor = self._vault_with_increment("size-small", SMALL_VAULT)
+            large_cursor = self._vault_with_increment("size-large", large)
+        small_ms: list[float] = []
+        large_ms: list[float] = []
+        for _ in range(self.s.repeats):
+            with self.monitor.phase("incremental_pull"):
+                for vault, cursor, into in (
+                    ("size-small", small_cursor, small_ms),
+                    ("size-large", large_cursor, large_ms),
+                ):
+                    into.append(
+                        incremental_pull_ms(
+                            self.http, vault, cursor, expected=INCREMENT,
+                            times=INCREMENTAL_PULLS, page=PULL_PAGE,
+                        )
+                    )  # fmt: skip
+        small = summary(small_ms, "ms")
+        large_summary = summary(large_ms, "ms")
+        return {
+            "small_vault_blobs": SMALL_VAULT,
+            "large_vault_blobs": large,
+            "new_blobs": INCREMENT,
+            "pulls_per_repeat": INCREMENTAL_PULLS,
+            "small_ms": small,
+            "large_ms": large_summary,
+            "ratio_large_to_small": large_summary["median"] / small["median"],
+        }
+
+    # -- 5: latency under concurrency -------------------------------------------------------
+
+    def latency(self) -> tuple[dict[str, Any], dict[str, list[float]]]:
+        """Single-blob pushes, closed loop: one device alone (the unloaded baseline, a quarter
+        of the duration), then DEVICES devices in one shared vault, then in a vault each."""
+        results: dict[str, Any] = {"devices": DEVICES, "duration_s": self.s.duration}
+        raw: dict[str, list[float]] = {}
+        for mode, duration in (
+            ("single_device", max(1.0, self.s.duration / 4)),
+            ("shared_vault", self.s.duration),
+            ("vault_per_device", self.s.duration),
+        ):
+            runs: list[LatencyRun] = []
+            for r in range(self.s.repeats):
+                self.log(f"latency ({mode}) repeat {r + 1}/{self.s.repeats}: {duration:g}s")
+                if mode == "single_device":
+                    vaults = [f"lat-single-{r}"]
+                elif mode == "shared_vault":
+                    vaults = [f"lat-shared-{r}"] * DEVICES
+                else:
+                    vaults = [f"lat-{r}-{k}" for k in range(DEVICES)]
+                with self.monitor.phase(f"latency_{mode}"):
+                    run = asyncio.run(
+                        concurrent_single_pushes(
+                            self.relay.url, self.relay.key, self.corpus, vault_ids=vaults,
+                            duration=duration,
+                        )
+                    )  # fmt: skip
+                runs.append(run)
+            results[mode] = {"devices": len(vaults), "duration_s": duration}
+            results[mode].update(_latency_summary(runs))
+            raw[mode] = [ms for run in runs for ms in run.latencies_ms]
+        return results, raw
+
+    # -- 6: client end to end ---------------------------------------------------------------
+
+    def client_e2e(self) -> dict[str, Any]:
+        """M memories A → relay → B with the real client; then one profiled run."""
+        m = self.s.memories
+        results: list[client_e2e.E2EResult] = []
+        for r in range(self.s.repeats):
+            self.log(f"client end to end repeat {r + 1}/{self.s.repeats}: {m} memories")
+            with self.monitor.phase("client_e2e"):
+                results.append(
+                    client_e2e.run(self.db.scratch, self.relay.url, self.relay.key, f"e2e-{r}", m)
+                )
+        pm = self.s.profile_memories
+        self.log(f"client end to end, profiled: {pm} memories")
+        profiles = (cProfile.Profile(), cProfile.Profile())
+        with self.monitor.phase("client_e2e_profiled"):
+            profiled = client_e2e.run(
+                self.db.scratch, self.relay.url, self.relay.key, "e2e-profile", pm,
+                profiles=profiles,
+            )  # fmt: skip
+        return {
+            "memories": m,
+            "add_s": summary([x.add_s for x in results], "s"),
+            "add_memories_per_s": summary([rate(m, x.add_s) for x in results], "memories/s"),
+            "push_s": summary([x.push_s for x in results], "s"),
+            "push_memories_per_s": summary([rate(m, x.push_s) for x in results], "memories/s"),
+            "pull_s": summary([x.pull_s for x in results], "s"),
+            "pull_memories_per_s": summary([rate(m, x.pull_s) for x in results], "memories/s"),
+            "key_derivation_s": summary([x.keys_a_s for x in results] +
+                                        [x.keys_b_s for x in results], "s"),
+            "vault_open_s": summary([x.open_a_s for x in results] +
+                                    [x.open_b_s for x in results], "s"),
+            "profile": {
+                "memories": pm,
+                "note": "a separate run under cProfile (its own timings are inflated by it)",
+                "push_s_profiled": profiled.push_s,
+                "pull_s_profiled": profiled.pull_s,
+                "push_top_cumulative": client_e2e.top_functions(profiles[0], "cumulative", 15),
+                "pull_top_cumulative": client_e2e.top_functions(profiles[1], "cumulative", 15),
+                "push_top_tottime": client_e2e.top_functions(profiles[0], "tottime", 10),
+                "pull_top_tottime": client_e2e.top_functions(profiles[1], "tottime", 10),
+            },
+        }  # fmt: skip
+
+
+class _NoPhase:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _no_phase(name: str) -> _NoPhase:
+    return _NoPhase()
+
+
+def _expect(got: int, want: int, what: str) -> None:
+    if got != want:
+        raise RuntimeError(f"{what} returned {got} blobs, expected {want}")
+
+
+def _latency_summary(runs: list[LatencyRun]) -> dict[str, Any]:
+    def per_run(q: float) -> list[float]:
+        return [percentile(sorted(run.latencies_ms), q) for run in runs]
+
+    requests = [len(run.latencies_ms) + run.errors for run in runs]
+    return {
+        "p50_ms": summary(per_run(50), "ms"),
+        "p90_ms": summary(per_run(90), "ms"),
+        "p99_ms": summary(per_run(99), "ms"),
+        "max_ms": summary(per_run(100), "ms"),
+        "errors": summary([float(run.errors) for run in runs], "requests"),
+        "requests": summary([float(x) for x in requests], "requests"),
+        "pushes_per_s": summary(
+            [rate(len(run.latencies_ms), run.seconds) for run in runs], "pushes/s"
+        ),
+        "error_samples": [text for run in runs for text in run.error_samples][:5],
+    }
+
+
+def _relay_memory(monitor: ResourceMonitor, start_mb: float, end_mb: float) -> dict[str, Any]:
+    samples = monitor.samples
+    step = max(1, len(samples) // 600)
+    peak = max((mb for _, mb, _ in samples), default=end_mb)
+    return {
+        "rss_start_mb": start_mb,
+        "rss_peak_mb": peak,
+        "rss_end_mb": end_mb,
+        "sample_interval_s": monitor.interval,
+        "samples": [
+            {"t_s": round(t, 2), "rss_mb": round(mb, 2), "phase": phase}
+            for t, mb, phase in samples[::step]
+        ],
+    }
+
+
+def execute(settings: Settings, log: Log) -> dict[str, Any]:
+    """Run every measurement; returns the report's data (targets not yet judged)."""
+    started = time.perf_counter()
+    corpus_size = max(settings.n, settings.sweep_n)
+    log(f"sealing {corpus_size} realistic blobs (BlobCipher.seal)")
+    corpus_started = time.perf_counter()
+    corpus = Corpus.make(corpus_size)
+    corpus_s = time.perf_counter() - corpus_started
+    with BenchDatabase() as db:
+        log(f"PostgreSQL {db.server_version} ready ({db.where}; {db.durability})")
+        env = environment(
+            postgres_version=db.server_version,
+            postgres_where=db.where,
+            durability=db.durability,
+        )
+        key = "bench-" + secrets.token_urlsafe(24)
+        with RelayProcess(db.url, key, db.scratch / "relay.log") as relay:
+            log(f"relay pid {relay.pid} ready at {relay.url}")
+            monitor = ResourceMonitor(relay.pid, db.postmaster_pid()).start()
+            start_mb = monitor.rss_mb()
+            try:
+                with (
+                    asyncio.Runner() as loop,
+                    httpx.Client(
+                        base_url=relay.url, headers=headers(key, "bench-device"), timeout=120.0
+                    ) as http,
+                ):
+                    conn = loop.run(ceiling.connect(db.url))
+                    try:
+                        run = Run(settings, corpus, db, relay, monitor, loop, conn, http, log)
+                        sections = run.throughput()
+                        sections["sweep"] = run.sweep()
+                        sections["pull_vs_size"] = run.pull_vs_size()
+                        latency, latencies = run.latency()
+                        sections["latency"] = latency
+                        sections["client_e2e"] = run.client_e2e()
+                    finally:
+                        loop.run(conn.close())
+                time.sleep(1.0)  # idle a moment: "after" is the relay at rest
+                end_mb = monitor.rss_mb()
+            finally:
+                monitor.stop()
+    sections["relay_memory"] = _relay_memory(monitor, start_mb, end_mb)
+    sections["cpu"] = {name: usage.as_json() for name, usage in monitor.phases.items()}
+    sections["peer"] = {
+        "available": False,
+        "note": "not available: no peer E2EE sync server is installed on this machine",
+    }
+    return {
+        "schema": 1,
+        "environment": env,
+        "settings": settings.as_json(),
+        "corpus": {
+            "blobs": corpus.size,
+            "mean_ciphertext_base64_chars": corpus.mean_ciphertext_chars(),
+            "mean_ciphertext_bytes": corpus.mean_ciphertext_chars() * 3 / 4,
+            "seal_s": corpus_s,
+        },
+        "sections": sections,
+        "latencies_ms": latencies,  # raw, for the plots; dropped from the JSON file
+        "total_s": time.perf_counter() - started,
+    }

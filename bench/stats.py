@@ -1,0 +1,34 @@
+"""Small statistics: min/median/max over repeats, percentiles of latencies."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+
+def summary(values: Sequence[float], unit: str) -> dict[str, Any]:
+    """`{"min", "median", "max", "values", "unit"}` of the repeats of one figure."""
+    if not values:
+        raise ValueError("no values to summarise")
+    return {
+        "min": min(values),
+        "median": statistics.median(values),
+        "max": max(values),
+        "values": list(values),
+        "unit": unit,
+    }
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of already sorted values, nearest-rank method."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def rate(count: int, seconds: float) -> float:
+    """Items per second (inf never happens: a measured phase takes > 0 s)."""
+    return count / max(seconds, 1e-9)

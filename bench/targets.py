@@ -1,0 +1,88 @@
+"""The targets of issue 7, judged on the median over repeats. A FAIL is reported as is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+P99_LIMIT_MS: Final = 25.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target and how the run did against it."""
+
+    name: str
+    description: str
+    value: float
+    limit: float
+    op: Literal[">=", "<="]
+    extra_ok: bool = True  # a further condition (e.g. no errors)
+    detail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        """Whether the target is met."""
+        met = self.value >= self.limit if self.op == ">=" else self.value <= self.limit
+        return met and self.extra_ok
+
+    def as_json(self) -> dict[str, Any]:
+        """The target for the report, with its PASS/FAIL verdict."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "value": self.value,
+            "target": f"{self.op} {self.limit:g}",
+            "verdict": "PASS" if self.passed else "FAIL",
+            "detail": self.detail,
+        }
+
+
+def judge(sections: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target of the run with its verdict."""
+    push = sections["relay_push"]["ratio_to_ceiling"]
+    pull = sections["relay_pull"]["ratio_to_ceiling"]
+    size = sections["pull_vs_size"]
+    targets = [
+        Target(
+            "relay_push_vs_ceiling",
+            "relay push blobs/s / raw asyncpg upsert blobs/s",
+            push,
+            0.5,
+            ">=",
+        ),
+        Target(
+            "relay_pull_vs_ceiling",
+            "relay pull blobs/s / raw asyncpg page read blobs/s",
+            pull,
+            0.25,
+            ">=",
+        ),
+        Target(
+            "pull_cost_vs_vault_size",
+            f"incremental pull time, {size['large_vault_blobs']}-blob vault / "
+            f"{size['small_vault_blobs']}-blob vault",
+            size["ratio_large_to_small"],
+            2.0,
+            "<=",
+        ),
+    ]
+    latency = sections["latency"]
+    for mode, words in (
+        ("shared_vault", "one shared vault"),
+        ("vault_per_device", "a vault per device"),
+    ):
+        figures = latency[mode]
+        errors = figures["errors"]["max"]
+        targets.append(
+            Target(
+                f"push_p99_{mode}",
+                f"p99 of single-blob pushes, {latency['devices']} concurrent devices, {words} (ms)",
+                figures["p99_ms"]["median"],
+                P99_LIMIT_MS,
+                "<=",
+                extra_ok=errors == 0,
+                detail="and no errors" if errors == 0 else f"{errors:g} errors in a repeat",
+            )
+        )
+    return [t.as_json() for t in targets]
