@@ -17,6 +17,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__
+from relay.bodies import document_json_bodies
 from relay.config import RelayConfig
 from relay.db.pool import create_pool
 from relay.errors import EXCEPTION_HANDLERS, RelayError
@@ -145,7 +146,7 @@ def create_app(config: RelayConfig) -> Litestar:
         app_config.state = State({"relay": state})
         return app_config
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             sync.push,
             sync.pull,
@@ -171,6 +172,8 @@ def create_app(config: RelayConfig) -> Litestar:
         logging_config=None,
         debug=False,
     )
+    document_json_bodies(app)
+    return app
 
 
 def request_key_prefix(request: Request[Any, Any, Any]) -> str | None:

@@ -23,6 +23,7 @@ from litestar.params import FromPath
 
 from relay import passwords
 from relay.auth import authenticate_session
+from relay.bodies import BODY_OPT, decode_body
 from relay.errors import RelayError, bad_request, forbidden
 from relay.ids import require_id
 from relay.keys import hash_key
@@ -32,7 +33,6 @@ from relay.store import accounts as store
 from relay.store import keys as key_store
 from relay.store.accounts import AccountSession
 from shared_format.b64 import Base64Error, b64decode_std
-from shared_format.errors import WireDecodeError
 from shared_format.timestamps import format_rfc3339
 from shared_format.wire import (
     AccountCreated,
@@ -56,7 +56,6 @@ from shared_format.wire import (
     VaultWrap,
     VaultWrapDeleted,
     VaultWrapWrite,
-    decode_json,
 )
 from shared_format.wraps import MAX_SALT_LEN, MAX_WRAP_LEN, MIN_SALT_LEN, NONCE_LEN, TAG_LEN
 
@@ -82,27 +81,6 @@ _DUMMY_VERIFIER: Final = bytes(32)
 
 
 # --- helpers shared with the pairing and handoff routes --------------------------------------
-
-
-async def decode_body(
-    request: Request[Any, Any, Any], type_: type[T], *, empty_ok: bool = False
-) -> T:
-    """Strict JSON decoding of the body: 400 naming the field, never a lax coercion."""
-    body = await request.body()
-    if empty_ok and not body.strip():
-        body = b"{}"
-    try:
-        return decode_json(body, type_)
-    except WireDecodeError as exc:
-        message = str(exc)
-        if message.startswith("malformed JSON"):
-            raise bad_request(
-                f"request body is not valid JSON: {message}", code="malformed_json"
-            ) from None
-        field = (exc.field or "$").removeprefix("$").removeprefix(".") or "body"
-        raise bad_request(
-            f"invalid request: {message}", code="invalid_request", field=field
-        ) from None
 
 
 def client_ip(request: Request[Any, Any, Any]) -> str:
@@ -223,7 +201,7 @@ def _no_wrap(what: str) -> RelayError:
 # --- /auth ---------------------------------------------------------------------------------
 
 
-@post("/auth/signup", status_code=200, tags=["accounts"])
+@post("/auth/signup", status_code=200, tags=["accounts"], opt={BODY_OPT: SignupRequest})
 async def signup(request: Request[Any, Any, Any]) -> AccountCreated:
     """Create an account and sign it in (PROTOCOL §13); 409 `email_taken`."""
     limit_per_minute(request, f"signup:{client_ip(request)}", SIGNUP_PER_MINUTE)
@@ -248,7 +226,7 @@ async def signup(request: Request[Any, Any, Any]) -> AccountCreated:
     )
 
 
-@post("/auth/signin", status_code=200, tags=["accounts"])
+@post("/auth/signin", status_code=200, tags=["accounts"], opt={BODY_OPT: SigninRequest})
 async def signin(request: Request[Any, Any, Any]) -> SessionIssued:
     """A new session for email + password; one 401 `invalid_credentials` for any failure."""
     limit_per_minute(request, f"signin:{client_ip(request)}", SIGNIN_PER_MINUTE)
@@ -278,7 +256,9 @@ async def logout(request: Request[Any, Any, Any]) -> LoggedOut:
     return LoggedOut()
 
 
-@post("/auth/recover/start", status_code=200, tags=["accounts"])
+@post(
+    "/auth/recover/start", status_code=200, tags=["accounts"], opt={BODY_OPT: RecoverStartRequest}
+)
 async def recover_start(request: Request[Any, Any, Any]) -> RecoveryWrap:
     """The recovery wrap of an email's account, to open with the phrase (no auth).
 
@@ -298,7 +278,7 @@ async def recover_start(request: Request[Any, Any, Any]) -> RecoveryWrap:
     )
 
 
-@post("/auth/recover", status_code=200, tags=["accounts"])
+@post("/auth/recover", status_code=200, tags=["accounts"], opt={BODY_OPT: RecoverRequest})
 async def recover(request: Request[Any, Any, Any]) -> SessionIssued:
     """Set a new password with the recovery phrase: our design for §13 recovery.
 
@@ -369,7 +349,7 @@ async def get_account(request: Request[Any, Any, Any]) -> AccountInfo:
     )
 
 
-@post("/account/keys", status_code=200, tags=["accounts"])
+@post("/account/keys", status_code=200, tags=["accounts"], opt={BODY_OPT: MintAccountKeyRequest})
 async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
     """Mint a key for a vault the account owns (holds a wrap for); shown once.
 
@@ -444,7 +424,7 @@ async def get_password_wrap(request: Request[Any, Any, Any]) -> PasswordWrap:
     return PasswordWrap(w.wrapped_a, w.salt_pw, format_rfc3339(w.updated_at))
 
 
-@put("/account/wraps/password", tags=["accounts"])
+@put("/account/wraps/password", tags=["accounts"], opt={BODY_OPT: PasswordWrapWrite})
 async def put_password_wrap(request: Request[Any, Any, Any]) -> PasswordWrap:
     """Store the password wrap of A (current `password` required).
 
@@ -480,7 +460,7 @@ async def get_recovery_wrap(request: Request[Any, Any, Any]) -> RecoveryWrap:
     return RecoveryWrap(w.wrapped_a_rec, w.salt_rec, format_rfc3339(w.updated_at))
 
 
-@put("/account/wraps/recovery", tags=["accounts"])
+@put("/account/wraps/recovery", tags=["accounts"], opt={BODY_OPT: RecoveryWrapWrite})
 async def put_recovery_wrap(request: Request[Any, Any, Any]) -> RecoveryWrap:
     """Store the recovery wrap of A and the verifier of its proof (current `password` required)."""
     session = await authenticate_session(request)
@@ -526,7 +506,7 @@ async def _adopting(request: Request[Any, Any, Any], vault_id: str) -> bool:
     return True
 
 
-@put("/account/vaults/{vault_id:str}/wrap", tags=["accounts"])
+@put("/account/vaults/{vault_id:str}/wrap", tags=["accounts"], opt={BODY_OPT: VaultWrapWrite})
 async def put_vault_wrap(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> VaultWrap:
     """Store the wrap of K under A (current `password` required); the account then owns v.
 
@@ -557,7 +537,12 @@ async def put_vault_wrap(request: Request[Any, Any, Any], vault_id: FromPath[str
     return VaultWrap(vault_id=vault_id, wrapped_k=wrapped_k, updated_at=format_rfc3339(updated))
 
 
-@delete("/account/vaults/{vault_id:str}/wrap", status_code=200, tags=["accounts"])
+@delete(
+    "/account/vaults/{vault_id:str}/wrap",
+    status_code=200,
+    tags=["accounts"],
+    opt={BODY_OPT: PasswordConfirmation},
+)
 async def delete_vault_wrap(
     request: Request[Any, Any, Any], vault_id: FromPath[str]
 ) -> VaultWrapDeleted:

@@ -15,10 +15,11 @@ from litestar import Request, delete, get, post
 from litestar.params import FromPath
 
 from relay.auth import authorize
+from relay.bodies import BODY_OPT, decode_body
 from relay.errors import RelayError, bad_request, forbidden
 from relay.ids import require_id
 from relay.keys import Principal
-from relay.routes.accounts import check_label, decode_body
+from relay.routes.accounts import check_label
 from relay.state import relay_state
 from relay.store import handoff as store
 from relay.store.handoff import HandoffRow
@@ -77,7 +78,12 @@ def _may_see(principal: Principal, row: HandoffRow, vault_id: str) -> bool:
     return principal.key_id == row.requester_key_id or principal.is_admin_for(vault_id)
 
 
-@post("/v1/vaults/{vault_id:str}/handoff", status_code=200, tags=["handoff"])
+@post(
+    "/v1/vaults/{vault_id:str}/handoff",
+    status_code=200,
+    tags=["handoff"],
+    opt={BODY_OPT: HandoffCreateRequest},
+)
 async def create_handoff(
     request: Request[Any, Any, Any], vault_id: FromPath[str]
 ) -> HandoffCreated:
@@ -150,7 +156,12 @@ async def handoff_status(
     )
 
 
-@post("/v1/vaults/{vault_id:str}/handoff/{request_id:str}/seal", status_code=200, tags=["handoff"])
+@post(
+    "/v1/vaults/{vault_id:str}/handoff/{request_id:str}/seal",
+    status_code=200,
+    tags=["handoff"],
+    opt={BODY_OPT: HandoffSealRequest},
+)
 async def seal_handoff(
     request: Request[Any, Any, Any], vault_id: FromPath[str], request_id: FromPath[str]
 ) -> HandoffSealed:

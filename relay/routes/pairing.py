@@ -16,9 +16,10 @@ from litestar import Request, post
 from litestar.params import FromPath
 
 from relay.auth import authenticate_session, authorize, bearer_is_session
+from relay.bodies import BODY_OPT, OPTIONAL_BODY_OPT, decode_body
 from relay.errors import RelayError, bad_request, forbidden
 from relay.ids import require_id
-from relay.routes.accounts import REDEEM_PER_MINUTE, check_label, client_ip, decode_body
+from relay.routes.accounts import REDEEM_PER_MINUTE, check_label, client_ip
 from relay.routes.accounts import limit_per_minute as limit
 from relay.state import relay_state
 from relay.store import accounts as account_store
@@ -50,7 +51,12 @@ async def _creator(request: Request[Any, Any, Any], vault_id: str) -> str:
     return store.KEY_CREATOR + principal.key_id
 
 
-@post("/v1/vaults/{vault_id:str}/pairing-codes", status_code=200, tags=["pairing"])
+@post(
+    "/v1/vaults/{vault_id:str}/pairing-codes",
+    status_code=200,
+    tags=["pairing"],
+    opt={BODY_OPT: CreatePairingCodeRequest, OPTIONAL_BODY_OPT: True},
+)
 async def create_pairing_code(
     request: Request[Any, Any, Any], vault_id: FromPath[str]
 ) -> PairingCodeIssued:
@@ -83,7 +89,7 @@ async def create_pairing_code(
     )
 
 
-@post("/pair/redeem", status_code=200, tags=["pairing"])
+@post("/pair/redeem", status_code=200, tags=["pairing"], opt={BODY_OPT: RedeemPairingCodeRequest})
 async def redeem_pairing_code(request: Request[Any, Any, Any]) -> PairingRedeemed:
     """Trade a code for a non-admin key (bound to `device_id` unless the code says otherwise)."""
     limit(request, f"redeem:{client_ip(request)}", REDEEM_PER_MINUTE)

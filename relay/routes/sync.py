@@ -9,12 +9,12 @@ from litestar import Request, get, post
 from litestar.params import FromPath, FromQuery, QueryParameter
 
 from relay.auth import authorize
+from relay.bodies import BODY_OPT, decode_body
 from relay.errors import bad_request
 from relay.ids import require_id
 from relay.push_rules import check_structure
 from relay.state import relay_state
 from relay.store import sync as store
-from shared_format.errors import WireDecodeError
 from shared_format.timestamps import parse_rfc3339
 from shared_format.wire import (
     DEFAULT_PULL_LIMIT,
@@ -24,7 +24,6 @@ from shared_format.wire import (
     PushRequest,
     PushResponse,
     VaultStats,
-    decode_json,
 )
 
 DEVICE_HEADER = "x-engram-device"
@@ -32,31 +31,17 @@ DEVICE_HEADER = "x-engram-device"
 _SPACE_OFFSET = re.compile(r" (\d{2}:\d{2})$")
 
 
-def _decode_push(body: bytes) -> PushRequest:
-    """Strict decoding: a field of the wrong type is a 400 naming it (§5), never coerced.
-
-    (Litestar's own body conversion is lax: it would turn `"7"` into 7 and `1` into true.)
-    """
-    try:
-        return decode_json(body, PushRequest)
-    except WireDecodeError as exc:
-        message = str(exc)
-        if message.startswith("malformed JSON"):
-            raise bad_request(
-                f"request body is not valid JSON: {message}", code="malformed_json"
-            ) from None
-        field = (exc.field or "$").removeprefix("$").removeprefix(".") or "body"
-        raise bad_request(
-            f"invalid request: {message}", code="invalid_request", field=field
-        ) from None
-
-
-@post("/v1/vaults/{vault_id:str}/push", status_code=200, tags=["sync"])
+@post(
+    "/v1/vaults/{vault_id:str}/push",
+    status_code=200,
+    tags=["sync"],
+    opt={BODY_OPT: PushRequest},
+)
 async def push(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> PushResponse:
     """Store a batch of blobs: one transaction, serialised per vault (PROTOCOL §6)."""
     state = relay_state(request)
     principal = await authorize(request, require_id(vault_id, "vault_id"))
-    data = _decode_push(await request.body())
+    data = await decode_body(request, PushRequest)
     checked = check_structure(data.blobs, MAX_BLOBS_PER_PUSH)
     outcome = await store.push(
         state.require_pool(),
