@@ -254,8 +254,9 @@ class RelayClient:
         *,
         params: Mapping[str, str | int] | None = None,
         content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> T:
-        response = self._send(method, path, params=params, content=content)
+        response = self._send(method, path, params=params, content=content, headers=headers)
         try:
             return decode_json(response.content, type_)
         except WireDecodeError as exc:
@@ -275,9 +276,16 @@ class RelayClient:
         *,
         params: Mapping[str, str | int] | None,
         content: bytes | None,
+        headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
-        """Send with retries; a success response, or the typed error of the last answer."""
-        headers = {"Content-Type": "application/json"} if content is not None else None
+        """Send with retries; a success response, or the typed error of the last answer.
+
+        `headers` are added to this request only (e.g. `X-Engram-Vault-Key`).
+        """
+        extra = dict(headers or {})
+        if content is not None:
+            extra["Content-Type"] = "application/json"
+        headers = extra or None
         attempt = 0
         while True:
             try:

@@ -13,7 +13,8 @@ from client.relay_client import RelayClient
 from client.sync_config import SyncConfig, load_sync_config, save_sync_config
 from client.sync_state import SyncState
 from client.syncer import ProgressCallback, Syncer
-from shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v1, vault_id_v2
+from client.vault_keys import ensure_key_tables, session_sync_keys
+from shared_format.keys import SyncKeys, vault_id_v1, vault_id_v2
 from shared_format.vault import Vault, VaultKeyKind, open_vault
 
 
@@ -57,6 +58,7 @@ class VaultSession:
         vault = open_vault(path, passphrase, create=create)
         try:
             ensure_sync_tables(vault.conn)
+            ensure_key_tables(vault.conn)
             device = Device.load_or_create(path)
             return cls(
                 path=path,
@@ -82,9 +84,10 @@ class VaultSession:
 
     @property
     def keys(self) -> SyncKeys:
-        """The sync keys, derived once (PROTOCOL §2)."""
+        """The sync keys, once: a vault key K stored for the linked vault (client.vault_keys),
+        else derived from the passphrase (PROTOCOL §2)."""
         if self._keys is None:
-            self._keys = derive_sync_keys(self.passphrase)
+            self._keys = session_sync_keys(self.vault.conn, self.config.vault_id, self.passphrase)
         return self._keys
 
     def relay(self, **kwargs: object) -> RelayClient:

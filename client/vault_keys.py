@@ -1,0 +1,170 @@
+"""The vault key K kept on this device, inside the encrypted vault database (our addition).
+
+A device that got K from the account (`link --account`) or a team handoff has
+no sync passphrase: its sync keys are K itself. K (enc_key ‖ hmac_key ‖
+vault_id, PROTOCOL §13) is kept in the local-only table `sync_vault_key`, so
+SQLCipher protects it like the memories; the vault itself stays keyed by the
+person's own local passphrase, which need not be the team's. The session's sync
+keys come from a stored K for the linked vault id (its vault_id suffix checked)
+and otherwise from the passphrase (PROTOCOL §2).
+
+`sync_vault_key_expected` marks a vault whose key must come from elsewhere
+(a device linked by a pairing code): until K arrives, sync refuses to derive
+keys from the local passphrase, which would encrypt under the wrong keys.
+`sync_handoff_request` keeps the ephemeral private key of an open team handoff
+request (client.team), so a restarted command resumes it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+from client.errors import SyncError
+from client.relay_client import RelayClient
+from shared_format.blob import BlobCipher
+from shared_format.errors import BlobTamperedError, KeyUnwrapError
+from shared_format.keys import SyncKeys, derive_sync_keys
+from shared_format.timestamps import utc_now_rfc3339
+from shared_format.wraps import VaultKey, pack_vault_key, unpack_vault_key
+
+KEY_TABLES: Final = (
+    """CREATE TABLE IF NOT EXISTS sync_vault_key (
+        vault_id TEXT PRIMARY KEY,
+        k BLOB NOT NULL,
+        source TEXT NOT NULL,
+        stored_at TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS sync_vault_key_expected (
+        vault_id TEXT PRIMARY KEY,
+        source TEXT NOT NULL,
+        since TEXT NOT NULL
+    )""",
+    # An open team handoff request (client.team): its ephemeral P-256 private key (PKCS8 DER).
+    """CREATE TABLE IF NOT EXISTS sync_handoff_request (
+        request_id TEXT PRIMARY KEY,
+        server_url TEXT NOT NULL,
+        vault_id TEXT NOT NULL,
+        private_key BLOB NOT NULL,
+        fingerprint TEXT NOT NULL,
+        label TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL
+    )""",
+)
+SOURCES: Final = ("account", "handoff", "passphrase")
+
+
+class VaultKeyMissingError(SyncError):
+    """This device has no key for its linked vault yet (it waits for a handoff)."""
+
+
+def ensure_key_tables(conn: sqlite3.Connection) -> None:
+    """Create the local-only key tables (idempotent)."""
+    for statement in KEY_TABLES:
+        conn.execute(statement)
+
+
+def pack_keys(keys: SyncKeys, vault_id: str) -> bytes:
+    """K of a vault whose sync keys this device holds."""
+    return pack_vault_key(keys.enc_key, keys.hmac_key, vault_id)
+
+
+def store_vault_key(conn: sqlite3.Connection, k: bytes | VaultKey, source: str) -> VaultKey:
+    """Keep K (replacing any older one for its vault); clears a pending expectation."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}")
+    if isinstance(k, VaultKey):
+        k = pack_vault_key(k.enc_key, k.hmac_key, k.vault_id)
+    key = unpack_vault_key(k, None)
+    conn.execute(
+        "INSERT INTO sync_vault_key (vault_id, k, source, stored_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (vault_id) DO UPDATE SET k = excluded.k, source = excluded.source,"
+        " stored_at = excluded.stored_at",
+        (key.vault_id, k, source, utc_now_rfc3339()),
+    )
+    conn.execute("DELETE FROM sync_vault_key_expected WHERE vault_id = ?", (key.vault_id,))
+    return key
+
+
+def stored_vault_key(conn: sqlite3.Connection, vault_id: str) -> VaultKey | None:
+    """The stored K of `vault_id`, checked against it; None when there is none."""
+    row = conn.execute("SELECT k FROM sync_vault_key WHERE vault_id = ?", (vault_id,)).fetchone()
+    if row is None:
+        return None
+    try:
+        return unpack_vault_key(bytes(row[0]), vault_id)
+    except KeyUnwrapError as exc:
+        raise SyncError(
+            f"the vault key stored on this device for {vault_id} is unusable ({exc}); "
+            "link the vault again"
+        ) from None
+
+
+def forget_vault_key(conn: sqlite3.Connection, vault_id: str) -> bool:
+    """Drop the stored K of a vault; True if there was one."""
+    cursor = conn.execute("DELETE FROM sync_vault_key WHERE vault_id = ?", (vault_id,))
+    return cursor.rowcount > 0
+
+
+def expect_vault_key(conn: sqlite3.Connection, vault_id: str, source: str) -> None:
+    """Mark `vault_id` as keyed from `source`, not from the passphrase, until K is stored."""
+    conn.execute(
+        "INSERT OR REPLACE INTO sync_vault_key_expected (vault_id, source, since) VALUES (?, ?, ?)",
+        (vault_id, source, utc_now_rfc3339()),
+    )
+
+
+def clear_expected(conn: sqlite3.Connection, vault_id: str) -> None:
+    """The passphrase keys this vault after all (e.g. linked again with an API key)."""
+    conn.execute("DELETE FROM sync_vault_key_expected WHERE vault_id = ?", (vault_id,))
+
+
+def key_source(conn: sqlite3.Connection, vault_id: str | None) -> str:
+    """Where this device's sync keys for `vault_id` come from: a SOURCES value or `missing`."""
+    if vault_id is None:
+        return "passphrase"
+    row = conn.execute(
+        "SELECT source FROM sync_vault_key WHERE vault_id = ?", (vault_id,)
+    ).fetchone()
+    if row is not None:
+        return str(row[0])
+    waiting = conn.execute(
+        "SELECT 1 FROM sync_vault_key_expected WHERE vault_id = ?", (vault_id,)
+    ).fetchone()
+    return "missing" if waiting is not None else "passphrase"
+
+
+def session_sync_keys(conn: sqlite3.Connection, vault_id: str | None, passphrase: str) -> SyncKeys:
+    """The sync keys: a stored K for `vault_id`, else derived from the passphrase (§2).
+
+    VaultKeyMissingError when the vault expects a key from a handoff that has not come.
+    """
+    if vault_id is not None:
+        stored = stored_vault_key(conn, vault_id)
+        if stored is not None:
+            return SyncKeys(enc_key=stored.enc_key, hmac_key=stored.hmac_key)
+        if key_source(conn, vault_id) == "missing":
+            raise VaultKeyMissingError(
+                f"this device has no key for vault {vault_id} yet: run `engram-sync team "
+                "request` and have an admin approve it with `engram-sync team approve`"
+            )
+    return derive_sync_keys(passphrase)
+
+
+def verify_keys_on_relay(relay: RelayClient, vault_id: str, keys: SyncKeys) -> None:
+    """Check `keys` against the vault's oldest blob (when it has one) before sharing them.
+
+    SyncError when the blob's HMAC does not verify: these are not the vault's keys
+    (another passphrase), and handing them on would only spread unreadable blobs.
+    """
+    page = relay.pull(vault_id, cursor=0, limit=1)
+    if not page.blobs:
+        return
+    try:
+        BlobCipher(keys).verify(page.blobs[0])
+    except BlobTamperedError:
+        raise SyncError(
+            f"this device's sync keys do not open the blobs of vault {vault_id} on the relay "
+            "(another passphrase?); refusing to hand them on"
+        ) from None
