@@ -17,7 +17,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import __version__
-from relay.bodies import document_json_bodies
+from relay.bodies import document_api
 from relay.config import RelayConfig
 from relay.db.pool import create_pool
 from relay.errors import EXCEPTION_HANDLERS, RelayError
@@ -172,7 +172,7 @@ def create_app(config: RelayConfig) -> Litestar:
         logging_config=None,
         debug=False,
     )
-    document_json_bodies(app)
+    document_api(app)
     return app
 
 

@@ -12,11 +12,11 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 from litestar import Litestar, Request
-from litestar.openapi.spec import OpenAPIMediaType, Reference, RequestBody
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Reference, RequestBody
 
 from relay.errors import bad_request
 from shared_format.errors import WireDecodeError
-from shared_format.wire import decode_json
+from shared_format.wire import ErrorBody, QuotaErrorBody, decode_json
 
 T = TypeVar("T")
 BODY_OPT: Final = "json_body"
@@ -30,6 +30,10 @@ async def decode_body(
     body = await request.body()
     if empty_ok and not body.strip():
         body = b"{}"
+    if b"\\u0000" in body:  # PostgreSQL text cannot hold NUL: refuse it up front
+        raise bad_request(
+            "strings must not contain NUL (\\u0000) characters", code="invalid_request"
+        )
     try:
         return decode_json(body, type_)
     except WireDecodeError as exc:
@@ -44,8 +48,24 @@ async def decode_body(
         ) from None
 
 
-def document_json_bodies(app: Litestar) -> None:
-    """Add the request bodies declared with `opt={"json_body": Type}` to the OpenAPI schema."""
+ERROR_STATUSES: Final = {
+    "400": "Malformed request: the body names the field or blob at fault",
+    "401": "Missing, unknown or revoked credentials",
+    "403": "Credentials not valid here (another vault, not an admin, a revoked device)",
+    "404": "No such route or resource",
+    "409": "Conflict (e.g. resync_required: pull again from cursor 0)",
+    "413": "Body larger than the relay accepts (see GET /v1/info)",
+    "415": "Body is not application/json",
+    "429": "Rate limited: retry after the Retry-After header",
+    "503": "Database unavailable: retry after the Retry-After header",
+}
+
+
+def document_api(app: Litestar) -> None:
+    """Complete the generated OpenAPI schema: request bodies declared with
+    `opt={"json_body": Type}` (decoded by hand, see above) and the relay's real error
+    bodies (`{"error","code"}`, PROTOCOL §5) instead of the framework's default one."""
+    _document_error_responses(app)
     declared: dict[tuple[str, str], tuple[type[Any], bool]] = {}
     for route in app.routes:
         for handler in getattr(route, "route_handlers", ()):
@@ -82,3 +102,34 @@ def document_json_bodies(app: Litestar) -> None:
             },
             required=required,
         )
+
+
+def _document_error_responses(app: Litestar) -> None:
+    schema = app.openapi_schema
+    (error_ref, quota_ref), components = msgspec.json.schema_components(
+        [ErrorBody, QuotaErrorBody], ref_template="#/components/schemas/{name}"
+    )
+    if schema.components.schemas is None:
+        schema.components.schemas = {}
+    for name, component in components.items():
+        schema.components.schemas.setdefault(name, component)
+    for path, item in (schema.paths or {}).items():
+        for method in ("get", "put", "post", "delete", "patch"):
+            operation = getattr(item, method, None)
+            if operation is None:
+                continue
+            responses = operation.responses if operation.responses is not None else {}
+            for status, description in ERROR_STATUSES.items():
+                responses[status] = _json_response(description, error_ref["$ref"])
+            if path.endswith("/push"):
+                responses["402"] = _json_response(
+                    "Quota exceeded: nothing in the batch was written", quota_ref["$ref"]
+                )
+            operation.responses = responses
+
+
+def _json_response(description: str, ref: str) -> OpenAPIResponse:
+    return OpenAPIResponse(
+        description=description,
+        content={"application/json": OpenAPIMediaType(schema=Reference(ref=ref))},
+    )

@@ -150,6 +150,13 @@ def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response
         return _database_unavailable(request, exc)
     if isinstance(exc, asyncpg.CannotConnectNowError | asyncpg.ConnectionDoesNotExistError):
         return _database_unavailable(request, exc)
+    if isinstance(exc, asyncpg.DataError):
+        # A value the database cannot store (e.g. an encoding problem) is bad input, not
+        # a server fault; the handlers validate first, this is the net under them.
+        log.warning("rejected a value the database cannot store: %s", type(exc).__name__)
+        return _json(
+            400, {"error": "a value in the request cannot be stored", "code": "bad_request"}
+        )
     log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
     return _json(500, {"error": "internal error; the relay logged it", "code": "internal_error"})
 

@@ -180,6 +180,8 @@ def decode_plaintext(text: str, expected_id: str | None = None) -> MemoryPlainte
         probe = msgspec.json.decode(text, type=_DeletedProbe)
     except msgspec.DecodeError as exc:
         raise PlaintextError(f"plaintext is not a JSON object: {exc}") from None
+    except RecursionError:
+        raise PlaintextError("plaintext JSON is nested too deeply") from None
     result: MemoryPlaintext | Tombstone
     if probe.deleted is True:
         if not isinstance(probe.id, str):
@@ -190,6 +192,8 @@ def decode_plaintext(text: str, expected_id: str | None = None) -> MemoryPlainte
             result = _normalise(msgspec.json.decode(text, type=_IncomingMemory))
         except msgspec.ValidationError as exc:
             raise PlaintextError(f"plaintext is not a valid memory: {exc}") from None
+        except RecursionError:
+            raise PlaintextError("plaintext JSON is nested too deeply") from None
     if expected_id is not None and result.id != expected_id:
         raise PlaintextError("plaintext id does not match the blob's memory_id")
     return result

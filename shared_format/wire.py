@@ -203,6 +203,8 @@ def decode_json(data: bytes | str, type_: type[T]) -> T:
         raise WireDecodeError(f"malformed JSON: {exc}", None) from None
     except UnicodeDecodeError:
         raise WireDecodeError("malformed JSON: not UTF-8 text", None) from None
+    except RecursionError:
+        raise WireDecodeError("malformed JSON: nested too deeply", None) from None
 
 
 def convert(obj: Any, type_: type[T]) -> T:

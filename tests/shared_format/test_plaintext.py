@@ -226,3 +226,11 @@ def test_lone_surrogate_cannot_be_encoded() -> None:
     with pytest.raises(PlaintextError, match="surrogate"):
         encode_memory(_memory(content="a\ud800b"))
     assert '"content":"a\u00e9b"' in encode_memory(_memory(content="a\u00e9b"))
+
+
+def test_deeply_nested_plaintext_is_a_typed_error() -> None:
+    deep = '{"context":' + '{"a":' * 50_000 + "1" + "}" * 50_000 + ',"id":"m"}'
+    with pytest.raises(PlaintextError, match="nested too deeply"):
+        decode_plaintext(deep)
+    nested_ok = json.loads(encode_memory(_memory(context={"a": {"b": {"c": [1]}}})))
+    assert nested_ok["context"] == {"a": {"b": {"c": [1]}}}

@@ -158,3 +158,12 @@ def test_health_field_names() -> None:
         "total_blobs",
         "db_size_bytes",
     }
+
+
+def test_deep_nesting_is_a_typed_error_not_a_crash() -> None:
+    deep = b'{"blobs":[' + b'{"a":' * 50_000 + b"1" + b"}" * 50_000 + b"]}"
+    with pytest.raises(WireDecodeError, match="nested too deeply"):
+        decode_json(deep, PushRequest)
+    shallow = b'{"blobs":[' + b'{"a":' * 5 + b"1" + b"}" * 5 + b"]}"
+    with pytest.raises(WireDecodeError, match=r"\$\.blobs\[0\]"):  # ordinary error, not depth
+        decode_json(shallow, PushRequest)
