@@ -295,19 +295,25 @@ def gc(
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Compact tombstones now (only those every active device has pulled past)."""
+    """Compact tombstones now (only those every active device has pulled past), and erase
+    expired handoff seals, pairing codes and sessions."""
+    from relay.store.handoff import purge_expired
+
     with database(database_url, data_dir, migrate=True) as url:
 
-        async def go() -> list[compaction.CompactionResult]:
+        async def go() -> tuple[list[compaction.CompactionResult], dict[str, int]]:
             pool = await asyncpg.create_pool(to_libpq_url(url), min_size=1, max_size=1)
             try:
-                return await compaction.compact_all(pool, timedelta(days=retention_days))
+                results = await compaction.compact_all(pool, timedelta(days=retention_days))
+                async with pool.acquire() as conn:
+                    return results, await purge_expired(conn)
             finally:
                 await pool.close()
 
-        results = asyncio.run(go())
+        results, purged = asyncio.run(go())
     removed = sum(r.removed for r in results)
     out.print(f"removed {removed} tombstone(s) from {len(results)} vault(s)")
+    out.print("expired and erased: " + ", ".join(f"{n} {what}" for what, n in purged.items()))
 
 
 @app.command()

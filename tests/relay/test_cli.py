@@ -149,3 +149,35 @@ def test_bad_input_is_one_clear_line(fresh_database_url: str) -> None:
     assert "not a PostgreSQL URL" in bad_url.stderr
     assert "Traceback" not in bad_url.stderr + bad_vault.stderr
     assert _relay("--help").returncode == 0
+
+
+def test_gc_erases_expired_handoffs_codes_and_sessions(fresh_database_url: str) -> None:
+    import asyncio
+
+    import asyncpg
+
+    async def seed() -> None:
+        conn = await asyncpg.connect(fresh_database_url)
+        try:
+            await conn.execute(
+                "INSERT INTO handoff_requests (vault_id, request_id, public_key, label,"
+                " requester_key_id, created_at, expires_at, admin_public_key, sealed, sealed_at)"
+                " VALUES ('v', 'r1', 'pk', 'l', 'k', now() - interval '2 days',"
+                " now() - interval '1 hour', 'apk', 'sealed-bytes', now() - interval '2 hours')"
+            )
+        finally:
+            await conn.close()
+
+    async def sealed() -> object:
+        conn = await asyncpg.connect(fresh_database_url)
+        try:
+            return await conn.fetchval("SELECT sealed FROM handoff_requests WHERE request_id='r1'")
+        finally:
+            await conn.close()
+
+    asyncio.run(seed())
+    assert asyncio.run(sealed()) == "sealed-bytes"
+    result = _relay("gc", env=_env(DATABASE_URL=fresh_database_url))
+    assert result.returncode == 0, result.stderr
+    assert "expired and erased: 1 handoff_requests" in result.stdout
+    assert asyncio.run(sealed()) is None
