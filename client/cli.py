@@ -391,6 +391,7 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")
             "skipped_blobs": [asdict(s) for s in session.state.skipped],
             "oversized": session.state.oversized,
             "revoked": session.state.revoked,
+            "vault_key": vault_keys.key_source(conn, session.config.vault_id),
             "last_sync_at": session.state.last_sync_at,
             "last_error": session.state.last_error,
         }

@@ -152,10 +152,12 @@ def test_recovery_then_a_third_device_links_with_the_new_password(
 
     with pytest.raises(account.AccountError, match="wrong email or account password"):
         account.signin(tmp_path / "scratch", relay.url, EMAIL, PASSWORD)
-    # alpha's old session was ended by the recovery; with the new password it signs in again.
-    with alpha.open() as session:
-        account.signin(session.path, relay.url, EMAIL, NEW_PASSWORD)
-        assert account.status(session.path)["vaults"] == ["team-e2e"]
+    # The recovery ended alpha's session: a command that needs the password signs in again.
+    assert account.status(alpha.path)["session_valid"] is False
+    new_phrase = account.set_recovery_phrase(alpha.path, NEW_PASSWORD)
+    assert new_phrase != phrase
+    assert account.status(alpha.path)["session_valid"] is True
+    assert account.status(alpha.path)["vaults"] == ["team-e2e"]
 
 
 def files(path: Path) -> dict[str, str]:
