@@ -7,11 +7,9 @@ import logging
 import shlex
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import plots, report, runner
-from bench.env import git_state
 from bench.settings import Settings
 from bench.targets import judge
 
@@ -61,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     data = runner.execute(settings, log)
     data["targets"] = judge(data["sections"])
-    sha, _ = git_state()
-    stem = f"{datetime.now(UTC):%Y-%m-%d}-{sha}" + ("-quick" if settings.quick else "")
+    env = data["environment"]  # the commit and date the run started at
+    stem = f"{env['started_utc'][:10]}-{env['git_sha']}" + ("-quick" if settings.quick else "")
     settings.out.mkdir(parents=True, exist_ok=True)
     pngs, note = plots.write_plots(data, data["latencies_ms"], settings.out, stem)
     json_path, md_path = report.write(data, settings.out, stem, command.strip(), pngs, note)

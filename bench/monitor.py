@@ -20,6 +20,14 @@ def _cpu_seconds(proc: Any) -> float:
     return float(times.user + times.system)
 
 
+def _system_busy_seconds() -> float:
+    """CPU seconds every process of the machine used (all cores), since boot."""
+    times = psutil.cpu_times()
+    idle = float(times.idle) + float(getattr(times, "iowait", 0.0))
+    idle += float(getattr(times, "steal", 0.0))
+    return float(sum(times)) - idle
+
+
 def _tree_cpu_seconds(proc: Any) -> float:
     """A server's CPU: its own, its reaped children's, and its live children's."""
     times = proc.cpu_times()
@@ -38,12 +46,14 @@ class PhaseUsage:
     relay_cpu_s: float = 0.0
     loadgen_cpu_s: float = 0.0
     postgres_cpu_s: float | None = 0.0
+    machine_cpu_s: float = 0.0  # every process of the machine
     relay_rss_peak_mb: float = 0.0
 
     def as_json(self) -> dict[str, float | None]:
         """Seconds, and CPU as cores used on average (CPU seconds / wall seconds)."""
         wall = max(self.wall_s, 1e-9)
         pg = self.postgres_cpu_s
+        ours = self.relay_cpu_s + self.loadgen_cpu_s + (pg or 0.0)
         return {
             "wall_s": self.wall_s,
             "relay_cpu_s": self.relay_cpu_s,
@@ -52,6 +62,8 @@ class PhaseUsage:
             "relay_cores": self.relay_cpu_s / wall,
             "loadgen_cores": self.loadgen_cpu_s / wall,
             "postgres_cores": None if pg is None else pg / wall,
+            # Other processes of the (shared) machine; only meaningful when pg is known.
+            "other_processes_cores": max(0.0, self.machine_cpu_s - ours) / wall,
             "relay_rss_peak_mb": self.relay_rss_peak_mb,
         }
 
@@ -120,11 +132,12 @@ class ResourceMonitor:
         """Account the block's wall and CPU time to phase `name` (added over repeats)."""
         usage = self.phases.setdefault(name, PhaseUsage())
         previous, self._phase, self._peak_mb = self._phase, name, self.rss_mb()
-        wall, relay, own, pg = (
+        wall, relay, own, pg, machine = (
             time.perf_counter(),
             _cpu_seconds(self._relay),
             time.process_time(),
             self._postgres_cpu(),
+            _system_busy_seconds(),
         )
         try:
             yield
@@ -133,6 +146,7 @@ class ResourceMonitor:
             usage.wall_s += time.perf_counter() - wall
             usage.relay_cpu_s += _cpu_seconds(self._relay) - relay
             usage.loadgen_cpu_s += time.process_time() - own
+            usage.machine_cpu_s += _system_busy_seconds() - machine
             if usage.postgres_cpu_s is not None and pg is not None and pg_end is not None:
                 usage.postgres_cpu_s += pg_end - pg
             else:

@@ -9,7 +9,8 @@ from typing import Any
 
 NOTES = (
     "Each figure is measured `repeats` times; tables show min / median / max and every "
-    "verdict uses the median.",
+    "verdict uses the median. The relay/ceiling ratios are taken per repeat (the relay "
+    "figure over the ceiling figure measured just before it, on the same data size).",
     "Ceiling = raw asyncpg on the same database and the relay's own tables and indexes "
     "(separate vault ids), with the relay's SQL: the unnest upsert of `_write_blobs` in "
     "batches of 500 (each its own commit) and the cursor query in pages of 1,000. Its "
@@ -36,7 +37,9 @@ NOTES = (
     "CPU by phase = CPU seconds / wall seconds of that phase (1.0 = one core busy): the "
     "relay process, this process (the load generator, and the client in the end-to-end "
     "phase) and PostgreSQL (postmaster and backends, when the server is the run's own). "
-    "The machine is shared: the figures are this run's, not a promise.",
+    "Other processes = the rest of the machine's busy CPU in that phase: the machine "
+    "is shared, and when others use it the figures of that phase drop with it. The "
+    "figures are this run's, not a promise.",
 )
 
 
@@ -76,7 +79,10 @@ def _environment(data: dict[str, Any]) -> list[str]:
     rows = [
         _row("CPU model", env["cpu_model"]),
         _row("cores", f"{env['cores']} ({env['usable_cores']} usable)"),
-        _row("load average (1 min) at start", env["load_average_1m_at_start"]),
+        _row(
+            "load average (1 min) at start / end",
+            f"{env['load_average_1m_at_start']:.2f} / {data['load_average_1m_at_end']:.2f}",
+        ),
         _row("OS", env["os"]),
         _row("Python", env["python"]),
         _row("PostgreSQL", f"{env['postgresql']}: {env['postgresql_where']}"),
@@ -104,10 +110,10 @@ def _figures(data: dict[str, Any]) -> list[str]:
                      s["ceiling"]["read_blobs_per_s"]),
         _summary_row(f"2. relay push of {n:,} blobs, batches of 500",
                      s["relay_push"]["blobs_per_s"]),
-        _row("2. relay push / ceiling write", "", s["relay_push"]["ratio_to_ceiling"], "", "x"),
+        _summary_row("2. relay push / ceiling write", s["relay_push"]["ratios"]),
         _summary_row(f"3. relay pull of {n:,} blobs, pages of 1,000",
                      s["relay_pull"]["blobs_per_s"]),
-        _row("3. relay pull / ceiling read", "", s["relay_pull"]["ratio_to_ceiling"], "", "x"),
+        _summary_row("3. relay pull / ceiling read", s["relay_pull"]["ratios"]),
         _summary_row(f"4. pull {size['new_blobs']} new blobs, vault of "
                      f"{size['small_vault_blobs']:,}", size["small_ms"]),
         _summary_row(f"4. pull {size['new_blobs']} new blobs, vault of "
@@ -155,11 +161,11 @@ def _targets(data: dict[str, Any]) -> list[str]:
 def _cpu(data: dict[str, Any]) -> list[str]:
     rows = [
         _row(name, u["wall_s"], u["relay_cores"], u["loadgen_cores"], u["postgres_cores"],
-             u["relay_rss_peak_mb"])
+             u["other_processes_cores"], u["relay_rss_peak_mb"])
         for name, u in data["sections"]["cpu"].items()
     ]  # fmt: skip
     header = ("phase", "wall s", "relay cores", "load generator cores", "PostgreSQL cores",
-              "relay peak RSS MiB")  # fmt: skip
+              "other processes cores", "relay peak RSS MiB")  # fmt: skip
     return _table(header, rows)
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
+import os
 import secrets
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -83,13 +85,17 @@ class Run:
         read = summary(figures["cr"], "blobs/s")
         push = summary(figures["rp"], "blobs/s")
         pull = summary(figures["rl"], "blobs/s")
+        paired_push = [p / w for p, w in zip(figures["rp"], figures["cw"], strict=True)]
+        paired_pull = [p / r for p, r in zip(figures["rl"], figures["cr"], strict=True)]
         return {
             "ceiling": {"blobs": n, "batch": PUSH_BATCH, "page": PULL_PAGE,
                         "write_blobs_per_s": write, "read_blobs_per_s": read},
             "relay_push": {"blobs": n, "batch": PUSH_BATCH, "blobs_per_s": push,
-                           "ratio_to_ceiling": push["median"] / write["median"]},
+                           "ratio_to_ceiling": statistics.median(paired_push),
+                           "ratios": summary(paired_push, "x")},
             "relay_pull": {"blobs": n, "page": PULL_PAGE, "blobs_per_s": pull,
-                           "ratio_to_ceiling": pull["median"] / read["median"]},
+                           "ratio_to_ceiling": statistics.median(paired_pull),
+                           "ratios": summary(paired_pull, "x")},
         }  # fmt: skip
 
     def _one_size(
@@ -371,4 +377,5 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
         "sections": sections,
         "latencies_ms": latencies,  # raw, for the plots; dropped from the JSON file
         "total_s": time.perf_counter() - started,
+        "load_average_1m_at_end": os.getloadavg()[0],
     }
