@@ -13,7 +13,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 from relay.db.url import redact_url, to_sqlalchemy_url
@@ -29,6 +29,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: Advisory lock key held while migrating (an arbitrary constant: "engram01").
+_MIGRATION_LOCK = 0x656E6772616D3031
 #: Key of ``Config.attributes`` that ``alembic/env.py`` reads the URL from.
 DATABASE_URL_ATTRIBUTE = "database_url"
 
@@ -72,7 +74,20 @@ def upgrade_to_head(database_url: str) -> None:
         redact_url(database_url),
         extra={"url": redact_url(database_url)},
     )
-    command.upgrade(alembic_config(database_url), "head")
+    # Replicas starting together must not run the same migration twice: hold a session
+    # advisory lock on a connection of its own while alembic runs on another one.
+    engine = create_engine(to_sqlalchemy_url(database_url), poolclass=NullPool)
+    try:
+        with engine.connect() as lock_connection:
+            lock_connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK})
+            try:
+                command.upgrade(alembic_config(database_url), "head")
+            finally:
+                lock_connection.execute(
+                    text("SELECT pg_advisory_unlock(:key)"), {"key": _MIGRATION_LOCK}
+                )
+    finally:
+        engine.dispose()
 
 
 def current_revision(database_url: str) -> str | None:

@@ -294,3 +294,26 @@ def test_each_test_gets_its_own_empty_database(fresh_database_url: str) -> None:
     )
     assert rows[0]["db"].startswith("test_")
     assert rows[0]["n"] == 0
+
+
+def test_concurrent_upgrades_do_not_race(empty_database_url: str) -> None:
+    """Several replicas starting at once: the advisory lock serialises the migrations."""
+    import threading
+
+    from relay.db.migrate import current_revision, head_revision, upgrade_to_head
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            upgrade_to_head(empty_database_url)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    assert current_revision(empty_database_url) == head_revision()
