@@ -19,7 +19,11 @@ BIN = Path(sys.executable).parent
 class RelayProcess:
     """`engram-relay serve` as a real process on a fixed port, killable and restartable."""
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(
+        self, database_url: str, *, log_path: Path | None = None, log_level: str = "warning"
+    ) -> None:
+        self.log_path = log_path
+        self.log_level = log_level
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.database_url = database_url
@@ -27,10 +31,11 @@ class RelayProcess:
 
     def start(self) -> None:
         env = dict(os.environ, SYNC_API_KEYS=f"{ADMIN_KEY}:100000")
+        log = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [str(BIN / "engram-relay"), "serve", "--port", str(self.port),
-             "--database-url", self.database_url, "--log-level", "warning"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+             "--database-url", self.database_url, "--log-level", self.log_level],
+            env=env, stdout=log, stderr=log,
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

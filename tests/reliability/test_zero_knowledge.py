@@ -1,0 +1,167 @@
+"""Zero knowledge (issue 8 §6): after a full run — two devices syncing canary memories with
+edits, deletions and a conflict, an account with its recovery phrase, a device linked
+through the account, a device paired by code and given K by the team handoff — the relay's
+database (every column of every table), its debug-level logs and its metrics contain no
+canary plaintext, passphrase, password, login secret, derived key, A, K, recovery phrase,
+session token or full API key. Positive controls show the dump and logs are real."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import threading
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from client import account, pairing, team
+from client.session import VaultSession
+from client.vault_keys import pack_keys
+from shared_format.login import login_secret
+from tests.e2e.conftest import DeviceHandle, make_device
+from tests.e2e.helpers import add, delete, edit
+from tests.relay.conftest import Relay
+from tests.reliability.support import RelayProcess
+
+PASSWORD = "zk account password " + secrets.token_hex(4)
+EMAIL = "zk@example.org"
+
+
+def _forms(secret: bytes) -> list[str]:
+    """Every text spelling of a binary secret the relay could leak it in."""
+    return [
+        secret.hex(),
+        base64.b64encode(secret).decode(),
+        base64.urlsafe_b64encode(secret).decode().rstrip("="),
+    ]
+
+
+async def _dump(database_url: str) -> str:
+    conn = await asyncpg.connect(database_url)
+    try:
+        tables = [
+            r["tablename"]
+            for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname='public'")
+        ]
+        parts = []
+        for table in tables:
+            rows = await conn.fetch(f'SELECT row_to_json(t)::text AS j FROM "{table}" t')
+            parts.extend(r["j"] for r in rows)
+        return "\n".join(parts)
+    finally:
+        await conn.close()
+
+
+def test_nothing_secret_reaches_the_relay(fresh_database_url: str, tmp_path: Path) -> None:
+    import asyncio
+
+    log_path = tmp_path / "relay.log"
+    relay_process = RelayProcess(fresh_database_url, log_path=log_path, log_level="debug")
+    relay_process.start()
+    relay = Relay(relay_process.url, fresh_database_url, None)  # type: ignore[arg-type]
+    try:
+        canaries = [f"canary-{secrets.token_hex(8)}" for _ in range(4)]
+        alpha = make_device(tmp_path, relay, "alpha")
+        bravo = make_device(tmp_path, relay, "bravo")
+        ids = [add(alpha, f"memory holding {c}") for c in canaries[:3]]
+        alpha.sync()
+        bravo.sync()
+        edit(alpha, ids[0], f"edited, still secret: {canaries[3]}")
+        edit(bravo, ids[0], "bravo's concurrent edit")  # a conflict on bravo
+        delete(alpha, ids[1])
+        alpha.sync()
+        bravo.sync()
+
+        with alpha.open() as session:
+            account.signup(session.path, relay.url, EMAIL, PASSWORD)
+            phrase = account.set_recovery_phrase(session.path, PASSWORD)
+            account.open_vault(session, PASSWORD)
+            keys = session.keys
+            k = pack_keys(keys, "team-e2e")
+            account_key = account.unlock(session.path, PASSWORD).account_key
+            session_token = account.require_account(session.path).session_token
+            code = pairing.issue_code(session, "delta").code
+            api_keys = {session.config.api_key}
+
+        charlie_pass = "charlie's own local passphrase"
+        VaultSession.open(tmp_path / "charlie", charlie_pass, create=True).close()
+        with VaultSession.open(tmp_path / "charlie", charlie_pass) as session:
+            account.signin(session.path, relay.url, EMAIL, PASSWORD)
+            account.link_with_account(session, relay.url, PASSWORD, label="charlie")
+            api_keys.add(session.config.api_key)
+            with session.relay() as client:
+                session.syncer(client).sync()
+
+        delta_pass = "delta's own local passphrase"
+        VaultSession.open(tmp_path / "delta", delta_pass, create=True).close()
+        delta = DeviceHandle("delta", tmp_path / "delta", relay, passphrase=delta_pass)
+        with delta.open() as session:
+            pairing.link_with_code(session, relay.url, code, "delta")
+            api_keys.add(session.config.api_key)
+        delta.restart()
+        shown: list[team.Waiting] = []
+        outcome: dict[str, Any] = {}
+        ready = threading.Event()
+
+        def requester() -> None:
+            try:
+                with VaultSession.open(delta.path, delta_pass) as session:
+                    outcome["vault"] = team.request_key(
+                        session,
+                        wait=60,
+                        poll=0.1,
+                        on_waiting=lambda w: (shown.append(w), ready.set()),
+                    )
+            except BaseException as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=requester)
+        thread.start()
+        assert ready.wait(30)
+        with alpha.open() as session:
+            team.approve(session, team.find_pending(session, shown[0].request_id))
+        thread.join(60)
+        assert outcome == {"vault": "team-e2e"}
+        delta.sync()
+
+        metrics = httpx.get(f"{relay.url}/metrics").text
+    finally:
+        relay_process.stop()
+
+    dump = asyncio.run(_dump(fresh_database_url))
+    logs = log_path.read_text(encoding="utf-8", errors="replace")
+    haystacks = {"database": dump, "logs": logs, "metrics": metrics}
+
+    forbidden: dict[str, list[str]] = {
+        "canary plaintext": [*canaries, "bravo's concurrent edit"],
+        "vault passphrase": [alpha.passphrase, charlie_pass, delta_pass],
+        "account password": [PASSWORD],
+        "login secret": [login_secret(PASSWORD, EMAIL)],
+        "enc_key": _forms(keys.enc_key),
+        "hmac_key": _forms(keys.hmac_key),
+        "account key A": _forms(account_key),
+        "vault key K": _forms(k),
+        "recovery phrase": [phrase, " ".join(phrase.split()[:3])],
+        "session token": [session_token],
+        "API keys": sorted(key for key in api_keys if key),
+        "pairing code": [code, code.replace("-", "")],
+    }
+    leaks = [
+        f"{what} in {where}"
+        for what, needles in forbidden.items()
+        for needle in needles
+        for where, text in haystacks.items()
+        if needle and needle in text
+    ]
+    assert leaks == []
+
+    # positive controls: the dump holds the ciphertext and wraps, the logs hold requests
+    assert '"ciphertext"' in dump
+    assert '"wrapped_a"' in dump
+    assert '"wrapped_k"' in dump
+    assert "/v1/vaults/{vault_id}/push" in logs
+    assert '"request_id"' in logs
+    assert all(key[:8] in logs for key in api_keys if key)  # prefixes are fine, and present
+    assert "engram_relay_blobs_accepted_total" in metrics
