@@ -172,6 +172,7 @@ def link(
             )
         return
     if account:
+        account_ops.require_account(OPTIONS.vault)  # before asking for anything
         with _session() as session:
             chosen = account_ops.link_with_account(
                 session, relay, _account_password(), vault_id, label
@@ -560,6 +561,7 @@ def account_signout() -> None:
 @account_app.command("recovery-phrase")
 def account_recovery_phrase() -> None:
     """Make a recovery phrase (shown once): it resets the password if you forget it."""
+    account_ops.require_account(_vault_dir())
     phrase = account_ops.set_recovery_phrase(_vault_dir(), _account_password())
     out.print("Your recovery phrase (shown once; any earlier phrase no longer works):")
     out.print()
@@ -606,6 +608,7 @@ def account_status(
 @vault_app.command("open")
 def vault_open() -> None:
     """Keep the linked vault's key in your account (wrapped; the relay cannot open it)."""
+    account_ops.require_account(_vault_dir())
     with _session() as session:
         vault_id = account_ops.open_vault(session, _account_password())
     out.print(f"the key of vault {vault_id} is now kept in your account")
@@ -619,6 +622,7 @@ def vault_open() -> None:
 def vault_close() -> None:
     """Remove the linked vault's key from your account (keys minted from it stay valid)."""
     vault_dir = _vault_dir()
+    account_ops.require_account(vault_dir)
     if account_ops.close_vault(vault_dir, _account_password()):
         out.print("the vault's key was removed from your account")
     else:
