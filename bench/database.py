@@ -36,10 +36,16 @@ async def _execute(url: str, sql: str) -> None:
         await conn.close()
 
 
-async def _fetchval(url: str, sql: str) -> str:
+async def _server_facts(url: str) -> tuple[str, str]:
+    """(server version, the durability settings) of the server at `url`."""
     conn = await asyncpg.connect(to_libpq_url(url))
     try:
-        return str(await conn.fetchval(sql))
+        version = str(await conn.fetchval("SHOW server_version"))
+        durability = [
+            f"{name}={await conn.fetchval(f'SHOW {name}')}"
+            for name in ("fsync", "synchronous_commit", "full_page_writes")
+        ]
+        return version, ", ".join(durability)
     finally:
         await conn.close()
 
@@ -97,14 +103,7 @@ class BenchDatabase:
         asyncio.run(_execute(self._server_url, f'CREATE DATABASE "{name}"'))
         self.url = _with_database(self._server_url, name)
         upgrade_to_head(self.url)
-        self.server_version = asyncio.run(_fetchval(self.url, "SHOW server_version"))
-        settings = [
-            asyncio.run(_fetchval(self.url, f"SHOW {setting}"))
-            for setting in ("fsync", "synchronous_commit", "full_page_writes")
-        ]
-        self.durability = (
-            f"fsync={settings[0]}, synchronous_commit={settings[1]}, full_page_writes={settings[2]}"
-        )
+        self.server_version, self.durability = asyncio.run(_server_facts(self.url))
         log.info("database ready: %s, %s", where, self.durability)
 
     @property

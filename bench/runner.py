@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import cProfile
 import os
 import secrets
@@ -102,7 +103,7 @@ class Run:
         self, tag: str, n: int, batch: int, page: int, *, phases: bool
     ) -> tuple[float, float, float, float]:
         """(ceiling write, relay push, relay pull, ceiling read) in blobs/s for n blobs."""
-        phase = self.monitor.phase if phases else _no_phase
+        phase = self.monitor.phase if phases else lambda name: contextlib.nullcontext()
         prepared = ceiling.prepare(self.corpus, f"ceiling-{tag}", count=n, batch=batch)
         with phase("ceiling_write"):
             cw = rate(n, self.loop.run(ceiling.write(self.conn, prepared)))
@@ -262,18 +263,6 @@ class Run:
                 "pull_top_tottime": client_e2e.top_functions(profiles[1], "tottime", 10),
             },
         }  # fmt: skip
-
-
-class _NoPhase:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _no_phase(name: str) -> _NoPhase:
-    return _NoPhase()
 
 
 def _expect(got: int, want: int, what: str) -> None:
