@@ -129,3 +129,25 @@ def test_std_single_bit_damage_in_last_char_never_silently_accepted(data: bytes,
     except Base64Error:
         return
     assert b64encode_std(decoded) == mutated
+
+
+def _reference_decode_std(text: str) -> bytes | None:
+    """The definition: decodes with validation and re-encodes to exactly the input."""
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return data if base64.b64encode(data).decode("ascii") == text else None
+
+
+@given(
+    st.text(alphabet="ABCDQRSTwxyz0189+/=", max_size=16)
+    | st.binary(max_size=12).map(lambda b: base64.b64encode(b).decode())
+)
+def test_fast_path_agrees_with_the_definition(text: str) -> None:
+    expected = _reference_decode_std(text)
+    if expected is None:
+        with pytest.raises(Base64Error):
+            b64decode_std(text)
+    else:
+        assert b64decode_std(text) == expected
