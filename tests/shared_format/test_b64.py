@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 
 import pytest
 from hypothesis import given
