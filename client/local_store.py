@@ -156,10 +156,27 @@ def row_needs_push(row: sqlite3.Row) -> bool:
 # --- local edits -----------------------------------------------------------------------------
 
 
+def _fts_delete(conn: sqlite3.Connection, memory_id: str) -> None:
+    """Delete a memory's FTS row by id (VAULT §3).
+
+    `WHERE id = ?` alone makes FTS5 scan every row (quadratic over a large pull); a
+    phrase query on the id column uses the full-text index first, and the exact
+    comparison keeps the delete precise. Ids with no letter or digit have no tokens
+    to search for and take the scan.
+    """
+    if any(ch.isalnum() for ch in memory_id):
+        phrase = 'id:"' + memory_id.replace('"', '""') + '"'
+        conn.execute(
+            "DELETE FROM engrams_fts WHERE engrams_fts MATCH ? AND id = ?", (phrase, memory_id)
+        )
+    else:
+        conn.execute("DELETE FROM engrams_fts WHERE id = ?", (memory_id,))
+
+
 def _fts_replace(conn: sqlite3.Connection, memory_id: str, content: str) -> None:
     # VAULT §3: engrams_fts is kept in sync by application code (delete by id, then
     # insert with the engram's rowid), not by triggers.
-    conn.execute("DELETE FROM engrams_fts WHERE id = ?", (memory_id,))
+    _fts_delete(conn, memory_id)
     conn.execute(
         "INSERT INTO engrams_fts (rowid, id, content)"
         " SELECT rowid, id, content FROM engrams WHERE id = ?",
@@ -255,7 +272,7 @@ def delete_memory(conn: sqlite3.Connection, memory_id: str) -> bool:
 
 
 def _remove_row(conn: sqlite3.Connection, memory_id: str) -> None:
-    conn.execute("DELETE FROM engrams_fts WHERE id = ?", (memory_id,))
+    _fts_delete(conn, memory_id)
     conn.execute("DELETE FROM engrams WHERE id = ?", (memory_id,))  # links, embedding cascade
     conn.execute("DELETE FROM sync_pending_links WHERE source_id = ?", (memory_id,))
 

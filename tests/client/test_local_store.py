@@ -154,3 +154,21 @@ def test_local_version_text(conn: sqlite3.Connection) -> None:
     tomb = ls.local_version_text(conn, memory_id)
     assert tomb is not None
     assert tomb[0] == f'{{"deleted":true,"id":"{memory_id}"}}'
+
+
+@pytest.mark.parametrize(
+    "memory_id", ["mem_1a2b3c4d-5e6f-4a", 'eng_"quoted" id', "___", "mém-ünï", "a"]
+)
+def test_fts_rows_follow_their_memory(conn: sqlite3.Connection, memory_id: str) -> None:
+    ls.apply_memory(conn, _remote("mem_other", "unrelated words stay"))
+    ls.apply_memory(conn, _remote(memory_id, "first words"))
+    ls.apply_memory(conn, _remote(memory_id, "second words"))
+    rows = conn.execute("SELECT id, content FROM engrams_fts ORDER BY id").fetchall()
+    assert sorted((r[0], r[1]) for r in rows) == sorted(
+        [("mem_other", "unrelated words stay"), (memory_id, "second words")]
+    )
+    ls.apply_tombstone(conn, memory_id)
+    rows = conn.execute("SELECT id FROM engrams_fts").fetchall()
+    assert [r[0] for r in rows] == ["mem_other"]
+    hits = conn.execute("SELECT id FROM engrams_fts WHERE engrams_fts MATCH 'unrelated'")
+    assert [h[0] for h in hits] == ["mem_other"]
