@@ -1,6 +1,6 @@
 """The ceiling: raw asyncpg on the relay's own tables, with the relay's SQL shapes.
 
-Writes are the set-based upsert of `relay/store/sync.py` `_write_blobs` (unnest
+Writes are the set-based upsert of `relay/store/sync.py` `_write_batch (its blob upsert)` (unnest
 arrays, one statement per batch of 500, each its own durable commit); reads are
 the cursor pull's keyset query on the `(vault_id, seq)` index, 1,000 rows a page.
 No HTTP, no validation, no per-vault lock: what the database and driver can do.
@@ -21,7 +21,7 @@ from relay.db.url import to_libpq_url
 from shared_format.timestamps import parse_rfc3339
 from shared_format.wire import SyncBlob
 
-# Verbatim from relay/store/sync.py _write_blobs.
+# Verbatim from relay/store/sync.py _write_batch (its blob upsert).
 UPSERT_SQL: Final = """
         INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,
                            created_at, created_at_ts, deleted, seq, size_bytes)
@@ -43,7 +43,7 @@ PAGE_SQL: Final = (
 
 
 def columns(blobs: Sequence[SyncBlob], first_seq: int) -> list[list[Any]]:
-    """The ten unnest arrays of one batch, as `_write_blobs` builds them."""
+    """The ten unnest arrays of one batch, as `_write_batch (its blob upsert)` builds them."""
     cols: list[list[Any]] = [[] for _ in range(10)]
     for offset, b in enumerate(blobs):
         row = (

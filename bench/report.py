@@ -12,7 +12,7 @@ NOTES = (
     "verdict uses the median. The relay/ceiling ratios are taken per repeat (the relay "
     "figure over the ceiling figure measured just before it, on the same data size).",
     "Ceiling = raw asyncpg on the same database and the relay's own tables and indexes "
-    "(separate vault ids), with the relay's SQL: the unnest upsert of `_write_blobs` in "
+    "(separate vault ids), with the relay's SQL: the unnest blob upsert of `_write_batch` in "
     "batches of 500 (each its own commit) and the cursor query in pages of 1,000. Its "
     "arrays are built before the clock starts.",
     "Relay push/pull = the same blobs over real HTTP (httpx, bodies encoded with msgspec "

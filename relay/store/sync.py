@@ -44,18 +44,6 @@ def quota_exceeded(detail: str, limit: int, used: int) -> RelayError:
     )
 
 
-async def _effective_quota(conn: asyncpg.Connection, vault_id: str, default: Quota) -> Quota:
-    row = await conn.fetchrow(
-        "SELECT max_devices, max_bytes FROM quotas WHERE vault_id = $1", vault_id
-    )
-    if row is None:
-        return default
-    return Quota(
-        max_devices=default.max_devices if row["max_devices"] is None else row["max_devices"],
-        max_bytes=default.max_bytes if row["max_bytes"] is None else row["max_bytes"],
-    )
-
-
 async def _check_quota(
     conn: asyncpg.Connection,
     vault_id: str,
@@ -101,61 +89,67 @@ async def push(
     memory_ids = list({c.blob.memory_id for c in checked})
     device_ids = list({c.blob.device_id for c in checked})
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            "INSERT INTO vaults (vault_id) VALUES ($1) ON CONFLICT DO NOTHING", vault_id
-        )
-        vault = await conn.fetchrow(
-            "SELECT seq, bytes_used FROM vaults WHERE vault_id = $1 FOR UPDATE", vault_id
-        )
-        revoked_rows = await conn.fetch(
-            "SELECT device_id FROM devices WHERE vault_id = $1 AND device_id = ANY($2::text[])"
-            " AND revoked_at IS NOT NULL",
+        vault = await _lock_vault(conn, vault_id)
+        known = await conn.fetch(
+            "SELECT true AS revoked, device_id AS id, 0::bigint AS clock, 0 AS size"
+            " FROM devices WHERE vault_id = $1 AND device_id = ANY($2::text[])"
+            " AND revoked_at IS NOT NULL"
+            " UNION ALL SELECT false, memory_id, vector_clock, size_bytes FROM blobs"
+            " WHERE vault_id = $1 AND memory_id = ANY($3::text[])",
             vault_id,
             device_ids,
-        )
-        stored_rows = await conn.fetch(
-            "SELECT memory_id, vector_clock, size_bytes FROM blobs"
-            " WHERE vault_id = $1 AND memory_id = ANY($2::text[])",
-            vault_id,
             memory_ids,
         )
-        stored = {
-            r["memory_id"]: StoredVersion(r["vector_clock"], r["size_bytes"]) for r in stored_rows
-        }
+        stored = {r["id"]: StoredVersion(r["clock"], r["size"]) for r in known if not r["revoked"]}
         plan = plan_push(
             checked,
             vault_id=vault_id,
             bound_device=bound_device,
             max_blob_bytes=max_blob_bytes,
-            revoked={r["device_id"] for r in revoked_rows},
+            revoked={r["id"] for r in known if r["revoked"]},
             stored=stored,
         )
         seq: int = vault["seq"]
         if not plan.accepted:
             return PushOutcome(plan=plan, cursor=seq)
-        quota = await _effective_quota(conn, vault_id, default_quota)
+        quota = Quota(
+            default_quota.max_devices if vault["max_devices"] is None else vault["max_devices"],
+            default_quota.max_bytes if vault["max_bytes"] is None else vault["max_bytes"],
+        )
         new_bytes = await _check_quota(conn, vault_id, plan, stored, vault["bytes_used"], quota)
-        await _write_blobs(conn, vault_id, plan.accepted, first_seq=seq + 1)
         new_seq = seq + len(plan.accepted)
-        await conn.execute(
-            "UPDATE vaults SET seq = $2, bytes_used = $3 WHERE vault_id = $1",
-            vault_id,
-            new_seq,
-            new_bytes,
-        )
-        await conn.execute(
-            "INSERT INTO devices (vault_id, device_id) SELECT $1, unnest($2::text[])"
-            " ON CONFLICT (vault_id, device_id) DO UPDATE SET last_seen = now()",
-            vault_id,
-            list({i.blob.device_id for i in plan.accepted}),
-        )
+        await _write_batch(conn, vault_id, plan.accepted, new_seq=new_seq, new_bytes=new_bytes)
         return PushOutcome(plan=plan, cursor=new_seq)
 
 
-async def _write_blobs(
-    conn: asyncpg.Connection, vault_id: str, accepted: list[CheckedBlob], first_seq: int
+async def _lock_vault(conn: asyncpg.Connection, vault_id: str) -> asyncpg.Record:
+    """The vault's row, locked for this transaction (PROTOCOL §6), created on first push;
+    with its quota overrides. One round trip when the vault exists."""
+    query = (
+        "SELECT v.seq, v.bytes_used, q.max_devices, q.max_bytes FROM vaults v"
+        " LEFT JOIN quotas q ON q.vault_id = v.vault_id WHERE v.vault_id = $1 FOR UPDATE OF v"
+    )
+    row: asyncpg.Record | None = await conn.fetchrow(query, vault_id)
+    if row is None:
+        await conn.execute(
+            "INSERT INTO vaults (vault_id) VALUES ($1) ON CONFLICT DO NOTHING", vault_id
+        )
+        row = await conn.fetchrow(query, vault_id)
+    assert row is not None
+    return row
+
+
+async def _write_batch(
+    conn: asyncpg.Connection,
+    vault_id: str,
+    accepted: list[CheckedBlob],
+    *,
+    new_seq: int,
+    new_bytes: int,
 ) -> None:
-    """One set-based upsert for the whole batch (no per-blob round trips)."""
+    """One statement for the whole batch: the set-based blob upsert (no per-blob round
+    trips), the vault's new sequence and size, and the pushing devices' last_seen."""
+    first_seq = new_seq - len(accepted) + 1
     columns: list[list[Any]] = [[] for _ in range(10)]
     for offset, item in enumerate(accepted):
         b = item.blob
@@ -175,20 +169,30 @@ async def _write_blobs(
             column.append(value)
     await conn.execute(
         """
-        INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,
-                           created_at, created_at_ts, deleted, seq, size_bytes)
-        SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[],
-                                 $7::text[], $8::timestamptz[], $9::boolean[], $10::bigint[],
-                                 $11::integer[])
-        ON CONFLICT (vault_id, memory_id) DO UPDATE SET
-            device_id = EXCLUDED.device_id, vector_clock = EXCLUDED.vector_clock,
-            ciphertext = EXCLUDED.ciphertext, hmac = EXCLUDED.hmac,
-            created_at = EXCLUDED.created_at, created_at_ts = EXCLUDED.created_at_ts,
-            deleted = EXCLUDED.deleted, seq = EXCLUDED.seq, size_bytes = EXCLUDED.size_bytes,
-            received_at = now()
+        WITH written AS (
+            INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,
+                               created_at, created_at_ts, deleted, seq, size_bytes)
+            SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[],
+                                     $6::text[], $7::text[], $8::timestamptz[], $9::boolean[],
+                                     $10::bigint[], $11::integer[])
+            ON CONFLICT (vault_id, memory_id) DO UPDATE SET
+                device_id = EXCLUDED.device_id, vector_clock = EXCLUDED.vector_clock,
+                ciphertext = EXCLUDED.ciphertext, hmac = EXCLUDED.hmac,
+                created_at = EXCLUDED.created_at, created_at_ts = EXCLUDED.created_at_ts,
+                deleted = EXCLUDED.deleted, seq = EXCLUDED.seq,
+                size_bytes = EXCLUDED.size_bytes, received_at = now()
+        ), vault AS (
+            UPDATE vaults SET seq = $12, bytes_used = $13 WHERE vault_id = $1
+        )
+        INSERT INTO devices (vault_id, device_id)
+        SELECT $1, unnest($14::text[])
+        ON CONFLICT (vault_id, device_id) DO UPDATE SET last_seen = now()
         """,
         vault_id,
         *columns,
+        new_seq,
+        new_bytes,
+        sorted({item.blob.device_id for item in accepted}),
     )
 
 
