@@ -19,6 +19,7 @@ from rich.table import Table
 
 from relay import ops
 from relay.app import create_app
+from relay.cli_options import DatabaseUrl, DataDir
 from relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
 from relay.db.url import to_libpq_url
 from relay.ids import check_id
@@ -41,21 +42,6 @@ app.add_typer(devices_app, name="devices")
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
-
-DatabaseUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--database-url",
-        help="PostgreSQL URL. Default: $ENGRAM_RELAY_DATABASE_URL, $DATABASE_URL, "
-        "else an embedded PostgreSQL in the data dir.",
-        show_default=False,
-    ),
-]
-DataDir = Annotated[
-    Path | None,
-    typer.Option("--data-dir", help="Relay data dir (embedded database, admin key).",
-                 show_default=False),
-]  # fmt: skip
 
 
 class CliError(Exception):

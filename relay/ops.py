@@ -34,6 +34,7 @@ import asyncpg
 import typer
 from rich.console import Console
 
+from relay.cli_options import DatabaseUrl, DataDir
 from relay.db.migrate import head_revision
 from relay.db.url import redact_url, to_libpq_url
 from relay.runtime import database
@@ -42,21 +43,6 @@ __all__ = ["OpsError", "backup", "pick_tool", "restore", "split_password"]
 
 err = Console(stderr=True, soft_wrap=True)
 
-# The same options as the other `engram-relay` commands (relay/cli.py).
-DatabaseUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--database-url",
-        help="PostgreSQL URL. Default: $ENGRAM_RELAY_DATABASE_URL, $DATABASE_URL, "
-        "else an embedded PostgreSQL in the data dir.",
-        show_default=False,
-    ),
-]
-DataDir = Annotated[
-    Path | None,
-    typer.Option("--data-dir", help="Relay data dir (embedded database, admin key).",
-                 show_default=False),
-]  # fmt: skip
 
 _VERSION_RE = re.compile(r"\(PostgreSQL\)\s+(\d+)")
 # A table entry in `pg_restore --list`: "215; 1259 16390 TABLE public blobs owner".
