@@ -129,3 +129,21 @@ def relay(relay_config: RelayConfig) -> Iterator[Relay]:
 
 def with_limits(config: RelayConfig, **changes: Any) -> RelayConfig:
     return replace(config, **changes)
+
+
+@pytest.fixture
+def http(relay: Relay) -> Iterator[httpx.Client]:
+    """An HTTP client on the `relay` in scope (modules may override `relay`) with the
+    operator key."""
+    from tests.relay.support import client
+
+    with client(relay) as c:
+        yield c
+
+
+@pytest.fixture
+def vault() -> str:
+    """A vault id no other test uses."""
+    from tests.relay.support import new_vault_id
+
+    return new_vault_id()

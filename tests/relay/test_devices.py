@@ -27,17 +27,6 @@ def relay(postgres_url: str) -> Iterator[Relay]:
         yield served
 
 
-@pytest.fixture
-def http(relay: Relay) -> Iterator[httpx.Client]:
-    with client(relay) as c:
-        yield c
-
-
-@pytest.fixture
-def vault() -> str:
-    return new_vault_id()
-
-
 def register(http: httpx.Client, vault: str, device_id: str, label: str) -> httpx.Response:
     return http.post(
         f"/v1/vaults/{vault}/devices/register", json={"device_id": device_id, "label": label}

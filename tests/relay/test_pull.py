@@ -31,17 +31,6 @@ def relay(postgres_url: str) -> Iterator[Relay]:
         yield served
 
 
-@pytest.fixture
-def http(relay: Relay) -> Iterator[httpx.Client]:
-    with client(relay) as c:
-        yield c
-
-
-@pytest.fixture
-def vault() -> str:
-    return new_vault_id()
-
-
 @pytest.fixture(scope="module")
 def big_vault(relay: Relay) -> tuple[str, list[str]]:
     """A vault holding 1,200 blobs, pushed in batches of at most 1,000."""

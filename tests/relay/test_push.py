@@ -46,17 +46,6 @@ def relay(postgres_url: str) -> Iterator[Relay]:
         yield served
 
 
-@pytest.fixture
-def http(relay: Relay) -> Iterator[httpx.Client]:
-    with client(relay) as c:
-        yield c
-
-
-@pytest.fixture
-def vault() -> str:
-    return new_vault_id()
-
-
 def stored(relay: Relay, vault_id: str) -> list[tuple[str, int]]:
     """(memory_id, vector_clock) of what the database holds for the vault, by seq."""
     rows = relay.sql(

@@ -15,7 +15,6 @@ import pytest
 from tests.relay.conftest import Relay
 from tests.relay.support import (
     Sealer,
-    client,
     module_relay,
     new_device_id,
     new_vault_id,
@@ -32,17 +31,6 @@ QUOTA_DEVICES = 3
 def relay(postgres_url: str) -> Iterator[Relay]:
     with module_relay(postgres_url, quota_bytes=QUOTA_BYTES, quota_devices=QUOTA_DEVICES) as served:
         yield served
-
-
-@pytest.fixture
-def http(relay: Relay) -> Iterator[httpx.Client]:
-    with client(relay) as c:
-        yield c
-
-
-@pytest.fixture
-def vault() -> str:
-    return new_vault_id()
 
 
 def snapshot(relay: Relay, vault_id: str) -> dict[str, Any]:
