@@ -310,12 +310,18 @@ def count_to_push(conn: sqlite3.Connection) -> tuple[int, int]:
     return int(rows), int(tombs)
 
 
-def pending_tombstones(conn: sqlite3.Connection, limit: int) -> list[PendingTombstone]:
-    """Local deletions to push, oldest first."""
+def pending_tombstones(
+    conn: sqlite3.Connection, limit: int, after: tuple[str, str] | None = None
+) -> list[PendingTombstone]:
+    """Local deletions to push, oldest first, after a (deleted_at, id) key."""
+    deleted_at, last_id = after if after is not None else ("", "")
     return [
         PendingTombstone(r["id"], r["deleted_at"])
         for r in conn.execute(
-            "SELECT id, deleted_at FROM tombstones ORDER BY deleted_at, id LIMIT ?", (limit,)
+            "SELECT id, deleted_at FROM tombstones"
+            " WHERE deleted_at > ? OR (deleted_at = ? AND id > ?)"
+            " ORDER BY deleted_at, id LIMIT ?",
+            (deleted_at, deleted_at, last_id, limit),
         )
     ]
 

@@ -296,16 +296,9 @@ class Syncer:
                 items.append((row["id"], text, row["modified_at"]))
             self._push_batch(items, deleted=False, report=report)
         self.state.oversized = list(report.oversized)
-        done: set[str] = set()
-        while True:
-            tombs = [
-                t
-                for t in pending_tombstones(self.vault.conn, self.push_batch + len(done))
-                if t.memory_id not in done
-            ]
-            if not tombs:
-                break
-            done.update(t.memory_id for t in tombs)
+        last: tuple[str, str] | None = None
+        while tombs := pending_tombstones(self.vault.conn, self.push_batch, after=last):
+            last = (tombs[-1].deleted_at, tombs[-1].memory_id)
             self._push_tombstones(tombs, report)
 
     def _push_tombstones(self, tombs: list[PendingTombstone], report: SyncReport) -> None:

@@ -77,3 +77,19 @@ def test_crash_between_apply_and_cursor_write_is_harmless(devices: list[DeviceHa
         session.state.save()
     report = bravo.sync()
     assert (report.pulled, report.applied, report.stale, report.conflicts) == (1, 0, 1, 0)
+
+
+def test_pushes_page_through_rows_and_tombstones_in_batches(devices: list[DeviceHandle]) -> None:
+    alpha, bravo, _ = devices
+    ids = _bulk_add(alpha, 30, "batched")
+    assert alpha.sync(push_batch=7).pushed == 30  # 5 batches of rows
+    from client import local_store
+
+    with alpha.open() as session, session.vault.transaction() as conn:
+        for memory_id in ids[:20]:
+            local_store.delete_memory(conn, memory_id)
+    assert alpha.sync(push_batch=7).pushed == 20  # 3 batches of tombstones
+    with alpha.open() as session:
+        assert local_store.count_to_push(session.vault.conn) == (0, 0)
+    bravo.sync()
+    assert sorted(contents(bravo)) == sorted(ids[20:])
