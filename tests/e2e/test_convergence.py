@@ -141,6 +141,7 @@ class Device:
 
 class Convergence(RuleBasedStateMachine):
     world: World
+    examples_run = 0  # EXAMPLES_RUN: counted for RELIABILITY.md
 
     def __init__(self) -> None:
         super().__init__()
@@ -149,6 +150,7 @@ class Convergence(RuleBasedStateMachine):
         self.texts = itertools.count()
 
     def teardown(self) -> None:
+        Convergence.examples_run += 1
         for device in self.devices:
             device.close()
         shutil.rmtree(self.world.root / self.vault_id, ignore_errors=True)
@@ -260,3 +262,4 @@ def test_devices_converge(world: World) -> None:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     runner("runTest").runTest()
+    print(f"convergence: {Convergence.examples_run} examples run")

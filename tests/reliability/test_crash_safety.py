@@ -111,6 +111,7 @@ def test_relay_killed_during_pushes_loses_nothing(
     worker.join(timeout=600)
     assert not errors, errors
     assert killed >= 1, "the push finished before any kill: raise the size"
+    print(f"crash safety: relay SIGKILLed {killed} times during a push of {count} memories")
 
     rows = _relay_rows(relay_process)
     assert sorted(r[0] for r in rows) == sorted(ids)  # every memory exactly once
@@ -177,3 +178,7 @@ def test_client_killed_mid_push_and_mid_pull_stays_consistent(
         )
         assert session.state.skipped == []
     assert killed_push + killed_pull >= 1, "no run was killed: raise the size"
+    print(
+        f"crash safety: client SIGKILLed {killed_push} times mid-push and {killed_pull} times"
+        f" mid-pull of {count} memories"
+    )
