@@ -244,6 +244,7 @@ class Convergence(RuleBasedStateMachine):
             assert device.contents() == first
 
 
+@pytest.mark.timeout(5400 if SLOW else 600)
 def test_devices_converge(world: World) -> None:
     Convergence.world = world
 
