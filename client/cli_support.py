@@ -1,0 +1,58 @@
+"""What every `engram-sync` command shares: the consoles, the vault option, the
+passphrase prompt, opening the session, JSON output, and the one-line error type."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+import typer
+from rich.console import Console
+
+from client.session import VaultSession
+
+DEFAULT_VAULT: Final = Path("~/.engram/vault")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class CliError(Exception):
+    """A failure reported as one line."""
+
+
+class _Options:
+    vault: Path = DEFAULT_VAULT
+
+
+OPTIONS = _Options()
+
+
+def ask_passphrase(confirm: bool = False) -> str:
+    env = os.environ.get("ENGRAM_PASSPHRASE")
+    if env:
+        return env
+    if not sys.stdin.isatty():
+        raise CliError("no passphrase: set ENGRAM_PASSPHRASE or run in a terminal to be asked")
+    value: str = typer.prompt("Vault passphrase", hide_input=True, confirmation_prompt=confirm)
+    if not value:
+        raise CliError("the passphrase must not be empty")
+    return value
+
+
+@contextmanager
+def open_session(create: bool = False) -> Iterator[VaultSession]:
+    path = OPTIONS.vault
+    if not create and not (path / "engrams.db").exists():
+        raise CliError(f"no vault at {path}: run `engram-sync init` (or pass --vault DIR)")
+    with VaultSession.open(path, ask_passphrase(confirm=create), create=create) as session:
+        yield session
+
+
+def print_json(payload: Any) -> None:
+    out.print_json(json.dumps(payload, ensure_ascii=False, sort_keys=True))
