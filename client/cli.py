@@ -47,7 +47,7 @@ from client.local_store import (
 from client.session import VaultSession
 from client.syncer import SyncReport
 from shared_format.errors import FormatError, WrongPassphraseError
-from shared_format.plaintext import MemoryPlaintext
+from shared_format.plaintext import MemoryPlaintext, encode_memory
 
 LAYERS: Final = ("episodic", "semantic", "imagined")
 
@@ -205,13 +205,7 @@ def show(memory_id: Annotated[str, typer.Argument(help="Memory id.")]) -> None:
         memory = get_memory(session.vault.conn, memory_id)
     if memory is None:
         raise CliError(f"no memory {memory_id!r}; `engram-sync list` shows the ids")
-    print_json(json.loads(_encode(memory)))
-
-
-def _encode(memory: MemoryPlaintext) -> str:
-    from shared_format.plaintext import encode_memory
-
-    return encode_memory(memory)
+    print_json(json.loads(encode_memory(memory)))
 
 
 @app.command()

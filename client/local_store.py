@@ -18,7 +18,13 @@ from typing import Any, Final
 
 import sqlcipher3
 
-from shared_format.plaintext import Link, MemoryPlaintext, decode_plaintext, encode_memory
+from shared_format.plaintext import (
+    Link,
+    MemoryPlaintext,
+    decode_plaintext,
+    encode_memory,
+    tombstone_plaintext,
+)
 from shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
 from shared_format.vault.content_hash import normalized_hash
 
@@ -401,7 +407,7 @@ def local_version_text(conn: sqlite3.Connection, memory_id: str) -> tuple[str, s
         return None
     tomb = conn.execute("SELECT deleted_at FROM tombstones WHERE id = ?", (memory_id,)).fetchone()
     if tomb is not None:
-        return json.dumps({"deleted": True, "id": memory_id}, separators=(",", ":")), tomb[0]
+        return tombstone_plaintext(memory_id), tomb[0]
     return None
 
 
