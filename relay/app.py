@@ -22,14 +22,18 @@ from relay.config import RelayConfig
 from relay.db.pool import create_pool
 from relay.errors import EXCEPTION_HANDLERS, RelayError
 from relay.metrics import RelayMetrics
+from relay.push_groups import PushGroups
 from relay.request_context import request_id_middleware
 from relay.routes import accounts, devices, handoff, pairing, sync, system
 from relay.state import RelayState
+from relay.store.push import PushLimits, Quota, push_group
+from shared_format.wire import MAX_BLOBS_PER_PUSH
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("relay.access")
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+MAX_GROUP_BLOBS = 2 * MAX_BLOBS_PER_PUSH  # blobs of one group commit (relay.push_groups)
 
 
 def _content_type_guard(app: ASGIApp) -> ASGIApp:
@@ -123,6 +127,12 @@ def create_app(config: RelayConfig) -> Litestar:
     """Build the relay app; the pool opens at startup and closes at shutdown."""
     state = RelayState(config=config, metrics=RelayMetrics())
     state.static_keys = {k.key_hash: k.principal for k in config.static_keys}
+    limits = PushLimits(config.max_blob_bytes, Quota(config.quota_devices, config.quota_bytes))
+    state.push_groups = PushGroups(
+        lambda jobs: push_group(state.require_pool(), jobs, limits),
+        lanes=config.lanes_in_use,
+        max_group_blobs=MAX_GROUP_BLOBS,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:

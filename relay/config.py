@@ -14,6 +14,7 @@ DEFAULT_MAX_BLOB_BYTES: Final = 1_048_576  # PROTOCOL §6 step 2: base64 charact
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_RETENTION_DAYS: Final = 30  # PROTOCOL §12
 DEFAULT_RATE: Final = 100  # PROTOCOL §5: requests/second per key
+DEFAULT_PUSH_LANES: Final = 4  # concurrent push transactions per process (relay.push_groups)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class RelayConfig:
     tombstone_retention_days: int = DEFAULT_RETENTION_DAYS
     pool_min_size: int = 2
     pool_max_size: int = 10
+    push_lanes: int = DEFAULT_PUSH_LANES
     health_refresh_secs: float = 10.0
     static_keys: tuple[StaticKey, ...] = field(default=(), repr=False)
 
@@ -35,12 +37,19 @@ class RelayConfig:
         for name in ("quota_devices", "quota_bytes", "tombstone_retention_days"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.push_lanes < 1:
+            raise ValueError("push_lanes must be >= 1")
         if self.max_blob_bytes < DEFAULT_MAX_BLOB_BYTES:
             raise ValueError(
                 f"max_blob_bytes must be at least {DEFAULT_MAX_BLOB_BYTES} (PROTOCOL §6)"
             )
         if self.max_body_bytes < self.max_blob_bytes + 4096:
             raise ValueError("max_body_bytes must leave room for at least one maximal blob")
+
+    @property
+    def lanes_in_use(self) -> int:
+        """Push lanes, leaving at least one pooled connection to pulls and the rest."""
+        return max(1, min(self.push_lanes, self.pool_max_size - 1))
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -69,6 +78,7 @@ def config_from_env(
             source, "ENGRAM_RELAY_TOMBSTONE_RETENTION_DAYS", DEFAULT_RETENTION_DAYS
         ),
         "pool_max_size": _env_int(source, "ENGRAM_RELAY_POOL_SIZE", 10),
+        "push_lanes": _env_int(source, "ENGRAM_RELAY_PUSH_LANES", DEFAULT_PUSH_LANES),
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return RelayConfig(

@@ -16,6 +16,7 @@ from litestar import Request
 from relay.config import RelayConfig
 from relay.keys import Principal
 from relay.metrics import RelayMetrics
+from relay.push_groups import PushGroups
 from relay.ratelimit import RateLimiter
 
 
@@ -39,12 +40,19 @@ class RelayState:
     health: HealthCounters = field(default_factory=HealthCounters)
     pool: asyncpg.Pool | None = None
     static_keys: dict[bytes, Principal] = field(default_factory=dict)
+    push_groups: PushGroups | None = None
 
     def require_pool(self) -> asyncpg.Pool:
         """The pool; only None before startup finished."""
         if self.pool is None:
             raise RuntimeError("database pool is not open yet")
         return self.pool
+
+    def require_push_groups(self) -> PushGroups:
+        """The push lanes; only None before the app was built."""
+        if self.push_groups is None:
+            raise RuntimeError("push groups are not set up")
+        return self.push_groups
 
 
 def relay_state(request: Request[Any, Any, Any]) -> RelayState:

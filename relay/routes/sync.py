@@ -15,6 +15,7 @@ from relay.ids import require_id
 from relay.push_rules import check_structure
 from relay.state import relay_state
 from relay.store import sync as store
+from relay.store.push import PushJob
 from shared_format.timestamps import parse_rfc3339
 from shared_format.wire import (
     DEFAULT_PULL_LIMIT,
@@ -38,18 +39,14 @@ _SPACE_OFFSET = re.compile(r" (\d{2}:\d{2})$")
     opt={BODY_OPT: PushRequest},
 )
 async def push(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> PushResponse:
-    """Store a batch of blobs: one transaction, serialised per vault (PROTOCOL §6)."""
+    """Store a batch of blobs: one transaction, serialised per vault (PROTOCOL §6),
+    shared with the pushes that arrive together (group commit, relay.push_groups)."""
     state = relay_state(request)
     principal = await authorize(request, require_id(vault_id, "vault_id"))
     data = await decode_body(request, PushRequest)
     checked = check_structure(data.blobs, MAX_BLOBS_PER_PUSH)
-    outcome = await store.push(
-        state.require_pool(),
-        vault_id,
-        checked,
-        bound_device=principal.device_id,
-        max_blob_bytes=state.config.max_blob_bytes,
-        default_quota=store.Quota(state.config.quota_devices, state.config.quota_bytes),
+    outcome = await state.require_push_groups().push(
+        PushJob(vault_id, checked, bound_device=principal.device_id)
     )
     plan = outcome.plan
     state.metrics.pushes.inc()

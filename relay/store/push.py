@@ -1,0 +1,333 @@
+"""Pushes on PostgreSQL (PROTOCOL §6, §9): one transaction for a group of pushes.
+
+A group is one push, or several that arrived together (`relay.push_groups`). The
+transaction first locks the row of every vault in the group, in vault-id order, so
+two groups (in this process or another replica) never deadlock. It then decides each
+push in arrival order exactly as if it ran alone after the ones before it, and writes
+every accepted blob with one statement. Sequence numbers are handed out under the
+vault locks, so sequence order equals commit order (§9). A push refused as a whole
+(402 quota) gets its error and writes nothing; the others in its group go on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from relay.errors import RelayError
+from relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Effective limits for one vault; 0 = unlimited."""
+
+    max_devices: int
+    max_bytes: int
+
+
+@dataclass(frozen=True)
+class PushLimits:
+    """The relay's limits that every push is judged by."""
+
+    max_blob_bytes: int
+    default_quota: Quota
+
+
+@dataclass(frozen=True)
+class PushJob:
+    """One push request, structurally checked (§6 step 1), waiting for its transaction."""
+
+    vault_id: str
+    checked: list[CheckedBlob]
+    bound_device: str | None  # the device a device-bound key may push for (§6 step 5)
+
+
+@dataclass(frozen=True)
+class PushOutcome:
+    """What a committed push did."""
+
+    plan: PushPlan
+    cursor: int
+
+
+PushResult = PushOutcome | RelayError
+
+
+def quota_exceeded(detail: str, limit: int, used: int) -> RelayError:
+    """402 with the exact body of PROTOCOL §5."""
+    return RelayError(
+        402,
+        "quota_exceeded",
+        f"quota exceeded: {detail}",
+        body={"error": {"code": "quota_exceeded", "detail": detail, "limit": limit, "used": used}},
+    )
+
+
+@dataclass
+class _LockedVault:
+    """One locked vault as its group goes: sequence, size, limits, active devices."""
+
+    vault_id: str
+    seq: int
+    bytes_used: int
+    quota: Quota
+    # Blobs held per non-revoked device, read on first need (device quota only).
+    active_devices: Counter[str] | None = None
+    changed: bool = False
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """A memory's stored version and the device that pushed it."""
+
+    version: StoredVersion
+    device_id: str
+
+
+@dataclass(frozen=True)
+class _Write:
+    vault_id: str
+    item: CheckedBlob
+    seq: int
+
+
+_LOCK_VAULTS = (
+    "SELECT v.vault_id, v.seq, v.bytes_used, q.max_devices, q.max_bytes FROM vaults v"
+    " LEFT JOIN quotas q ON q.vault_id = v.vault_id WHERE v.vault_id = ANY($1::text[])"
+    " ORDER BY v.vault_id FOR UPDATE OF v"
+)
+
+# Revoked devices among the pushers, and the stored version of every memory pushed.
+_READ_KNOWN = """
+    SELECT true AS revoked, d.vault_id, d.device_id AS id, 0::bigint AS clock, 0 AS size,
+           d.device_id AS owner
+    FROM devices d JOIN unnest($1::text[], $2::text[]) AS k(vault_id, device_id)
+        ON d.vault_id = k.vault_id AND d.device_id = k.device_id
+    WHERE d.revoked_at IS NOT NULL
+    UNION ALL
+    SELECT false, b.vault_id, b.memory_id, b.vector_clock, b.size_bytes, b.device_id
+    FROM blobs b JOIN unnest($3::text[], $4::text[]) AS k(vault_id, memory_id)
+        ON b.vault_id = k.vault_id AND b.memory_id = k.memory_id
+"""
+
+# Non-revoked devices holding blobs in a vault, with how many. A device row alone (a label
+# registration, a pull with X-Engram-Device) takes no slot, else it would bypass the quota.
+_ACTIVE_DEVICES = (
+    "SELECT b.device_id, count(*) AS n FROM blobs b WHERE b.vault_id = $1 AND NOT EXISTS"
+    " (SELECT 1 FROM devices d WHERE d.vault_id = $1 AND d.device_id = b.device_id"
+    " AND d.revoked_at IS NOT NULL) GROUP BY b.device_id"
+)
+
+# One statement for the whole group: the set-based blob upsert (no per-blob round trips),
+# each vault's new sequence and size, and the pushing devices' last_seen.
+_WRITE = """
+    WITH written AS (
+        INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,
+                           created_at, created_at_ts, deleted, seq, size_bytes)
+        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[],
+                             $6::text[], $7::text[], $8::timestamptz[], $9::boolean[],
+                             $10::bigint[], $11::integer[])
+        ON CONFLICT (vault_id, memory_id) DO UPDATE SET
+            device_id = EXCLUDED.device_id, vector_clock = EXCLUDED.vector_clock,
+            ciphertext = EXCLUDED.ciphertext, hmac = EXCLUDED.hmac,
+            created_at = EXCLUDED.created_at, created_at_ts = EXCLUDED.created_at_ts,
+            deleted = EXCLUDED.deleted, seq = EXCLUDED.seq,
+            size_bytes = EXCLUDED.size_bytes, received_at = now()
+    ), vault AS (
+        UPDATE vaults v SET seq = u.seq, bytes_used = u.bytes_used
+        FROM unnest($12::text[], $13::bigint[], $14::bigint[]) AS u(vault_id, seq, bytes_used)
+        WHERE v.vault_id = u.vault_id
+    )
+    INSERT INTO devices (vault_id, device_id)
+    SELECT * FROM unnest($15::text[], $16::text[])
+    ON CONFLICT (vault_id, device_id) DO UPDATE SET last_seen = now()
+"""
+
+
+async def push_group(
+    pool: asyncpg.Pool, jobs: list[PushJob], limits: PushLimits
+) -> list[PushResult]:
+    """Run the pushes as one transaction; one result per job, in order.
+
+    A database failure raises (and nothing of the group is written); a push refused as
+    a whole is a `RelayError` in its place of the result list.
+    """
+    vault_ids = sorted({job.vault_id for job in jobs})
+    async with pool.acquire() as conn:
+        while True:
+            async with conn.transaction():
+                locked = await _lock_vaults(conn, vault_ids, limits.default_quota)
+                missing = [v for v in vault_ids if v not in locked]
+                if not missing:
+                    return await _decide_and_write(conn, jobs, locked, limits)
+            # First push to a vault: its row is created on its own and committed, outside
+            # the locking transaction, so no transaction ever holds a row it inserted while
+            # it waits for another vault's lock (which could deadlock two groups).
+            await conn.execute(
+                "INSERT INTO vaults (vault_id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING",
+                missing,
+            )
+
+
+async def _lock_vaults(
+    conn: asyncpg.Connection, vault_ids: list[str], default: Quota
+) -> dict[str, _LockedVault]:
+    """The existing vaults' rows, locked for this transaction (PROTOCOL §6), with quotas."""
+    rows = await conn.fetch(_LOCK_VAULTS, vault_ids)
+    return {
+        r["vault_id"]: _LockedVault(
+            r["vault_id"],
+            r["seq"],
+            r["bytes_used"],
+            Quota(
+                default.max_devices if r["max_devices"] is None else r["max_devices"],
+                default.max_bytes if r["max_bytes"] is None else r["max_bytes"],
+            ),
+        )
+        for r in rows
+    }
+
+
+async def _decide_and_write(
+    conn: asyncpg.Connection,
+    jobs: list[PushJob],
+    locked: dict[str, _LockedVault],
+    limits: PushLimits,
+) -> list[PushResult]:
+    pushers = {(j.vault_id, c.blob.device_id) for j in jobs for c in j.checked}
+    memories = {(j.vault_id, c.blob.memory_id) for j in jobs for c in j.checked}
+    known = await conn.fetch(
+        _READ_KNOWN,
+        [v for v, _ in pushers],
+        [d for _, d in pushers],
+        [v for v, _ in memories],
+        [m for _, m in memories],
+    )
+    revoked = {(r["vault_id"], r["id"]) for r in known if r["revoked"]}
+    stored = {
+        (r["vault_id"], r["id"]): _Stored(StoredVersion(r["clock"], r["size"]), r["owner"])
+        for r in known
+        if not r["revoked"]
+    }
+    writes: dict[tuple[str, str], _Write] = {}
+    results: list[PushResult] = []
+    for job in jobs:
+        try:
+            results.append(await _decide(conn, job, locked[job.vault_id], stored, revoked,
+                                         writes, limits.max_blob_bytes))  # fmt: skip
+        except RelayError as refused:  # 402: this push alone is refused
+            results.append(refused)
+    if writes:
+        # Every device that had a blob accepted was seen, even if a later push of the
+        # group replaced that blob before it was ever written.
+        seen = {(j.vault_id, c.blob.device_id) for j, r in zip(jobs, results, strict=True)
+                if isinstance(r, PushOutcome) for c in r.plan.accepted}  # fmt: skip
+        changed = [v for v in locked.values() if v.changed]
+        await _write(conn, list(writes.values()), changed, sorted(seen))
+    return results
+
+
+async def _decide(
+    conn: asyncpg.Connection,
+    job: PushJob,
+    vault: _LockedVault,
+    stored: dict[tuple[str, str], _Stored],
+    revoked: set[tuple[str, str]],
+    writes: dict[tuple[str, str], _Write],
+    max_blob_bytes: int,
+) -> PushOutcome:
+    """Steps 2-7 and the quota for one push, on the state the pushes before it left."""
+    memory_ids = {c.blob.memory_id for c in job.checked}
+    device_ids = {c.blob.device_id for c in job.checked}
+    mine = {m: stored[key].version for m in memory_ids if (key := (job.vault_id, m)) in stored}
+    plan = plan_push(
+        job.checked,
+        vault_id=job.vault_id,
+        bound_device=job.bound_device,
+        max_blob_bytes=max_blob_bytes,
+        revoked={d for d in device_ids if (job.vault_id, d) in revoked},
+        stored=mine,
+    )
+    if not plan.accepted:
+        return PushOutcome(plan=plan, cursor=vault.seq)
+    new_bytes = await _check_quota(conn, vault, plan, mine)
+    for item in plan.accepted:
+        vault.seq += 1
+        key = (job.vault_id, item.blob.memory_id)
+        writes[key] = _Write(job.vault_id, item, vault.seq)  # a later push's version wins
+        replaced = stored.get(key)
+        stored[key] = _Stored(
+            StoredVersion(item.blob.vector_clock, item.size_bytes), item.blob.device_id
+        )
+        if vault.active_devices is not None:  # keep the device counts of the quota exact
+            if replaced is not None and vault.active_devices[replaced.device_id] > 0:
+                vault.active_devices[replaced.device_id] -= 1
+            vault.active_devices[item.blob.device_id] += 1
+    vault.bytes_used = new_bytes
+    vault.changed = True
+    return PushOutcome(plan=plan, cursor=vault.seq)
+
+
+async def _check_quota(
+    conn: asyncpg.Connection,
+    vault: _LockedVault,
+    plan: PushPlan,
+    stored: dict[str, StoredVersion],
+) -> int:
+    """Project the vault's devices and bytes over the accepted set (PROTOCOL §6); new bytes."""
+    new_bytes = vault.bytes_used + sum(
+        item.size_bytes - (stored[m].size_bytes if (m := item.blob.memory_id) in stored else 0)
+        for item in plan.accepted
+    )
+    quota = vault.quota
+    if quota.max_devices > 0:
+        if vault.active_devices is None:
+            rows = await conn.fetch(_ACTIVE_DEVICES, vault.vault_id)
+            vault.active_devices = Counter({r["device_id"]: r["n"] for r in rows})
+        known = {device for device, blobs in vault.active_devices.items() if blobs > 0}
+        devices = known | {i.blob.device_id for i in plan.accepted}
+        # Only growth is refused: a vault already over a lowered limit keeps syncing.
+        if len(devices) > quota.max_devices and len(devices) > len(known):
+            raise quota_exceeded("devices", quota.max_devices, len(devices))
+    if quota.max_bytes > 0 and new_bytes > max(quota.max_bytes, vault.bytes_used):
+        raise quota_exceeded("bytes", quota.max_bytes, new_bytes)
+    return new_bytes
+
+
+async def _write(
+    conn: asyncpg.Connection,
+    writes: list[_Write],
+    vaults: list[_LockedVault],
+    devices: list[tuple[str, str]],
+) -> None:
+    columns: list[list[Any]] = [[] for _ in range(11)]
+    for w in writes:
+        b = w.item.blob
+        row = (
+            w.vault_id,
+            b.memory_id,
+            b.device_id,
+            b.vector_clock,
+            b.ciphertext,
+            b.hmac,
+            b.created_at,
+            w.item.created_at_ts,
+            b.deleted,
+            w.seq,
+            w.item.size_bytes,
+        )
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    await conn.execute(
+        _WRITE,
+        *columns,
+        [v.vault_id for v in vaults],
+        [v.seq for v in vaults],
+        [v.bytes_used for v in vaults],
+        [v for v, _ in devices],
+        [d for _, d in devices],
+    )
