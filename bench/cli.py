@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
                         "pull-cost comparison (default 200000; 20000 with --quick)")  # fmt: skip
     parser.add_argument("--memories", type=int, help="memories of the client end-to-end run "
                         "(default 100000; 1000 with --quick)")  # fmt: skip
+    parser.add_argument("--workers", type=int, help="relay worker processes, like "
+                        "`engram-relay serve --workers` (default 1)")  # fmt: skip
     return parser
 
 
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             large_vault=args.large_vault,
             memories=args.memories,
             out=args.out,
+            workers=args.workers,
         )
     except ValueError as exc:
         print(f"python -m bench: {exc}", file=sys.stderr)

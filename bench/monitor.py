@@ -92,8 +92,12 @@ class ResourceMonitor:
                 _tree_cpu_seconds(self._postgres)  # readable? (else: not measured)
 
     def rss_mb(self) -> float:
-        """The relay's resident set size now, in MiB."""
-        return float(self._relay.memory_info().rss) / MB
+        """The relay's resident set size now (with its worker processes), in MiB."""
+        total = self._relay.memory_info().rss
+        for child in self._relay.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                total += child.memory_info().rss
+        return float(total) / MB
 
     def _sample(self) -> None:
         with contextlib.suppress(psutil.Error):
@@ -134,7 +138,7 @@ class ResourceMonitor:
         previous, self._phase, self._peak_mb = self._phase, name, self.rss_mb()
         wall, relay, own, pg, machine = (
             time.perf_counter(),
-            _cpu_seconds(self._relay),
+            _tree_cpu_seconds(self._relay),
             time.process_time(),
             self._postgres_cpu(),
             _system_busy_seconds(),
@@ -144,7 +148,7 @@ class ResourceMonitor:
         finally:
             pg_end = self._postgres_cpu()
             usage.wall_s += time.perf_counter() - wall
-            usage.relay_cpu_s += _cpu_seconds(self._relay) - relay
+            usage.relay_cpu_s += _tree_cpu_seconds(self._relay) - relay
             usage.loadgen_cpu_s += time.process_time() - own
             usage.machine_cpu_s += _system_busy_seconds() - machine
             if usage.postgres_cpu_s is not None and pg is not None and pg_end is not None:

@@ -24,6 +24,7 @@ ROOT: Final = Path(__file__).resolve().parents[1]
 ENV_DATABASE_URL: Final = "ENGRAM_BENCH_DATABASE_URL"
 ENV_PORT: Final = "ENGRAM_BENCH_PORT"
 ENV_KEY: Final = "ENGRAM_BENCH_KEY"
+ENV_WORKERS: Final = "ENGRAM_BENCH_WORKERS"
 KEY_RATE: Final = 1_000_000  # requests/second: the bench measures the relay, not its limiter
 
 
@@ -36,37 +37,27 @@ def free_port() -> int:
 
 
 def serve() -> None:
-    """Child side: serve the relay until SIGTERM."""
-    import uvicorn
+    """Child side: serve the relay until SIGTERM, like `engram-relay serve --workers N`."""
+    from relay.config import config_from_env
+    from relay.serving import export_for_workers, serve_app
 
-    from relay.app import create_app
-    from relay.config import RelayConfig
-    from relay.keys import parse_static_keys
-
-    config = RelayConfig(
-        database_url=os.environ[ENV_DATABASE_URL],
-        static_keys=tuple(parse_static_keys(f"{os.environ[ENV_KEY]}:{KEY_RATE}")),
-    )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(config),
-            host="127.0.0.1",
-            port=int(os.environ[ENV_PORT]),
-            log_config=None,
-            access_log=False,
-            timeout_graceful_shutdown=10,
-        )
-    )
-    server.run()
+    # The bench's key as a static key (SYNC_API_KEYS), so that every worker knows it.
+    os.environ["SYNC_API_KEYS"] = f"{os.environ[ENV_KEY]}:{KEY_RATE}"
+    url = os.environ[ENV_DATABASE_URL]
+    workers = int(os.environ.get(ENV_WORKERS, "1"))
+    export_for_workers(url, {}, "warning", "text")
+    serve_app(config_from_env(url), host="127.0.0.1", port=int(os.environ[ENV_PORT]),
+              workers=workers)  # fmt: skip
 
 
 class RelayProcess:
     """Parent side: one relay subprocess on a free loopback port."""
 
-    def __init__(self, database_url: str, key: str, log_path: Path) -> None:
+    def __init__(self, database_url: str, key: str, log_path: Path, workers: int = 1) -> None:
         self.database_url = database_url
         self.key = key
         self.log_path = log_path
+        self.workers = workers
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -83,6 +74,7 @@ class RelayProcess:
         env = dict(os.environ)
         env.update({ENV_DATABASE_URL: self.database_url, ENV_PORT: str(self.port)})
         env[ENV_KEY] = self.key
+        env[ENV_WORKERS] = str(self.workers)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         with self.log_path.open("wb") as log:
             self._proc = subprocess.Popen(

@@ -321,7 +321,8 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
             durability=db.durability,
         )
         key = "bench-" + secrets.token_urlsafe(24)
-        with RelayProcess(db.url, key, db.scratch / "relay.log") as relay:
+        relay_log = db.scratch / "relay.log"
+        with RelayProcess(db.url, key, relay_log, workers=settings.workers) as relay:
             log(f"relay pid {relay.pid} ready at {relay.url}")
             monitor = ResourceMonitor(relay.pid, db.postmaster_pid()).start()
             start_mb = monitor.rss_mb()

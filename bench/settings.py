@@ -30,6 +30,7 @@ class Settings:
     sweep_n: int  # blobs per point of the batch/page size sweep (0 = no sweep)
     sweep_sizes: tuple[int, ...]
     out: Path
+    workers: int = 1  # relay worker processes (`engram-relay serve --workers`)
 
     @classmethod
     def build(
@@ -42,6 +43,7 @@ class Settings:
         large_vault: int | None = None,
         memories: int | None = None,
         out: Path | None = None,
+        workers: int | None = None,
     ) -> Settings:
         """Defaults for a full run or a quick one; explicit values win."""
         n_ = n if n is not None else (2_000 if quick else 100_000)
@@ -57,6 +59,7 @@ class Settings:
             sweep_n=min(n_, 1_000 if quick else 20_000),
             sweep_sizes=(100, 250, 500, 1000),
             out=out if out is not None else RESULTS_DIR,
+            workers=workers if workers is not None else 1,
         )
         settings.validate()
         return settings
@@ -73,6 +76,8 @@ class Settings:
             raise ValueError(f"--large-vault must be larger than the small vault ({SMALL_VAULT})")
         if self.memories < 1:
             raise ValueError("--memories must be >= 1")
+        if self.workers < 1:
+            raise ValueError("--workers must be >= 1")
 
     def as_json(self) -> dict[str, Any]:
         """The settings for the report."""

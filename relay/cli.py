@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -13,18 +12,17 @@ from typing import Annotated, TypeVar
 
 import asyncpg
 import typer
-import uvicorn
 from rich.console import Console
 from rich.table import Table
 
 from relay import ops
-from relay.app import create_app
 from relay.cli_options import DatabaseUrl, DataDir
 from relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
 from relay.db.url import to_libpq_url
 from relay.ids import check_id
 from relay.logs import configure_logging
 from relay.runtime import database, default_relay_dir, save_admin_key
+from relay.serving import export_for_workers, serve_app
 from relay.store import compaction, devices
 from relay.store import keys as key_store
 from shared_format.wire import DeviceEntry
@@ -90,6 +88,15 @@ def serve(
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
     log_format: Annotated[str, typer.Option(help="json or text.")] = "json",
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Worker processes sharing the port (one per core helps on a machine with "
+            "cores to spare; each opens its own database pool).",
+            envvar="ENGRAM_RELAY_WORKERS",
+        ),
+    ] = 1,
 ) -> None:
     """Run the relay (on an embedded PostgreSQL unless a database URL is given)."""
     configure_logging(log_level, log_format)
@@ -103,39 +110,12 @@ def serve(
             path = save_admin_key(relay_dir, first_key)
             out.print(f"First admin key (shown once, saved 0600 in {path}):")
             out.print(f"  [bold]{first_key}[/bold]")
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(config),
-                host=host,
-                port=port,
-                log_config=None,
-                access_log=False,
-                timeout_graceful_shutdown=10,
-            )
-        )
-        _run_until_signalled(server)
+        if workers > 1:
+            overrides = {"quota_devices": quota_devices, "quota_bytes": quota_bytes}
+            export_for_workers(url, overrides, log_level, log_format)
+            out.print(f"{workers} worker processes")
+        serve_app(config, host=host, port=port, workers=workers)
     log.info("relay stopped")
-
-
-class _Stop(Exception):  # noqa: N818 - control flow, not an error
-    """Raised by our signal handler once uvicorn has shut down gracefully."""
-
-
-def _run_until_signalled(server: uvicorn.Server) -> None:
-    """Run uvicorn; on SIGINT/SIGTERM it drains requests, then re-raises the signal, which
-    lands here (instead of killing the process) so the embedded database is stopped too."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise _Stop
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        server.run()
-    except _Stop:
-        pass
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _first_admin_key(url: str, *, has_static: bool) -> str | None:

@@ -318,6 +318,7 @@ def mentioned_variables() -> set[str]:
     sources = [
         ROOT / "relay" / "config.py",
         ROOT / "relay" / "cli.py",
+        ROOT / "relay" / "serving.py",
         ROOT / "relay" / "db" / "url.py",
         DEPLOY / "entrypoint.sh",
         DEPLOY / "healthcheck.py",

@@ -13,10 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from relay.db.embedded import EmbeddedPostgres
 from tests.relay.conftest import free_port
+from tests.relay.support import Sealer, pull_ok, push
 
 BIN = Path(sys.executable).parent
 
@@ -181,3 +183,38 @@ def test_gc_erases_expired_handoffs_codes_and_sessions(fresh_database_url: str) 
     assert result.returncode == 0, result.stderr
     assert "expired and erased: 1 handoff_requests" in result.stdout
     assert asyncio.run(sealed()) is None
+
+
+def test_serve_with_workers_shares_the_port_and_the_options(fresh_database_url: str) -> None:
+    """`--workers 2`: two processes serve one port, each with the CLI's options (a device
+    quota of 1 here), and SIGTERM stops all of them."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    key = "workers-test-key-0123456789abcdef"
+    cmd = [str(BIN / "engram-relay"), "serve", "--port", str(port), "--workers", "2",
+           "--database-url", fresh_database_url, "--quota-devices", "1"]  # fmt: skip
+    env = _env(SYNC_API_KEYS=f"{key}:100000")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        _wait_ready(url, proc)
+        listeners = [
+            child
+            for child in psutil.Process(proc.pid).children(recursive=True)
+            if any(c.laddr.port == port and c.status == "LISTEN" for c in child.net_connections())
+        ]
+        assert len(listeners) == 2
+        sealer = Sealer("workers-vault")
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as http:
+            for i in range(8):  # new connections: both workers take some
+                http.headers["Connection"] = "close"
+                assert push(http, "workers-vault", [sealer.blob(f"m{i}", 1)]).status_code == 200
+            other = sealer.blob("other", 1, device_id="second-device")
+            refused = push(http, "workers-vault", [other])
+            assert refused.status_code == 402  # the --quota-devices of the parent
+            assert pull_ok(http, "workers-vault", cursor=0)["cursor"] == 8
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert not any(p.is_running() and p.status() != "zombie" for p in listeners)
