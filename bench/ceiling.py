@@ -1,8 +1,9 @@
-"""The ceiling: raw asyncpg on the relay's own tables, with the relay's SQL shapes.
+"""The ceiling: raw asyncpg on the relay's own tables, with the relay's own statements.
 
-Writes are the set-based upsert of `relay/store/sync.py` `_write_batch (its blob upsert)` (unnest
-arrays, one statement per batch of 500, each its own durable commit); reads are
-the cursor pull's keyset query on the `(vault_id, seq)` index, 1,000 rows a page.
+Writes are the relay's set-based blob upsert (`relay.store.push.BLOB_UPSERT`: unnest
+arrays, one statement per batch of 500, each its own durable commit); reads are the
+cursor pull's keyset query (`relay.store.sync.PULL_PAGE`) on the `(vault_id, seq)`
+index, 1,000 rows a page.
 No HTTP, no validation, no per-vault lock: what the database and driver can do.
 Vault ids of the ceiling are separate from the relay's.
 """
@@ -12,55 +13,28 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from itertools import count
+from typing import Any
 
 import asyncpg
 
 from bench.corpus import Corpus
 from relay.db.url import to_libpq_url
+from relay.push_rules import CheckedBlob
+from relay.store.push import BLOB_UPSERT, blob_columns
+from relay.store.sync import PULL_PAGE
 from shared_format.timestamps import parse_rfc3339
 from shared_format.wire import SyncBlob
 
-# Verbatim from relay/store/sync.py _write_batch (its blob upsert).
-UPSERT_SQL: Final = """
-        INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,
-                           created_at, created_at_ts, deleted, seq, size_bytes)
-        SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[],
-                                 $7::text[], $8::timestamptz[], $9::boolean[], $10::bigint[],
-                                 $11::integer[])
-        ON CONFLICT (vault_id, memory_id) DO UPDATE SET
-            device_id = EXCLUDED.device_id, vector_clock = EXCLUDED.vector_clock,
-            ciphertext = EXCLUDED.ciphertext, hmac = EXCLUDED.hmac,
-            created_at = EXCLUDED.created_at, created_at_ts = EXCLUDED.created_at_ts,
-            deleted = EXCLUDED.deleted, seq = EXCLUDED.seq, size_bytes = EXCLUDED.size_bytes,
-            received_at = now()
-        """
-# Verbatim from relay/store/sync.py pull_by_cursor.
-PAGE_SQL: Final = (
-    "SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,"
-    " deleted, seq FROM blobs WHERE vault_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
-)
-
 
 def columns(blobs: Sequence[SyncBlob], first_seq: int) -> list[list[Any]]:
-    """The ten unnest arrays of one batch, as `_write_batch (its blob upsert)` builds them."""
-    cols: list[list[Any]] = [[] for _ in range(10)]
-    for offset, b in enumerate(blobs):
-        row = (
-            b.memory_id,
-            b.device_id,
-            b.vector_clock,
-            b.ciphertext,
-            b.hmac,
-            b.created_at,
-            parse_rfc3339(b.created_at),
-            b.deleted,
-            first_seq + offset,
-            len(b.ciphertext),
-        )
-        for column, value in zip(cols, row, strict=True):
-            column.append(value)
-    return cols
+    """The arrays of one batch, as the relay builds them for `BLOB_UPSERT`."""
+    return blob_columns(
+        [
+            (b.vault_id, CheckedBlob(i, b, parse_rfc3339(b.created_at), len(b.ciphertext)), seq)
+            for i, (b, seq) in enumerate(zip(blobs, count(first_seq), strict=False))
+        ]
+    )
 
 
 async def connect(url: str) -> asyncpg.Connection:
@@ -94,7 +68,7 @@ def prepare(
     ):
         batches.append(columns(blobs, seq))
         seq += len(blobs)
-    size = sum(sum(cols[9]) for cols in batches)
+    size = sum(sum(cols[10]) for cols in batches)
     return Prepared(vault_id, batches, seq - 1, size)
 
 
@@ -108,7 +82,7 @@ async def write(conn: asyncpg.Connection, prepared: Prepared) -> float:
     await conn.execute("INSERT INTO vaults (vault_id) VALUES ($1) ON CONFLICT DO NOTHING", vault_id)
     started = time.perf_counter()
     for cols in prepared.batches:
-        await conn.execute(UPSERT_SQL, vault_id, *cols)
+        await conn.execute(BLOB_UPSERT, *cols)
     elapsed = time.perf_counter() - started
     await conn.execute(
         "UPDATE vaults SET seq = $2, bytes_used = bytes_used + $3 WHERE vault_id = $1",
@@ -125,7 +99,7 @@ async def read(conn: asyncpg.Connection, vault_id: str, *, page: int) -> tuple[f
     rows_read = 0
     started = time.perf_counter()
     while True:
-        rows = await conn.fetch(PAGE_SQL, vault_id, cursor, page + 1)
+        rows = await conn.fetch(PULL_PAGE, vault_id, cursor, page + 1)
         has_more = len(rows) > page
         rows = rows[:page]
         rows_read += len(rows)

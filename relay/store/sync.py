@@ -10,6 +10,13 @@ import asyncpg
 from relay.errors import RelayError
 from shared_format.wire import SyncBlob
 
+# The cursor pull's keyset query on the (vault_id, seq) index. Public: the benchmark's
+# raw-database ceiling runs this very statement (bench/ceiling.py).
+PULL_PAGE = (
+    "SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,"
+    " deleted, seq FROM blobs WHERE vault_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+)
+
 
 def _to_blob(row: asyncpg.Record) -> SyncBlob:
     return SyncBlob(
@@ -56,13 +63,7 @@ async def pull_by_cursor(
         horizon = 0 if vault is None else int(vault["compacted_through"])
         if 0 < cursor < horizon:
             raise resync_required(cursor, horizon)
-        rows = await conn.fetch(
-            "SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,"
-            " deleted, seq FROM blobs WHERE vault_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-            vault_id,
-            cursor,
-            limit + 1,
-        )
+        rows = await conn.fetch(PULL_PAGE, vault_id, cursor, limit + 1)
         has_more = len(rows) > limit
         rows = rows[:limit]
         new_cursor = rows[-1]["seq"] if rows else cursor
