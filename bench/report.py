@@ -12,13 +12,15 @@ NOTES = (
     "verdict uses the median. The relay/ceiling ratios are taken per repeat (the relay "
     "figure over the ceiling figure measured just before it, on the same data size).",
     "Ceiling = raw asyncpg on the same database and the relay's own tables and indexes "
-    "(separate vault ids), with the relay's SQL: the unnest blob upsert of `_write_batch` in "
-    "batches of 500 (each its own commit) and the cursor query in pages of 1,000. Its "
-    "arrays are built before the clock starts.",
+    "(separate vault ids), running the relay's own statements: its unnest blob upsert "
+    "(`relay.store.push.BLOB_UPSERT`) in batches of 500, each its own commit, and its "
+    "cursor query (`relay.store.sync.PULL_PAGE`) in pages of 1,000. Its arrays are built "
+    "before the clock starts.",
     "Relay push/pull = the same blobs over real HTTP (httpx, bodies encoded with msgspec "
     "before the clock starts, pulls decoded into `PullResponse`), one request after the "
-    "other like one device; the relay runs in its own process (uvicorn, production "
-    "defaults: pool of 10, no access log).",
+    "other like one device; the relay runs in its own process(es), served like "
+    "`engram-relay serve --workers N` (N in the environment table; production defaults "
+    "otherwise: a pool of 10 and 4 push lanes per worker, no access log).",
     "Blobs are real `BlobCipher.seal` outputs of PROTOCOL §4 plaintexts (about 600 "
     "ciphertext bytes, about 800 base64 characters), each with a real HMAC for its vault.",
     "Latency: closed loop, every device sends its next single-blob push as soon as the "
@@ -91,6 +93,7 @@ def _environment(data: dict[str, Any]) -> list[str]:
         _row("dirty (uncommitted changes to tracked files)", env["git_dirty"]),
         _row("quick", settings["quick"]),
         _row("repeats", settings["repeats"]),
+        _row("relay worker processes", settings.get("workers", 1)),
         _row("started (UTC)", env["started_utc"]),
         _row("run time", f"{data['total_s']:.0f} s"),
         _row("packages", packages),
