@@ -26,7 +26,7 @@ from relay.push_groups import PushGroups
 from relay.request_context import request_id_middleware
 from relay.routes import accounts, devices, handoff, pairing, sync, system
 from relay.state import RelayState
-from relay.store.push import PushLimits, Quota, push_group
+from relay.store.push import PushJob, PushLimits, PushResult, Quota, push_group
 from shared_format.wire import MAX_BLOBS_PER_PUSH
 
 log = logging.getLogger(__name__)
@@ -128,8 +128,13 @@ def create_app(config: RelayConfig) -> Litestar:
     state = RelayState(config=config, metrics=RelayMetrics())
     state.static_keys = {k.key_hash: k.principal for k in config.static_keys}
     limits = PushLimits(config.max_blob_bytes, Quota(config.quota_devices, config.quota_bytes))
+
+    async def run_group(jobs: list[PushJob]) -> list[PushResult]:
+        state.metrics.push_group_size.observe(len(jobs))
+        return await push_group(state.require_pool(), jobs, limits)
+
     state.push_groups = PushGroups(
-        lambda jobs: push_group(state.require_pool(), jobs, limits),
+        run_group,
         lanes=config.lanes_in_use,
         max_group_blobs=MAX_GROUP_BLOBS,
     )

@@ -73,6 +73,12 @@ class RelayMetrics:
             buckets=(0, 1, 10, 100, 1000, 10_000, 100_000, 1_000_000),
             registry=r,
         )
+        self.push_group_size = Histogram(
+            "engram_relay_push_group_pushes",
+            "Pushes committed together by one push transaction (group commit)",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+            registry=r,
+        )
 
     def watch_pool(self, pool_stats: Callable[[], tuple[int, int, int]]) -> None:
         """Export pool (open, idle, max) connection counts on every scrape."""

@@ -72,5 +72,8 @@ def test_dashboard_metrics(relay: Relay) -> None:
     # one pull of 1 blob out of a vault at sequence 4: 3 blobs still ahead of it
     assert re.search(r'^engram_relay_pull_lag_blobs_bucket\{le="1\.0"\} 0\.0$', text, re.M)
     assert re.search(r'^engram_relay_pull_lag_blobs_bucket\{le="10\.0"\} 1\.0$', text, re.M)
+    # two pushes one after the other: two push transactions of one push each
+    assert re.search(r'^engram_relay_push_group_pushes_bucket\{le="1\.0"\} 2\.0$', text, re.M)
+    assert re.search(r"^engram_relay_push_group_pushes_count 2\.0$", text, re.M)
     push_route = r'route="/v1/vaults/\{vault_id\}/push"'
     assert re.search(rf"^engram_relay_request_seconds_bucket\{{.*{push_route}", text, re.M)
