@@ -13,6 +13,16 @@ __all__ = ["create_pool"]
 log = logging.getLogger(__name__)
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Releasing a connection skips asyncpg's default reset query (`pg_advisory_unlock_all();
+    CLOSE ALL; UNLISTEN *; RESET ALL`), one more round trip on every request.
+
+    The relay never leaves session state behind: no SET, no LISTEN, no cursors outside a
+    transaction, advisory locks only transaction-scoped (`pg_advisory_xact_lock`). asyncpg
+    still rolls back a transaction left open before it calls this.
+    """
+
+
 async def create_pool(database_url: str, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     """Open an asyncpg pool on ``database_url``.
 
@@ -24,6 +34,7 @@ async def create_pool(database_url: str, min_size: int = 1, max_size: int = 10) 
         min_size=min_size,
         max_size=max_size,
         server_settings={"application_name": "engram-relay", "timezone": "UTC"},
+        reset=_keep_session,
     )
     log.info(
         "database pool open url=%s min_size=%d max_size=%d",
