@@ -31,8 +31,8 @@ def _parser() -> argparse.ArgumentParser:
                         "pull-cost comparison (default 200000; 20000 with --quick)")  # fmt: skip
     parser.add_argument("--memories", type=int, help="memories of the client end-to-end run "
                         "(default 100000; 1000 with --quick)")  # fmt: skip
-    parser.add_argument("--workers", type=int, help="relay worker processes, like "
-                        "`engram-relay serve --workers` (default 1)")  # fmt: skip
+    parser.add_argument("--workers", type=int, help="relay worker processes, like `engram-relay "
+                        "serve --workers` (default: one per core, at most 8)")  # fmt: skip
     return parser
 
 

@@ -20,7 +20,7 @@ NOTES = (
     "before the clock starts, pulls decoded into `PullResponse`), one request after the "
     "other like one device; the relay runs in its own process(es), served like "
     "`engram-relay serve --workers N` (N in the environment table; production defaults "
-    "otherwise: a pool of 10 and 4 push lanes per worker, no access log).",
+    "otherwise: a pool of 10 and one push lane per worker, no access log).",
     "Blobs are real `BlobCipher.seal` outputs of PROTOCOL §4 plaintexts (about 600 "
     "ciphertext bytes, about 800 base64 characters), each with a real HMAC for its vault.",
     "Latency: closed loop, every device sends its next single-blob push as soon as the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -14,6 +15,11 @@ SMALL_VAULT: Final = 1000  # §4 of the brief: the small vault of the pull-cost 
 INCREMENT: Final = 10  # new blobs pulled incrementally in the pull-cost comparison
 INCREMENTAL_PULLS: Final = 25  # timed pulls per repeat; their median is the repeat's figure
 DEVICES: Final = 32  # concurrent devices of the latency test
+
+
+def default_workers() -> int:
+    """One relay worker per usable core (at most 8), as a busy relay is deployed."""
+    return max(1, min(8, len(os.sched_getaffinity(0))))
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,7 @@ class Settings:
             sweep_n=min(n_, 1_000 if quick else 20_000),
             sweep_sizes=(100, 250, 500, 1000),
             out=out if out is not None else RESULTS_DIR,
-            workers=workers if workers is not None else 1,
+            workers=workers if workers is not None else default_workers(),
         )
         settings.validate()
         return settings

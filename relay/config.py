@@ -14,7 +14,7 @@ DEFAULT_MAX_BLOB_BYTES: Final = 1_048_576  # PROTOCOL §6 step 2: base64 charact
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_RETENTION_DAYS: Final = 30  # PROTOCOL §12
 DEFAULT_RATE: Final = 100  # PROTOCOL §5: requests/second per key
-DEFAULT_PUSH_LANES: Final = 4  # concurrent push transactions per process (relay.push_groups)
+DEFAULT_PUSH_LANES: Final = 1  # concurrent push transactions per process (relay.push_groups)
 
 
 @dataclass(frozen=True)
