@@ -59,11 +59,12 @@ async def compact_vault(
         horizon = max(vault["compacted_through"], row["top"])
         if row["n"]:
             await conn.execute(
-                "UPDATE vaults SET compacted_through = $2, bytes_used = bytes_used - $3"
-                " WHERE vault_id = $1",
+                "UPDATE vaults SET compacted_through = $2, bytes_used = bytes_used - $3,"
+                " tombstones = tombstones - $4 WHERE vault_id = $1",
                 vault_id,
                 horizon,
                 int(row["bytes"]),
+                int(row["n"]),
             )
         return CompactionResult(vault_id, int(row["n"]), horizon)
 

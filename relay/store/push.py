@@ -74,6 +74,8 @@ class _LockedVault:
     vault_id: str
     seq: int
     bytes_used: int
+    live_blobs: int
+    tombstones: int
     quota: Quota
     # Blobs held per non-revoked device, read on first need (device quota only).
     active_devices: Counter[str] | None = None
@@ -82,10 +84,11 @@ class _LockedVault:
 
 @dataclass(frozen=True)
 class _Stored:
-    """A memory's stored version and the device that pushed it."""
+    """A memory's stored version, the device that pushed it, and whether it is a tombstone."""
 
     version: StoredVersion
     device_id: str
+    deleted: bool
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ class _Write:
 
 
 _LOCK_VAULTS = (
-    "SELECT v.vault_id, v.seq, v.bytes_used, q.max_devices, q.max_bytes FROM vaults v"
+    "SELECT v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones, q.max_devices,"
+    " q.max_bytes FROM vaults v"
     " LEFT JOIN quotas q ON q.vault_id = v.vault_id WHERE v.vault_id = ANY($1::text[])"
     " ORDER BY v.vault_id FOR UPDATE OF v"
 )
@@ -108,11 +112,11 @@ _LOCK_VAULTS = (
 # asked for (vaults by ids), and the caller keeps the exact pairs.
 _READ_KNOWN = """
     SELECT true AS revoked, vault_id, device_id AS id, 0::bigint AS clock, 0 AS size,
-           device_id AS owner
+           device_id AS owner, false AS deleted
     FROM devices WHERE vault_id = ANY($1::text[]) AND device_id = ANY($2::text[])
         AND revoked_at IS NOT NULL
     UNION ALL
-    SELECT false, vault_id, memory_id, vector_clock, size_bytes, device_id
+    SELECT false, vault_id, memory_id, vector_clock, size_bytes, device_id, deleted
     FROM blobs WHERE vault_id = ANY($1::text[]) AND memory_id = ANY($3::text[])
 """
 
@@ -144,12 +148,14 @@ BLOB_UPSERT = """
 # the pushing devices' last_seen.
 _WRITE = f"""
     WITH written AS ({BLOB_UPSERT}), vault AS (
-        UPDATE vaults v SET seq = u.seq, bytes_used = u.bytes_used
-        FROM unnest($12::text[], $13::bigint[], $14::bigint[]) AS u(vault_id, seq, bytes_used)
+        UPDATE vaults v SET seq = u.seq, bytes_used = u.bytes_used,
+            live_blobs = u.live_blobs, tombstones = u.tombstones
+        FROM unnest($12::text[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[])
+            AS u(vault_id, seq, bytes_used, live_blobs, tombstones)
         WHERE v.vault_id = ANY($12::text[]) AND v.vault_id = u.vault_id  -- index, as above
     )
     INSERT INTO devices (vault_id, device_id)
-    SELECT * FROM unnest($15::text[], $16::text[])
+    SELECT * FROM unnest($17::text[], $18::text[])
     ON CONFLICT (vault_id, device_id) DO UPDATE SET last_seen = now()
 """  # noqa: S608 - built from constants only; every value is a parameter
 
@@ -212,6 +218,8 @@ async def _lock_vaults(
             r["vault_id"],
             r["seq"],
             r["bytes_used"],
+            r["live_blobs"],
+            r["tombstones"],
             Quota(
                 default.max_devices if r["max_devices"] is None else r["max_devices"],
                 default.max_bytes if r["max_bytes"] is None else r["max_bytes"],
@@ -237,7 +245,7 @@ async def _decide_and_write(
     )
     revoked = {key for r in known if r["revoked"] and (key := (r["vault_id"], r["id"])) in pushers}
     stored = {
-        key: _Stored(StoredVersion(r["clock"], r["size"]), r["owner"])
+        key: _Stored(StoredVersion(r["clock"], r["size"]), r["owner"], r["deleted"])
         for r in known
         if not r["revoked"] and (key := (r["vault_id"], r["id"])) in memories
     }
@@ -288,9 +296,15 @@ async def _decide(
         key = (job.vault_id, item.blob.memory_id)
         writes[key] = _Write(job.vault_id, item, vault.seq)  # a later push's version wins
         replaced = stored.get(key)
+        deleted = item.blob.deleted
         stored[key] = _Stored(
-            StoredVersion(item.blob.vector_clock, item.size_bytes), item.blob.device_id
+            StoredVersion(item.blob.vector_clock, item.size_bytes), item.blob.device_id, deleted
         )
+        if replaced is not None:  # the counts of /health and stats, kept exact
+            vault.live_blobs -= not replaced.deleted
+            vault.tombstones -= replaced.deleted
+        vault.live_blobs += not deleted
+        vault.tombstones += deleted
         if vault.active_devices is not None:  # keep the device counts of the quota exact
             if replaced is not None and vault.active_devices[replaced.device_id] > 0:
                 vault.active_devices[replaced.device_id] -= 1
@@ -339,6 +353,8 @@ async def _write(
         [v.vault_id for v in vaults],
         [v.seq for v in vaults],
         [v.bytes_used for v in vaults],
+        [v.live_blobs for v in vaults],
+        [v.tombstones for v in vaults],
         [v for v, _ in devices],
         [d for _, d in devices],
     )

@@ -106,7 +106,7 @@ async def vault_stats(pool: asyncpg.Pool, vault_id: str) -> tuple[int, str | Non
     async with pool.acquire() as conn:
         row = await conn.fetchrow(
             """
-            SELECT (SELECT count(*) FROM blobs WHERE vault_id = $1 AND NOT deleted) AS live,
+            SELECT coalesce((SELECT live_blobs FROM vaults WHERE vault_id = $1), 0) AS live,
                    (SELECT created_at FROM blobs WHERE vault_id = $1
                     ORDER BY created_at_ts DESC, seq DESC LIMIT 1) AS latest
             """,

@@ -164,6 +164,8 @@ def test_an_active_lagging_device_blocks_compaction(relay: Relay, scenario: Scen
     result = compact(relay, s.vault)
     assert (result.removed, result.horizon) == (0, 0)
     assert tombstones(relay, s.vault) == ["m1", "m2"]
+    counts = "SELECT live_blobs, tombstones FROM vaults WHERE vault_id = $1"
+    assert [tuple(r) for r in relay.sql(counts, s.vault)] == [(3, 2)]  # m3 m4 m5; m1 m2
     # Once C has pulled past them they go, live blobs stay (however old).
     relay.sql(
         "UPDATE blobs SET received_at = now() - interval '400 days' WHERE vault_id = $1", s.vault
@@ -182,6 +184,7 @@ def test_an_active_lagging_device_blocks_compaction(relay: Relay, scenario: Scen
     )
     assert row["bytes_used"] == row["actual"]
     assert row["compacted_through"] == 6
+    assert [tuple(r) for r in relay.sql(counts, s.vault)] == [(3, 0)]  # the counts follow
     # Idempotent: nothing more to remove, the horizon stays.
     assert compact(relay, s.vault) == CompactionResult(s.vault, 0, 6)
     # Cursors at or past the horizon keep working, a cursor below it does not.

@@ -93,7 +93,16 @@ async def vault_state(conn: asyncpg.Connection, vault_id: str) -> tuple[Any, ...
         " FROM blobs WHERE vault_id = $1 ORDER BY seq",
         vault_id,
     )
-    vault = await conn.fetch("SELECT seq, bytes_used FROM vaults WHERE vault_id = $1", vault_id)
+    vault = await conn.fetch(
+        "SELECT seq, bytes_used, live_blobs, tombstones FROM vaults WHERE vault_id = $1", vault_id
+    )
+    counted = await conn.fetchrow(
+        "SELECT count(*) FILTER (WHERE NOT deleted) AS live, count(*) FILTER (WHERE deleted)"
+        " AS dead, coalesce(sum(size_bytes), 0) AS size FROM blobs WHERE vault_id = $1",
+        vault_id,
+    )
+    # the counts the pushes keep are the counts of the rows (0003_vault_counts)
+    assert [tuple(vault[0])[1:]] == [(counted["size"], counted["live"], counted["dead"])]
     devices = await conn.fetch(
         "SELECT device_id, revoked_at IS NOT NULL AS revoked FROM devices WHERE vault_id = $1"
         " ORDER BY device_id",

@@ -28,6 +28,8 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
         "created_at": ("timestamp with time zone", False, "now()"),
         "compacted_through": ("bigint", False, "0"),
         "bytes_used": ("bigint", False, "0"),
+        "live_blobs": ("bigint", False, "0"),  # 0003_vault_counts
+        "tombstones": ("bigint", False, "0"),
     },
     "blobs": {
         "vault_id": ("text", False, None),
@@ -141,9 +143,36 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
     return {r["indexname"]: r["indexdef"] for r in rows}
 
 
-def test_head_is_the_accounts_revision() -> None:
+def test_head_is_the_vault_counts_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0002_accounts"
+    assert head_revision() == "0003_vault_counts"
+
+
+def test_vault_counts_are_filled_from_existing_blobs(empty_database_url: str) -> None:
+    """0003 on a relay that already holds blobs: the counts start out right."""
+    url = empty_database_url
+    command.upgrade(alembic_config(url), "0002_accounts")
+    blob = (
+        "INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,"
+        " created_at, created_at_ts, deleted, seq, size_bytes) VALUES ($1, $2, 'd', 1, 'c',"
+        " 'h', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z', $3, $4, 1)"
+    )
+
+    async def fill() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("INSERT INTO vaults (vault_id) VALUES ('a'), ('b'), ('empty')")
+            for seq, (vault, deleted) in enumerate(
+                [("a", False), ("a", False), ("a", True), ("b", True)], start=1
+            ):
+                await conn.execute(blob, vault, f"m{seq}", deleted, seq)
+        finally:
+            await conn.close()
+
+    run(fill())
+    upgrade_to_head(url)
+    rows = run(fetch(url, "SELECT vault_id, live_blobs, tombstones FROM vaults ORDER BY 1"))
+    assert [tuple(r) for r in rows] == [("a", 2, 1), ("b", 0, 1), ("empty", 0, 0)]
 
 
 def test_upgrade_fresh_database_reaches_head(empty_database_url: str) -> None:
