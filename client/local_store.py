@@ -11,7 +11,7 @@ import json
 import sqlite3
 import struct
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
@@ -294,18 +294,37 @@ class PendingTombstone:
     deleted_at: str
 
 
-def rows_to_push(
-    conn: sqlite3.Connection, limit: int, after: tuple[str, str] | None = None
-) -> list[sqlite3.Row]:
-    """Rows needing a push, oldest edit first (PROTOCOL §8), after a (modified_at, id) key."""
-    mod, last_id = after if after is not None else ("", "")
-    rows: list[sqlite3.Row] = conn.execute(
-        f"SELECT {_ENGRAM_COLUMNS} FROM engrams WHERE {NEEDS_PUSH}"  # noqa: S608 - constants
-        " AND (coalesce(modified_at, '') > ? OR (coalesce(modified_at, '') = ? AND id > ?))"
-        " ORDER BY coalesce(modified_at, ''), id LIMIT ?",
-        (mod, mod, last_id, limit),
-    ).fetchall()
-    return rows
+_PUSH_KEY: Final = "coalesce(modified_at, '')"
+_IDS_PER_QUERY: Final = 500  # under SQLite's historical limit of 999 parameters
+
+
+def push_keys(
+    conn: sqlite3.Connection, after: tuple[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """The (modified_at, id) keys of every row needing a push after `after`, oldest edit
+    first (PROTOCOL §8): one scan and one sort of two columns, whatever the vault's size."""
+    query = f"SELECT {_PUSH_KEY}, id FROM engrams WHERE {NEEDS_PUSH}"  # noqa: S608 - constants
+    params: tuple[str, ...] = ()
+    if after is not None:
+        query += f" AND ({_PUSH_KEY} > ? OR ({_PUSH_KEY} = ? AND id > ?))"
+        params = (after[0], after[0], after[1])
+    query += f" ORDER BY {_PUSH_KEY}, id"
+    return [(str(key), str(memory_id)) for key, memory_id in conn.execute(query, params)]
+
+
+def rows_needing_push(conn: sqlite3.Connection, ids: Sequence[str]) -> list[sqlite3.Row]:
+    """The rows of `ids` that still need a push (PROTOCOL §8), in the order of `ids`."""
+    found: dict[str, sqlite3.Row] = {}
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        chunk = ids[start : start + _IDS_PER_QUERY]
+        marks = ", ".join("?" * len(chunk))
+        query = (
+            f"SELECT {_ENGRAM_COLUMNS} FROM engrams"  # noqa: S608 - constants and placeholders
+            f" WHERE id IN ({marks}) AND {NEEDS_PUSH}"
+        )
+        for row in conn.execute(query, tuple(chunk)):
+            found[row["id"]] = row
+    return [found[memory_id] for memory_id in ids if memory_id in found]
 
 
 def count_to_push(conn: sqlite3.Connection) -> tuple[int, int]:

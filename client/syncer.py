@@ -27,11 +27,12 @@ from client.local_store import (
     local_version_text,
     mark_pushed,
     pending_tombstones,
+    push_keys,
     record_conflict,
     remember_version,
     remote_wins,
     row_to_plaintext,
-    rows_to_push,
+    rows_needing_push,
 )
 from client.relay_client import RelayClient
 from client.sync_state import SkippedBlob, SyncState
@@ -279,27 +280,36 @@ class Syncer:
         return self._max_blob_bytes
 
     def push(self, report: SyncReport) -> None:
-        """Push changed rows, then pending tombstones, in batches (PROTOCOL §8)."""
+        """Push changed rows, then pending tombstones, in batches (PROTOCOL §8).
+
+        Each round lists the keys of the rows to push in one scan, oldest edit first, then
+        pushes them batch by batch. A row edited meanwhile gets a newer modified_at, past
+        the round's last key, so the next round finds it; rows left unpushed (rejected,
+        oversized) are behind that key and not revisited by this push.
+        """
         after: tuple[str, str] | None = None
-        while True:
-            rows = rows_to_push(self.vault.conn, self.push_batch, after=after)
-            if not rows:
-                break
-            after = (rows[-1]["modified_at"] or "", rows[-1]["id"])
-            items: list[tuple[str, str, str | None]] = []  # (id, plaintext, modified_at)
-            for row in rows:
-                text = encode_memory(row_to_plaintext(self.vault.conn, row))
-                if _ciphertext_chars(len(text.encode("utf-8"))) > self._blob_limit():
-                    if row["id"] not in report.oversized:
-                        report.oversized.append(row["id"])
-                    continue
-                items.append((row["id"], text, row["modified_at"]))
-            self._push_batch(items, deleted=False, report=report)
+        while keys := push_keys(self.vault.conn, after=after):
+            for start in range(0, len(keys), self.push_batch):
+                batch = keys[start : start + self.push_batch]
+                rows = rows_needing_push(self.vault.conn, [memory_id for _, memory_id in batch])
+                self._push_rows(rows, report)
+            after = keys[-1]
         self.state.oversized = list(report.oversized)
         last: tuple[str, str] | None = None
         while tombs := pending_tombstones(self.vault.conn, self.push_batch, after=last):
             last = (tombs[-1].deleted_at, tombs[-1].memory_id)
             self._push_tombstones(tombs, report)
+
+    def _push_rows(self, rows: list[sqlite3.Row], report: SyncReport) -> None:
+        items: list[tuple[str, str, str | None]] = []  # (id, plaintext, modified_at)
+        for row in rows:
+            text = encode_memory(row_to_plaintext(self.vault.conn, row))
+            if _ciphertext_chars(len(text.encode("utf-8"))) > self._blob_limit():
+                if row["id"] not in report.oversized:
+                    report.oversized.append(row["id"])
+                continue
+            items.append((row["id"], text, row["modified_at"]))
+        self._push_batch(items, deleted=False, report=report)
 
     def _push_tombstones(self, tombs: list[PendingTombstone], report: SyncReport) -> None:
         items: list[tuple[str, str, str | None]] = [

@@ -88,6 +88,33 @@ def test_edit_after_a_remote_row_from_the_future_still_needs_push(conn: sqlite3.
     assert ls.count_to_push(conn) == (1, 0)
 
 
+def test_push_keys_list_rows_needing_a_push_oldest_edit_first(conn: sqlite3.Connection) -> None:
+    early, late = "2030-01-01T00:00:00.000000+00:00", "2030-01-02T00:00:00.000000+00:00"
+    a, b, c, d = (ls.add_memory(conn, text) for text in "abcd")
+    for memory_id, stamp in ((a, late), (b, early), (c, late), (d, early)):
+        conn.execute("UPDATE engrams SET modified_at = ? WHERE id = ?", (stamp, memory_id))
+    ls.mark_pushed(conn, d, early)
+    keys = ls.push_keys(conn)
+    assert keys == [(early, b), *sorted([(late, a), (late, c)])]  # PROTOCOL §8, ties by id
+    assert ls.push_keys(conn, after=keys[0]) == keys[1:]
+    assert ls.push_keys(conn, after=keys[1]) == keys[2:]
+    assert ls.push_keys(conn, after=keys[2]) == []
+    assert ls.push_keys(conn, after=(early, "")) == keys
+
+
+def test_rows_needing_push_come_in_the_order_asked(conn: sqlite3.Connection) -> None:
+    ids = [ls.add_memory(conn, f"row {i}") for i in range(1200)]  # more than one IN (...)
+    pushed = ls.get_row(conn, ids[7])
+    assert pushed is not None
+    ls.mark_pushed(conn, ids[7], pushed["modified_at"])
+    ls.delete_memory(conn, ids[8])
+    asked = [*reversed(ids), "mem_missing"]
+    rows = ls.rows_needing_push(conn, asked)
+    assert [r["id"] for r in rows] == [i for i in reversed(ids) if i not in (ids[7], ids[8])]
+    assert rows[0]["content"] == "row 1199"
+    assert ls.rows_needing_push(conn, []) == []
+
+
 def test_apply_writes_as_received(conn: sqlite3.Connection) -> None:
     remote = _remote("mem_r", "remote text", embedding=[0.5, 1.5], embedding_model="m")
     ls.apply_memory(conn, remote)
