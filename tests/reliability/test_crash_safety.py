@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -78,6 +78,42 @@ def _relay_rows(relay: RelayProcess) -> list[tuple[str, str, int]]:
     return [(r["memory_id"], r["device_id"], r["vector_clock"]) for r in rows]
 
 
+def _sql_int(relay: RelayProcess, query: str) -> int:
+    from tests.relay.conftest import Relay
+
+    rows = Relay(relay.url, relay.database_url, None).sql(query, VAULT)  # type: ignore[arg-type]
+    return int(rows[0][0])
+
+
+def _blobs_stored(relay: RelayProcess) -> int:
+    """Push progress as the relay sees it."""
+    return _sql_int(relay, "SELECT count(*) FROM blobs WHERE vault_id = $1")
+
+
+def _reader_cursor(relay: RelayProcess) -> int:
+    """Pull progress as the relay sees it: the furthest cursor of a device that pushed nothing."""
+    return _sql_int(
+        relay,
+        "SELECT coalesce(max(pulled_cursor), 0) FROM devices d WHERE vault_id = $1 AND NOT"
+        " EXISTS (SELECT 1 FROM blobs b WHERE b.vault_id = $1 AND b.device_id = d.device_id)",
+    )
+
+
+def _wait_for_progress(progress: Callable[[], int], since: int, running: Callable[[], bool],
+                       deadline: float = 120.0) -> bool:  # fmt: skip
+    """Poll until `progress()` passes `since` (True) or `running()` turns false (False).
+
+    Kills are paced by progress, not by the clock: a kill then always lands in the middle
+    of the work, however fast the machine or the code is.
+    """
+    stop = time.monotonic() + deadline
+    while running() and time.monotonic() < stop:
+        if progress() > since:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def test_relay_killed_during_pushes_loses_nothing(
     relay_process: RelayProcess, tmp_path: Path
 ) -> None:
@@ -101,7 +137,11 @@ def test_relay_killed_during_pushes_loses_nothing(
     worker.start()
     killed = 0
     while killed < kills and not done.is_set():
-        time.sleep(rng.uniform(0.2, 1.5))
+        since = _blobs_stored(relay_process)
+        if not _wait_for_progress(lambda: _blobs_stored(relay_process), since,
+                                  lambda: not done.is_set()):  # fmt: skip
+            break
+        time.sleep(rng.uniform(0.0, 0.3))  # somewhere in the next batches
         if done.is_set():
             break
         relay_process.kill()
@@ -134,13 +174,23 @@ def _cli(vault: Path, *args: str) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
-def _kill_cli_runs_until_one_finishes(vault: Path, rng: random.Random, kills: int) -> int:
-    """Run `engram-sync sync`, SIGKILL it after a random delay, `kills` times; then let a
-    final run finish. Returns how many runs were killed before finishing."""
+def _kill_cli_runs_until_one_finishes(
+    vault: Path, rng: random.Random, kills: int, progress: Callable[[], int]
+) -> int:
+    """Run `engram-sync sync` and SIGKILL it a random moment after it made progress,
+    `kills` times (fewer if a run finishes first); then let a final run finish. Returns
+    how many runs were killed before finishing."""
     killed = 0
     for _ in range(kills):
         proc = _cli(vault, "sync")
-        time.sleep(rng.uniform(1.0, 3.0))
+
+        def running(proc: subprocess.Popen[bytes] = proc) -> bool:
+            return proc.poll() is None
+
+        if not _wait_for_progress(progress, progress(), running):
+            proc.wait(timeout=60)
+            break  # this run finished: nothing left to interrupt
+        time.sleep(rng.uniform(0.0, 0.3))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             killed += 1
@@ -156,7 +206,9 @@ def test_client_killed_mid_push_and_mid_pull_stays_consistent(
     count, kills = (10_000, 10) if SLOW else (3_000, 3)
     rng = random.Random(int(os.environ.get("ENGRAM_SEED", "11")))
     ids = _vault(tmp_path / "writer", relay_process, count)
-    killed_push = _kill_cli_runs_until_one_finishes(tmp_path / "writer", rng, kills)
+    killed_push = _kill_cli_runs_until_one_finishes(
+        tmp_path / "writer", rng, kills, lambda: _blobs_stored(relay_process)
+    )
 
     rows = _relay_rows(relay_process)
     assert sorted(r[0] for r in rows) == sorted(ids)
@@ -167,17 +219,17 @@ def test_client_killed_mid_push_and_mid_pull_stays_consistent(
         assert local_store.count_to_push(session.vault.conn) == (0, 0)
 
     _vault(tmp_path / "reader", relay_process)
-    killed_pull = _kill_cli_runs_until_one_finishes(tmp_path / "reader", rng, kills)
+    killed_pull = _kill_cli_runs_until_one_finishes(
+        tmp_path / "reader", rng, kills, lambda: _reader_cursor(relay_process)
+    )
     assert _contents(tmp_path / "reader") == _contents(tmp_path / "writer")
     with VaultSession.open(tmp_path / "reader", PASSPHRASE) as session:
-        assert session.state.cursor == max(
-            r["seq"]
-            for r in __import__("tests.relay.conftest", fromlist=["Relay"])
-            .Relay(relay_process.url, relay_process.database_url, None)  # type: ignore[arg-type]
-            .sql("SELECT seq FROM blobs WHERE vault_id = $1", VAULT)
+        assert session.state.cursor == _sql_int(
+            relay_process, "SELECT max(seq) FROM blobs WHERE vault_id = $1"
         )
         assert session.state.skipped == []
-    assert killed_push + killed_pull >= 1, "no run was killed: raise the size"
+    assert killed_push >= 1, "no push was killed: raise the size"
+    assert killed_pull >= 1, "no pull was killed: raise the size"
     print(
         f"crash safety: client SIGKILLed {killed_push} times mid-push and {killed_pull} times"
         f" mid-pull of {count} memories"
