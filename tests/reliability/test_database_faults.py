@@ -74,7 +74,10 @@ def test_relay_survives_a_database_restart_under_load(
         time.sleep(1.5)
         own_postgres.stop()
         outage: list[httpx.Response] = []
-        for _ in range(5):
+        # Down until the writer has felt it (its retries outlast a short outage), at least 2 s.
+        deadline = time.monotonic() + 60
+        while not failures or len(outage) < 10:
+            assert time.monotonic() < deadline, "the writer never noticed the outage"
             outage.append(httpx.get(f"{relay.url}/ready", timeout=5))
             outage.append(
                 httpx.get(
