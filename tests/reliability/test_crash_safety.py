@@ -53,7 +53,9 @@ def _contents(path: Path) -> dict[str, str]:
         return {m.id: m.content for m in local_store.list_memories(session.vault.conn)}
 
 
-def _sync_until_done(path: Path, relay: RelayProcess, attempts: int = 60) -> None:
+def _sync_until_done(
+    path: Path, relay: RelayProcess, attempts: int = 60, push_batch: int = 500
+) -> None:
     for _ in range(attempts):
         try:
             with (
@@ -62,7 +64,7 @@ def _sync_until_done(path: Path, relay: RelayProcess, attempts: int = 60) -> Non
                     max_retries=2, backoff_base=0.05, backoff_max=0.2, timeout=10
                 ) as client,
             ):
-                session.syncer(client).sync()
+                session.syncer(client, push_batch=push_batch).sync()
                 return
         except SyncError:
             time.sleep(0.3)
@@ -127,7 +129,8 @@ def test_relay_killed_during_pushes_loses_nothing(
 
     def push() -> None:
         try:
-            _sync_until_done(tmp_path / "pusher", relay_process, attempts=200)
+            # Pushes of 100: enough batches for every kill to land mid-push.
+            _sync_until_done(tmp_path / "pusher", relay_process, attempts=200, push_batch=100)
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
         finally:
@@ -141,7 +144,7 @@ def test_relay_killed_during_pushes_loses_nothing(
         if not _wait_for_progress(lambda: _blobs_stored(relay_process), since,
                                   lambda: not done.is_set()):  # fmt: skip
             break
-        time.sleep(rng.uniform(0.0, 0.3))  # somewhere in the next batches
+        time.sleep(rng.uniform(0.0, 0.05))  # somewhere in the next batch or two
         if done.is_set():
             break
         relay_process.kill()
