@@ -79,7 +79,6 @@ class _LockedVault:
     quota: Quota
     # Blobs held per non-revoked device, read on first need (device quota only).
     active_devices: Counter[str] | None = None
-    changed: bool = False
 
 
 @dataclass(frozen=True)
@@ -262,8 +261,8 @@ async def _decide_and_write(
         # group replaced that blob before it was ever written.
         seen = {(j.vault_id, c.blob.device_id) for j, r in zip(jobs, results, strict=True)
                 if isinstance(r, PushOutcome) for c in r.plan.accepted}  # fmt: skip
-        changed = [v for v in locked.values() if v.changed]
-        await _write(conn, list(writes.values()), changed, sorted(seen))
+        changed = sorted({w.vault_id for w in writes.values()})
+        await _write(conn, list(writes.values()), [locked[v] for v in changed], sorted(seen))
     return results
 
 
@@ -310,7 +309,6 @@ async def _decide(
                 vault.active_devices[replaced.device_id] -= 1
             vault.active_devices[item.blob.device_id] += 1
     vault.bytes_used = new_bytes
-    vault.changed = True
     return PushOutcome(plan=plan, cursor=vault.seq)
 
 

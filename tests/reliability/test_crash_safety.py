@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,20 +72,20 @@ def _sync_until_done(
     raise AssertionError("sync never completed")
 
 
-def _relay_rows(relay: RelayProcess) -> list[tuple[str, str, int]]:
+def _sql(relay: RelayProcess, query: str) -> list[Any]:
+    """`query` (with `$1` = the test's vault) on the relay's database."""
     from tests.relay.conftest import Relay
 
-    rows = Relay(relay.url, relay.database_url, None).sql(  # type: ignore[arg-type]
-        "SELECT memory_id, device_id, vector_clock FROM blobs WHERE vault_id = $1", VAULT
-    )
+    return Relay(relay.url, relay.database_url, None).sql(query, VAULT)  # type: ignore[arg-type]
+
+
+def _relay_rows(relay: RelayProcess) -> list[tuple[str, str, int]]:
+    rows = _sql(relay, "SELECT memory_id, device_id, vector_clock FROM blobs WHERE vault_id = $1")
     return [(r["memory_id"], r["device_id"], r["vector_clock"]) for r in rows]
 
 
 def _sql_int(relay: RelayProcess, query: str) -> int:
-    from tests.relay.conftest import Relay
-
-    rows = Relay(relay.url, relay.database_url, None).sql(query, VAULT)  # type: ignore[arg-type]
-    return int(rows[0][0])
+    return int(_sql(relay, query)[0][0])
 
 
 def _blobs_stored(relay: RelayProcess) -> int:
