@@ -8,6 +8,7 @@ for `/ready` and stops it with SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ from types import TracebackType
 from typing import Final
 
 import httpx
+import psutil
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 ENV_DATABASE_URL: Final = "ENGRAM_BENCH_DATABASE_URL"
@@ -91,7 +93,7 @@ class RelayProcess:
                 if self._proc.poll() is not None:
                     raise RuntimeError(f"the relay exited at start:\n{self.log_tail()}")
                 try:
-                    if client.get("/ready").status_code == 200:
+                    if client.get("/ready").status_code == 200 and self._all_listening():
                         return self
                 except httpx.TransportError:
                     pass
@@ -99,6 +101,18 @@ class RelayProcess:
                     self.stop()
                     raise RuntimeError(f"the relay did not become ready:\n{self.log_tail()}")
                 time.sleep(0.05)
+
+    def _all_listening(self) -> bool:
+        """Every worker listens: a run must not start while one is still starting, or
+        the first connections all land on the others and stay there."""
+        if self.workers <= 1 or self._proc is None:
+            return True
+        listening = 0
+        for child in psutil.Process(self._proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                conns = child.net_connections("tcp")
+                listening += any(c.status == "LISTEN" and c.laddr.port == self.port for c in conns)
+        return listening >= self.workers
 
     def log_tail(self, lines: int = 30) -> str:
         """The end of the relay's output."""

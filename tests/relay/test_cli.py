@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -185,9 +186,32 @@ def test_gc_erases_expired_handoffs_codes_and_sessions(fresh_database_url: str) 
     assert asyncio.run(sealed()) is None
 
 
+def _connections_per_worker(
+    port: int, workers: list[psutil.Process], *, connections: int
+) -> list[int]:
+    """Open `connections` at once (as devices reconnecting after an outage do) and count
+    the ones each worker accepted. With one shared socket, the worker that wakes first
+    takes the whole burst; with a socket each, the kernel spreads them."""
+    burst = [socket.create_connection(("127.0.0.1", port)) for _ in range(connections)]
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            held = [
+                sum(1 for c in w.net_connections() if c.raddr and c.laddr.port == port)
+                for w in workers
+            ]
+            if sum(held) >= connections or time.monotonic() > deadline:
+                return held
+            time.sleep(0.05)
+    finally:
+        for conn in burst:
+            conn.close()
+
+
 def test_serve_with_workers_shares_the_port_and_the_options(fresh_database_url: str) -> None:
     """`--workers 2`: two processes serve one port, each with the CLI's options (a device
-    quota of 1 here), and SIGTERM stops all of them."""
+    quota of 1 here) and a share of a burst of connections, and SIGTERM stops all of
+    them."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     key = "workers-test-key-0123456789abcdef"
@@ -204,6 +228,9 @@ def test_serve_with_workers_shares_the_port_and_the_options(fresh_database_url: 
             if any(c.laddr.port == port and c.status == "LISTEN" for c in child.net_connections())
         ]
         assert len(listeners) == 2
+        held = _connections_per_worker(port, listeners, connections=32)
+        assert sum(held) == 32, held
+        assert min(held) > 0, held  # each worker has its own socket
         sealer = Sealer("workers-vault")
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as http:
             for i in range(8):  # new connections: both workers take some
