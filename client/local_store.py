@@ -179,10 +179,14 @@ def _fts_delete(conn: sqlite3.Connection, memory_id: str) -> None:
         conn.execute("DELETE FROM engrams_fts WHERE id = ?", (memory_id,))
 
 
-def _fts_replace(conn: sqlite3.Connection, memory_id: str, content: str) -> None:
+def _fts_replace(conn: sqlite3.Connection, memory_id: str) -> None:
     # VAULT §3: engrams_fts is kept in sync by application code (delete by id, then
     # insert with the engram's rowid), not by triggers.
     _fts_delete(conn, memory_id)
+    _fts_insert(conn, memory_id)
+
+
+def _fts_insert(conn: sqlite3.Connection, memory_id: str) -> None:
     conn.execute(
         "INSERT INTO engrams_fts (rowid, id, content)"
         " SELECT rowid, id, content FROM engrams WHERE id = ?",
@@ -247,7 +251,7 @@ def add_memory(
             now,
         ),
     )
-    _fts_replace(conn, memory_id, content)
+    _fts_insert(conn, memory_id)  # a new id: no full-text row to replace
     return memory_id
 
 
@@ -261,7 +265,7 @@ def edit_memory(conn: sqlite3.Connection, memory_id: str, content: str) -> bool:
         (content, normalized_hash(content), memory_id),
     )
     mark_edited(conn, memory_id, next_modified_at(row["modified_at"], row["synced_at"]))
-    _fts_replace(conn, memory_id, content)
+    _fts_replace(conn, memory_id)
     return True
 
 
@@ -414,20 +418,28 @@ def _instant_key(text: str) -> str:
 # --- applying pulled versions ----------------------------------------------------------------
 
 
-def local_version_text(conn: sqlite3.Connection, memory_id: str) -> tuple[str, str | None] | None:
-    """If the memory has a local change not yet pushed: (its plaintext, its modified_at).
+@dataclass(frozen=True)
+class LocalState:
+    """What the vault holds of one memory, as a pulled version meets it."""
 
-    A pending local deletion counts too (its plaintext is the tombstone's).
-    """
+    exists: bool  # an engrams row or a tombstone
+    # (plaintext, modified_at) of a local change not yet pushed; a pending local deletion
+    # counts too (its plaintext is the tombstone's)
+    unpushed: tuple[str, str | None] | None
+
+
+def local_state(conn: sqlite3.Connection, memory_id: str) -> LocalState:
+    """Whether the vault holds the memory, and its local change not yet pushed, if any."""
     row = get_row(conn, memory_id)
     if row is not None:
         if row_needs_push(row):
-            return encode_memory(row_to_plaintext(conn, row)), row["modified_at"]
-        return None
+            plaintext = encode_memory(row_to_plaintext(conn, row))
+            return LocalState(True, (plaintext, row["modified_at"]))
+        return LocalState(True, None)
     tomb = conn.execute("SELECT deleted_at FROM tombstones WHERE id = ?", (memory_id,)).fetchone()
     if tomb is not None:
-        return tombstone_plaintext(memory_id), tomb[0]
-    return None
+        return LocalState(True, (tombstone_plaintext(memory_id), tomb[0]))
+    return LocalState(False, None)
 
 
 def record_conflict(
@@ -461,9 +473,17 @@ def apply_tombstone(conn: sqlite3.Connection, memory_id: str) -> None:
     conn.execute("DELETE FROM tombstones WHERE id = ?", (memory_id,))
 
 
-def apply_memory(conn: sqlite3.Connection, memory: MemoryPlaintext) -> None:
-    """Write a winning remote memory as received (PROTOCOL §4): synced_at = modified_at."""
-    conn.execute("DELETE FROM tombstones WHERE id = ?", (memory.id,))
+def apply_memory(conn: sqlite3.Connection, memory: MemoryPlaintext, *, new: bool = False) -> None:
+    """Write a winning remote memory as received (PROTOCOL §4): synced_at = modified_at.
+
+    `new`: the vault holds nothing of this memory (no row, no tombstone; `local_state`),
+    so there is no older version to clear: no tombstone, no full-text row (VAULT §3 keeps
+    them with the rows), no links or embedding (they cascade with the row). A first pull
+    of a large vault is all new memories, and skipping those deletes saves four of its
+    statements per memory.
+    """
+    if not new:
+        conn.execute("DELETE FROM tombstones WHERE id = ?", (memory.id,))
     values = (
         memory.layer,
         memory.source,
@@ -503,14 +523,20 @@ def apply_memory(conn: sqlite3.Connection, memory: MemoryPlaintext) -> None:
         " modified_at = excluded.modified_at, synced_at = excluded.synced_at",
         (*values, memory.id),
     )
-    _fts_replace(conn, memory.id, memory.content)
-    _replace_links(conn, memory.id, memory.links)
-    _replace_embedding(conn, memory)
+    if not new:
+        _fts_delete(conn, memory.id)
+    _fts_insert(conn, memory.id)
+    _replace_links(conn, memory.id, memory.links, new=new)
+    _replace_embedding(conn, memory, new=new)
     _resolve_pending_links(conn, memory.id)
 
 
-def _replace_links(conn: sqlite3.Connection, memory_id: str, links: list[Link]) -> None:
-    conn.execute("DELETE FROM engram_links WHERE source_id = ?", (memory_id,))
+def _replace_links(
+    conn: sqlite3.Connection, memory_id: str, links: list[Link], *, new: bool
+) -> None:
+    if not new:
+        conn.execute("DELETE FROM engram_links WHERE source_id = ?", (memory_id,))
+    # Pending links are ours (no foreign key): a row another program removed leaves them.
     conn.execute("DELETE FROM sync_pending_links WHERE source_id = ?", (memory_id,))
     for link in links:
         conn.execute(
@@ -538,9 +564,10 @@ def _resolve_pending_links(conn: sqlite3.Connection, memory_id: str) -> None:
     )
 
 
-def _replace_embedding(conn: sqlite3.Connection, memory: MemoryPlaintext) -> None:
+def _replace_embedding(conn: sqlite3.Connection, memory: MemoryPlaintext, *, new: bool) -> None:
     if memory.embedding is None:
-        conn.execute("DELETE FROM engram_embeddings WHERE engram_id = ?", (memory.id,))
+        if not new:
+            conn.execute("DELETE FROM engram_embeddings WHERE engram_id = ?", (memory.id,))
         return
     conn.execute(
         "INSERT OR REPLACE INTO engram_embeddings (engram_id, embedding, model, dimensions,"

@@ -24,7 +24,7 @@ from client.local_store import (
     clear_tombstone,
     ensure_sync_tables,
     known_version,
-    local_version_text,
+    local_state,
     mark_pushed,
     pending_tombstones,
     push_keys,
@@ -219,7 +219,8 @@ class Syncer:
             if isinstance(decoded, Tombstone) or deleted
             else encode_memory(decoded)
         )
-        local = local_version_text(conn, blob.memory_id)
+        held = local_state(conn, blob.memory_id)
+        local = held.unpushed
         if local is not None and blob.device_id == self.device.device_id:
             self._own_push_returned(conn, blob, remote, decoded, local)
             report.stale += 1
@@ -230,7 +231,7 @@ class Syncer:
         if deleted or isinstance(decoded, Tombstone):
             apply_tombstone(conn, blob.memory_id)
         else:
-            apply_memory(conn, decoded)
+            apply_memory(conn, decoded, new=not held.exists)
         remember_version(conn, blob.memory_id, remote)
         report.applied += 1
         return True

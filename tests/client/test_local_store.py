@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +25,6 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def conn(template: Path, tmp_path: Path) -> Iterator[sqlite3.Connection]:
-    import shutil
-
     path = tmp_path / "vault"
     shutil.copytree(template, path)
     vault = open_vault(path, "local store tests")
@@ -168,19 +167,76 @@ def test_lww(remote: ls.KnownVersion, known: ls.KnownVersion | None, wins: bool)
     assert ls.remote_wins(remote, known) is wins
 
 
-def test_local_version_text(conn: sqlite3.Connection) -> None:
+def test_local_state(conn: sqlite3.Connection) -> None:
+    assert ls.local_state(conn, "mem_never_seen") == ls.LocalState(exists=False, unpushed=None)
     memory_id = ls.add_memory(conn, "unpushed")
-    local = ls.local_version_text(conn, memory_id)
-    assert local is not None
-    assert '"content":"unpushed"' in local[0]
+    local = ls.local_state(conn, memory_id)
+    assert local.exists
+    assert local.unpushed is not None
+    assert '"content":"unpushed"' in local.unpushed[0]
     row = ls.get_row(conn, memory_id)
     assert row is not None
     ls.mark_pushed(conn, memory_id, row["modified_at"])
-    assert ls.local_version_text(conn, memory_id) is None
+    assert ls.local_state(conn, memory_id) == ls.LocalState(exists=True, unpushed=None)
     ls.delete_memory(conn, memory_id)
-    tomb = ls.local_version_text(conn, memory_id)
-    assert tomb is not None
-    assert tomb[0] == f'{{"deleted":true,"id":"{memory_id}"}}'
+    tomb = ls.local_state(conn, memory_id)
+    assert tomb.exists
+    assert tomb.unpushed is not None
+    assert tomb.unpushed[0] == f'{{"deleted":true,"id":"{memory_id}"}}'
+
+
+def _vault_rows(conn: sqlite3.Connection) -> dict[str, list[tuple[object, ...]]]:
+    tables = {
+        "engrams": "SELECT id, content, synced_at FROM engrams",
+        "engrams_fts": "SELECT rowid, id, content FROM engrams_fts",
+        "engram_links": "SELECT source_id, target_id, link_type, weight FROM engram_links",
+        "sync_pending_links": "SELECT source_id, target_id FROM sync_pending_links",
+        "engram_embeddings": "SELECT engram_id, model, dimensions FROM engram_embeddings",
+        "tombstones": "SELECT id FROM tombstones",
+    }
+    return {name: sorted(map(tuple, conn.execute(sql))) for name, sql in tables.items()}
+
+
+def test_applying_a_new_memory_skips_only_deletes_that_find_nothing(
+    template: Path, tmp_path: Path
+) -> None:
+    """`new=True` (what the syncer passes when `local_state` finds nothing) must leave the
+    vault exactly as the full replace does: searchable, linked, embedded."""
+    target = Link(link_type="causal", target_id="mem_target", weight=0.7)
+    later = Link(link_type="temporal", target_id="mem_not_yet", weight=0.2)
+    memories = [
+        _remote("mem_target", "the target"),
+        _remote(
+            "mem_new",
+            "brand new words",
+            links=[target, later],
+            embedding=[0.25, 0.5],
+            embedding_model="m",
+        ),
+        _remote("mem_plain", "no links, no embedding"),
+    ]
+    states = []
+    for new in (False, True):
+        path = tmp_path / f"new-{new}"
+        shutil.copytree(template, path)
+        vault = open_vault(path, "local store tests")
+        try:
+            db = vault.conn
+            ls.ensure_sync_tables(db)
+            for memory in memories:
+                assert not ls.local_state(db, memory.id).exists
+                ls.apply_memory(db, memory, new=new)
+            hits = db.execute("SELECT id FROM engrams_fts WHERE engrams_fts MATCH 'brand'")
+            assert [h[0] for h in hits] == ["mem_new"]
+            # the link to a memory not pulled yet waits (sync_pending_links)
+            stored = msgspec.structs.replace(memories[1], links=[target])
+            assert ls.get_memory(db, "mem_new") == stored
+            states.append(_vault_rows(db))
+        finally:
+            vault.close()
+    assert states[0] == states[1]
+    assert states[0]["engram_links"] == [("mem_new", "mem_target", "causal", 0.7)]
+    assert states[0]["sync_pending_links"] == [("mem_new", "mem_not_yet")]
 
 
 @pytest.mark.parametrize(
