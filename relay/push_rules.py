@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from relay.errors import RelayError, bad_request
 from relay.ids import check_id
@@ -73,8 +74,7 @@ def check_structure(blobs: list[SyncBlob], max_blobs: int) -> list[CheckedBlob]:
     return checked
 
 
-@dataclass(frozen=True)
-class StoredVersion:
+class StoredVersion(NamedTuple):
     """What the relay holds for one memory."""
 
     vector_clock: int

@@ -186,6 +186,21 @@ def test_gc_erases_expired_handoffs_codes_and_sessions(fresh_database_url: str) 
     assert asyncio.run(sealed()) is None
 
 
+def _listening_workers(pid: int, port: int, *, want: int) -> list[psutil.Process]:
+    """The processes under `pid` listening on `port`, once `want` do (or after 30 s): /ready
+    answers as soon as the first worker serves, and each worker opens its own socket."""
+    deadline = time.monotonic() + 30
+    while True:
+        listening = [
+            child
+            for child in psutil.Process(pid).children(recursive=True)
+            if any(c.laddr.port == port and c.status == "LISTEN" for c in child.net_connections())
+        ]
+        if len(listening) >= want or time.monotonic() > deadline:
+            return listening
+        time.sleep(0.05)
+
+
 def _connections_per_worker(
     port: int, workers: list[psutil.Process], *, connections: int
 ) -> list[int]:
@@ -222,11 +237,7 @@ def test_serve_with_workers_shares_the_port_and_the_options(fresh_database_url: 
                             text=True)  # fmt: skip
     try:
         _wait_ready(url, proc)
-        listeners = [
-            child
-            for child in psutil.Process(proc.pid).children(recursive=True)
-            if any(c.laddr.port == port and c.status == "LISTEN" for c in child.net_connections())
-        ]
+        listeners = _listening_workers(proc.pid, port, want=2)
         assert len(listeners) == 2
         held = _connections_per_worker(port, listeners, connections=32)
         assert sum(held) == 32, held
