@@ -35,6 +35,10 @@ APP_FACTORY: Final = "relay.serving:app_from_env"
 ENV_DATABASE_URL: Final = "ENGRAM_RELAY_DATABASE_URL"
 ENV_LOG_LEVEL: Final = "ENGRAM_RELAY_LOG_LEVEL"
 ENV_LOG_FORMAT: Final = "ENGRAM_RELAY_LOG_FORMAT"
+# Seconds an idle keep-alive connection stays open (uvicorn's default, made explicit): the
+# client drops its idle connections sooner (client.relay_client.KEEPALIVE_EXPIRY_S), so
+# it never sends a request on a connection the relay is closing.
+KEEP_ALIVE_S: Final = 5
 
 
 def app_from_env() -> Litestar:
@@ -135,6 +139,7 @@ def _uvicorn_config(
         workers=workers,
         log_config=None,
         access_log=False,  # the relay logs its own access lines (relay.access)
+        timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=10,
     )
 
