@@ -52,6 +52,18 @@ def serve() -> None:
               workers=workers)  # fmt: skip
 
 
+def listening_workers(pid: int, port: int) -> list[psutil.Process]:
+    """The processes under `pid` listening on `port` (each relay worker opens its own
+    socket, some time after the first one already answers)."""
+    listening = []
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a child may exit meanwhile
+            conns = child.net_connections("tcp")
+            if any(c.status == "LISTEN" and c.laddr.port == port for c in conns):
+                listening.append(child)
+    return listening
+
+
 class RelayProcess:
     """Parent side: one relay subprocess on a free loopback port."""
 
@@ -107,12 +119,7 @@ class RelayProcess:
         the first connections all land on the others and stay there."""
         if self.workers <= 1 or self._proc is None:
             return True
-        listening = 0
-        for child in psutil.Process(self._proc.pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                conns = child.net_connections("tcp")
-                listening += any(c.status == "LISTEN" and c.laddr.port == self.port for c in conns)
-        return listening >= self.workers
+        return len(listening_workers(self._proc.pid, self.port)) >= self.workers
 
     def log_tail(self, lines: int = 30) -> str:
         """The end of the relay's output."""

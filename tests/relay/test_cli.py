@@ -17,6 +17,7 @@ import httpx
 import psutil
 import pytest
 
+from bench.relay_process import listening_workers
 from relay.db.embedded import EmbeddedPostgres
 from tests.relay.conftest import free_port
 from tests.relay.support import Sealer, pull_ok, push
@@ -191,11 +192,7 @@ def _listening_workers(pid: int, port: int, *, want: int) -> list[psutil.Process
     answers as soon as the first worker serves, and each worker opens its own socket."""
     deadline = time.monotonic() + 30
     while True:
-        listening = [
-            child
-            for child in psutil.Process(pid).children(recursive=True)
-            if any(c.laddr.port == port and c.status == "LISTEN" for c in child.net_connections())
-        ]
+        listening = listening_workers(pid, port)
         if len(listening) >= want or time.monotonic() > deadline:
             return listening
         time.sleep(0.05)
