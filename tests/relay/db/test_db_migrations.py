@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import asyncpg
@@ -143,9 +144,38 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
     return {r["indexname"]: r["indexdef"] for r in rows}
 
 
-def test_head_is_the_vault_counts_revision() -> None:
+def test_head_is_the_generation_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0003_vault_counts"
+    assert head_revision() == "0004_generation"
+
+
+def test_generation_is_one_random_row(fresh_database_url: str) -> None:
+    """0004 (PROTOCOL §17): one row, 32 hex characters, never a second row."""
+    url = fresh_database_url
+    rows = run(fetch(url, "SELECT generation FROM relay_meta"))
+    assert len(rows) == 1
+    generation = rows[0]["generation"]
+    assert re.fullmatch("[0-9a-f]{32}", generation)
+    with pytest.raises(asyncpg.UniqueViolationError):
+        run(execute(url, "INSERT INTO relay_meta (generation) VALUES (repeat('a', 32))"))
+    with pytest.raises(asyncpg.CheckViolationError):
+        run(execute(url, "INSERT INTO relay_meta VALUES (false, repeat('a', 32))"))
+    with pytest.raises(asyncpg.CheckViolationError):
+        run(execute(url, "UPDATE relay_meta SET generation = 'not hex'"))
+
+
+def test_each_migrated_database_gets_its_own_generation(empty_database_url: str) -> None:
+    """0004 on a relay from before it, after a downgrade and up again: a new id each time."""
+    url = empty_database_url
+    command.upgrade(alembic_config(url), "0003_vault_counts")
+    upgrade_to_head(url)
+    first = run(fetch(url, "SELECT generation FROM relay_meta"))[0]["generation"]
+    command.downgrade(alembic_config(url), "0003_vault_counts")
+    tables = run(fetch(url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))
+    assert "relay_meta" not in {r["tablename"] for r in tables}
+    upgrade_to_head(url)
+    second = run(fetch(url, "SELECT generation FROM relay_meta"))[0]["generation"]
+    assert first != second
 
 
 def test_vault_counts_are_filled_from_existing_blobs(empty_database_url: str) -> None:
