@@ -13,6 +13,12 @@ Seal construction (PROTOCOL §14)::
     key    = SHA-256(b"engram-team-handoff-v1" ‖ X)
     sealed = nonce(12) ‖ AES-256-GCM(key, K)                  # no AAD
 
+With a pairing code (PROTOCOL §14 step 4, :mod:`shared_format.handoff_pake`)
+the key is also bound to the SPAKE2 exchange, so only a holder of the code's
+secret part can open the seal::
+
+    key    = SHA-256(b"engram-team-handoff-pake-v1" ‖ X ‖ binding)  # binding: 32 bytes
+
 Every failure raises :class:`HandoffError`; no message contains key material.
 """
 
@@ -34,6 +40,7 @@ from shared_format.wraps import MAX_K_LEN, MIN_K_LEN, VaultKey, unpack_vault_key
 
 __all__ = [
     "HANDOFF_KDF_TAG",
+    "HANDOFF_PAKE_KDF_TAG",
     "MAX_SEALED_LEN",
     "MIN_SEALED_LEN",
     "PUBLIC_KEY_LEN",
@@ -52,6 +59,8 @@ __all__ = [
 
 # PROTOCOL §14 constants.
 HANDOFF_KDF_TAG = b"engram-team-handoff-v1"
+HANDOFF_PAKE_KDF_TAG = b"engram-team-handoff-pake-v1"  # docs/handoff.md
+BINDING_LEN = 32
 PUBLIC_KEY_LEN = 65  # SEC1 uncompressed: 0x04 ‖ X(32) ‖ Y(32)
 _NONCE_LEN = 12
 _TAG_LEN = 16
@@ -81,10 +90,19 @@ def _public_bytes(key: ec.EllipticCurvePublicKey) -> bytes:
     )
 
 
-def _seal_key(private_key: ec.EllipticCurvePrivateKey, peer: ec.EllipticCurvePublicKey) -> bytes:
-    # PROTOCOL §14: SHA-256("engram-team-handoff-v1" ‖ ECDH shared X coordinate).
+def _seal_key(
+    private_key: ec.EllipticCurvePrivateKey,
+    peer: ec.EllipticCurvePublicKey,
+    binding: bytes | None,
+) -> bytes:
     shared_x = private_key.exchange(ec.ECDH(), peer)
-    return hashlib.sha256(HANDOFF_KDF_TAG + shared_x).digest()
+    if binding is None:
+        # PROTOCOL §14: SHA-256("engram-team-handoff-v1" ‖ ECDH shared X coordinate).
+        return hashlib.sha256(HANDOFF_KDF_TAG + shared_x).digest()
+    # PROTOCOL §14 step 4, pairing-code path: also bound to the PAKE key (docs/handoff.md).
+    if len(binding) != BINDING_LEN:
+        raise HandoffError(f"a seal binding must be {BINDING_LEN} bytes")
+    return hashlib.sha256(HANDOFF_PAKE_KDF_TAG + shared_x + binding).digest()
 
 
 def public_key_fingerprint(public65: bytes) -> str:
@@ -150,8 +168,13 @@ class SealedHandoff:
         return cls(admin_public_key=decode_public_key(public_key), sealed=decode_sealed(sealed))
 
 
-def seal_vault_key(requester_public65: bytes, k_bytes: bytes) -> SealedHandoff:
-    """Seal K to the requester's public key with a fresh admin ephemeral pair."""
+def seal_vault_key(
+    requester_public65: bytes, k_bytes: bytes, *, binding: bytes | None = None
+) -> SealedHandoff:
+    """Seal K to the requester's public key with a fresh admin ephemeral pair.
+
+    `binding` (32 bytes, from the pairing code's PAKE) binds the seal key to it too.
+    """
     requester = _load_public_key(requester_public65)
     if not MIN_K_LEN <= len(k_bytes) <= MAX_K_LEN:
         raise HandoffError(f"vault key must be {MIN_K_LEN}..{MAX_K_LEN} bytes, got {len(k_bytes)}")
@@ -161,14 +184,20 @@ def seal_vault_key(requester_public65: bytes, k_bytes: bytes) -> SealedHandoff:
         raise HandoffError(f"refusing to seal a malformed vault key: {exc}") from None
     admin = ec.generate_private_key(_CURVE)
     nonce = secrets.token_bytes(_NONCE_LEN)
-    sealed = nonce + AESGCM(_seal_key(admin, requester)).encrypt(nonce, k_bytes, None)
+    key = _seal_key(admin, requester, binding)
+    sealed = nonce + AESGCM(key).encrypt(nonce, k_bytes, None)
     return SealedHandoff(admin_public_key=_public_bytes(admin.public_key()), sealed=sealed)
 
 
 def open_sealed_vault_key(
-    requester_keypair: HandoffKeyPair, admin_public65: bytes, sealed: bytes
+    requester_keypair: HandoffKeyPair,
+    admin_public65: bytes,
+    sealed: bytes,
+    *,
+    binding: bytes | None = None,
 ) -> bytes:
-    """Unseal K with the requester's private key; HandoffError on any failure.
+    """Unseal K with the requester's private key (and `binding`, as sealed); HandoffError
+    on any failure.
 
     Returns the raw K bytes; check its vault_id with
     :func:`shared_format.wraps.unpack_vault_key` (or use :func:`open_handoff_wire`).
@@ -178,7 +207,7 @@ def open_sealed_vault_key(
         raise HandoffError(
             f"sealed vault key must be {MIN_SEALED_LEN}..{MAX_SEALED_LEN} bytes, got {len(sealed)}"
         )
-    key = _seal_key(requester_keypair.private_key, admin)
+    key = _seal_key(requester_keypair.private_key, admin, binding)
     try:
         return AESGCM(key).decrypt(sealed[:_NONCE_LEN], sealed[_NONCE_LEN:], None)
     except InvalidTag:
