@@ -26,6 +26,7 @@ from relay.push_groups import PushGroups
 from relay.request_context import request_id_middleware
 from relay.routes import accounts, devices, handoff, pairing, sync, system
 from relay.state import RelayState
+from relay.store.meta import read_generation
 from relay.store.push import PushJob, PushLimits, PushResult, Quota, push_group
 from shared_format.wire import MAX_BLOBS_PER_PUSH
 
@@ -102,17 +103,23 @@ def _timing(app: ASGIApp) -> ASGIApp:
 
 
 async def _refresh_health(state: RelayState) -> None:
-    """Keep the /health counters fresh without a database round trip per request."""
+    """Keep the /health counters and the generation fresh without a database round trip
+    per request."""
     while True:
         try:
             async with state.require_pool().acquire() as conn:
                 # The per-vault counts the pushes keep (0003_vault_counts): a scan of
                 # the vaults, never of the blobs, which stalled pushes on a large relay.
+                # PROTOCOL §17: the generation rides along, so a restore reaches every
+                # replica within one refresh period.
                 row = await conn.fetchrow(
                     "SELECT count(*) AS vaults, coalesce(sum(live_blobs), 0) AS live,"
                     " coalesce(sum(tombstones), 0) AS tombstones,"
-                    " pg_database_size(current_database()) AS size FROM vaults"
+                    " pg_database_size(current_database()) AS size,"
+                    " (SELECT generation FROM relay_meta) AS generation FROM vaults"
                 )
+            if row["generation"] is not None:
+                state.generation = row["generation"]
             state.health.vaults = int(row["vaults"])
             state.health.total_blobs = int(row["live"])
             state.health.db_size_bytes = int(row["size"])
@@ -146,6 +153,13 @@ def create_app(config: RelayConfig) -> Litestar:
             config.database_url, min_size=config.pool_min_size, max_size=config.pool_max_size
         )
         pool = state.pool
+        # PROTOCOL §17: known before the first answer, so every answer carries it.
+        try:
+            async with pool.acquire() as conn:
+                state.generation = await read_generation(conn)
+        except BaseException:
+            await pool.close()
+            raise
         state.metrics.watch_pool(
             lambda: (pool.get_size(), pool.get_idle_size(), pool.get_max_size())
         )

@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 from litestar import Request
+from msgspec import UNSET, UnsetType
 
 from relay.config import RelayConfig
 from relay.keys import Principal
@@ -41,6 +42,9 @@ class RelayState:
     pool: asyncpg.Pool | None = None
     static_keys: dict[bytes, Principal] = field(default_factory=dict)
     push_groups: PushGroups | None = None
+    # PROTOCOL §17: read at startup, refreshed with the health counters (relay.app);
+    # sent in /v1/info and every push and pull answer without a query of its own.
+    generation: str | UnsetType = UNSET
 
     def require_pool(self) -> asyncpg.Pool:
         """The pool; only None before startup finished."""

@@ -1,9 +1,9 @@
-"""Wire types of the sync protocol as msgspec Structs (PROTOCOL §3, §5, §9, §11).
+"""Wire types of the sync protocol as msgspec Structs (PROTOCOL §3, §5, §9, §11, §17).
 
 Field names and defaults are those of the compatible core. Decoding ignores
 unknown fields (the format evolves additively); additive fields of ours
-(`cursor`) are `UNSET` by default and then not emitted at all, so a writer
-never sends a core field with a different type.
+(`cursor`, `generation`, `head`, a pulled blob's `seq`) are `UNSET` by default and
+then not emitted at all, so a writer never sends a core field with a different type.
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ class SyncBlob(Struct, frozen=True):
     hmac: str
     created_at: str
     deleted: bool  # required, no default (PROTOCOL §3)
+    # Additive (PROTOCOL §5, §9): the relay's sequence number of this blob, sent on
+    # cursor-mode pulls only. Not covered by the HMAC of §3; the relay ignores it in a
+    # push body.
+    seq: Cursor | UnsetType = UNSET
 
 
 class PushRequest(Struct, frozen=True):
@@ -47,12 +51,13 @@ class PushRequest(Struct, frozen=True):
 
 
 class PushResponse(Struct, frozen=True):
-    """Answer to a push (PROTOCOL §5); `cursor` is our addition (§9)."""
+    """Answer to a push (PROTOCOL §5); `cursor` (§9) and `generation` (§17) are ours."""
 
     accepted: int
     rejected: list[str] = msgspec.field(default_factory=list)
     revoked_devices: list[str] = msgspec.field(default_factory=list)
     cursor: Cursor | UnsetType = UNSET
+    generation: str | UnsetType = UNSET
 
 
 class PullRequest(Struct, frozen=True):
@@ -71,11 +76,17 @@ class PullRequest(Struct, frozen=True):
 
 
 class PullResponse(Struct, frozen=True):
-    """Answer to a pull (PROTOCOL §5); `cursor` is our addition (§9)."""
+    """Answer to a pull (PROTOCOL §5); `cursor` (§9) and `generation` (§17) are ours.
+
+    `head` (cursor mode only) is the vault's sequence when the page was read (0 for a
+    vault nobody pushed to); a head below the device's cursor means a restored relay.
+    """
 
     blobs: list[SyncBlob]
     has_more: bool
     cursor: Cursor | UnsetType = UNSET
+    generation: str | UnsetType = UNSET
+    head: Cursor | UnsetType = UNSET
 
 
 class SyncHealth(Struct, frozen=True):
@@ -147,6 +158,7 @@ class RelayInfo(Struct, frozen=True):
     max_pull_limit: int
     max_body_bytes: int
     features: list[str] = msgspec.field(default_factory=list)
+    generation: str | UnsetType = UNSET  # PROTOCOL §17
 
 
 class ErrorBody(Struct, frozen=True):
@@ -446,14 +458,20 @@ class PairingRedeemed(Struct, frozen=True):
 
 
 # --- PROTOCOL §14: team key handoff -------------------------------------------------------
-# Public keys and seals are base64url without padding.
+# Public keys and seals are base64url without padding. `pake`, `pairing_id` and `auth`
+# (§14 step 4, pairing-code path; docs/handoff.md) are additive: UNSET, and then not
+# emitted, on the member-request path.
 
 
 class HandoffCreateRequest(Struct, frozen=True):
-    """Body of `POST /v1/vaults/{vault_id}/handoff`: a 65-byte SEC1 P-256 public key."""
+    """Body of `POST /v1/vaults/{vault_id}/handoff`: a 65-byte SEC1 P-256 public key;
+    with a pairing code also the requester's SPAKE2 message (33 bytes, side B) and the
+    code's public id (64 hex), both or neither."""
 
     public_key: str
     label: str = ""
+    pake: str | UnsetType = UNSET
+    pairing_id: str | UnsetType = UNSET
 
 
 class HandoffCreated(Struct, frozen=True):
@@ -475,6 +493,8 @@ class HandoffPending(Struct, frozen=True):
     fingerprint: str
     created_at: str
     expires_at: str
+    pake: str | UnsetType = UNSET
+    pairing_id: str | UnsetType = UNSET
 
 
 class HandoffList(Struct, frozen=True):
@@ -499,10 +519,14 @@ class HandoffStatus(Struct, frozen=True):
 
 
 class HandoffSealRequest(Struct, frozen=True):
-    """Body of the seal route: the admin's ephemeral public key and the seal of K."""
+    """Body of the seal route: the admin's ephemeral public key and the seal of K; for a
+    request made with a pairing code (and only then) also the admin's SPAKE2 message
+    (33 bytes, side A) and `auth`, the 32-byte HMAC of §14 step 4."""
 
     public_key: str
     sealed: str
+    pake: str | UnsetType = UNSET
+    auth: str | UnsetType = UNSET
 
 
 class HandoffSealed(Struct, frozen=True):
@@ -521,6 +545,8 @@ class HandoffClaimed(Struct, frozen=True):
     vault_id: str
     public_key: str
     sealed: str
+    pake: str | UnsetType = UNSET
+    auth: str | UnsetType = UNSET
 
 
 class HandoffCancelled(Struct, frozen=True):

@@ -58,6 +58,7 @@ async def push(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> Push
         rejected=plan.rejected,
         revoked_devices=plan.revoked_devices,
         cursor=outcome.cursor,
+        generation=state.generation,  # PROTOCOL §17, cached: no query of its own
     )
 
 
@@ -93,7 +94,13 @@ async def pull(
         state.metrics.pulls.labels("cursor").inc()
         state.metrics.blobs_pulled.inc(len(page.blobs))
         state.metrics.pull_lag.observe(page.lag)
-        return PullResponse(blobs=page.blobs, has_more=page.has_more, cursor=page.cursor)
+        return PullResponse(
+            blobs=page.blobs,
+            has_more=page.has_more,
+            cursor=page.cursor,
+            generation=state.generation,  # PROTOCOL §17, cached: no query of its own
+            head=page.head,
+        )
     instant = None
     if since:
         try:
@@ -103,7 +110,7 @@ async def pull(
     blobs, has_more = await store.pull_since(pool, vault_id, instant, page_size)
     state.metrics.pulls.labels("since").inc()
     state.metrics.blobs_pulled.inc(len(blobs))
-    return PullResponse(blobs=blobs, has_more=has_more)
+    return PullResponse(blobs=blobs, has_more=has_more, generation=state.generation)
 
 
 async def _stats(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> VaultStats:

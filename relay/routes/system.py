@@ -1,4 +1,4 @@
-"""Health, readiness, limits and metrics (PROTOCOL §5, §11)."""
+"""Health, readiness, limits, the generation and metrics (PROTOCOL §5, §11, §17)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from relay.state import relay_state
 from shared_format.wire import MAX_BLOBS_PER_PUSH, MAX_PULL_LIMIT, RelayInfo, SyncHealth
 
 PROTOCOL_VERSION = "engram-sync/5.1"
-FEATURES = ["cursor", "device_bound_keys", "tombstone_compaction", "ready"]
+FEATURES = ["cursor", "device_bound_keys", "tombstone_compaction", "ready", "generation"]
 
 
 @get("/health", tags=["system"])
@@ -50,7 +50,8 @@ async def ready(request: Request[Any, Any, Any]) -> dict[str, str]:
 @get("/v1/info", tags=["system"])
 async def info(request: Request[Any, Any, Any]) -> RelayInfo:
     """The limits advertisement, so clients size batches without guessing (§11)."""
-    config = relay_state(request).config
+    state = relay_state(request)
+    config = state.config
     return RelayInfo(
         protocol=PROTOCOL_VERSION,
         max_blobs_per_push=MAX_BLOBS_PER_PUSH,
@@ -58,6 +59,7 @@ async def info(request: Request[Any, Any, Any]) -> RelayInfo:
         max_pull_limit=MAX_PULL_LIMIT,
         max_body_bytes=config.max_body_bytes,
         features=FEATURES,
+        generation=state.generation,  # PROTOCOL §17
     )
 
 

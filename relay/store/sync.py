@@ -31,6 +31,21 @@ def _to_blob(row: asyncpg.Record) -> SyncBlob:
     )
 
 
+def _to_blob_with_seq(row: asyncpg.Record) -> SyncBlob:
+    """A cursor-mode blob: the eight fields of §3 plus its additive `seq` (§9)."""
+    return SyncBlob(
+        vault_id=row["vault_id"],
+        memory_id=row["memory_id"],
+        device_id=row["device_id"],
+        vector_clock=row["vector_clock"],
+        ciphertext=row["ciphertext"],
+        hmac=row["hmac"],
+        created_at=row["created_at"],
+        deleted=row["deleted"],
+        seq=row["seq"],
+    )
+
+
 @dataclass(frozen=True)
 class Page:
     """One page of a pull."""
@@ -38,6 +53,7 @@ class Page:
     blobs: list[SyncBlob]
     has_more: bool
     cursor: int
+    head: int = 0  # the vault's sequence (PROTOCOL §17: a restored relay's is lower)
     lag: int = 0  # blobs of the vault still ahead of `cursor` (for metrics)
 
 
@@ -64,6 +80,13 @@ async def pull_by_cursor(
         if 0 < cursor < horizon:
             raise resync_required(cursor, horizon)
         rows = await conn.fetch(PULL_PAGE, vault_id, cursor, limit + 1)
+        # The vault row was read before the page: a push committing in between can put
+        # blobs above it on the page, and the head must never be below a seq sent. Never
+        # raised to the request's cursor, though: a head below it is how a device sees
+        # a restored relay (PROTOCOL §17).
+        head = 0 if vault is None else int(vault["seq"])
+        if rows:
+            head = max(head, int(rows[-1]["seq"]))
         has_more = len(rows) > limit
         rows = rows[:limit]
         new_cursor = rows[-1]["seq"] if rows else cursor
@@ -80,8 +103,8 @@ async def pull_by_cursor(
                 device_id,
                 new_cursor,
             )
-        lag = 0 if vault is None else max(0, int(vault["seq"]) - new_cursor)
-        return Page([_to_blob(r) for r in rows], has_more, new_cursor, lag)
+        lag = max(0, head - new_cursor)
+        return Page([_to_blob_with_seq(r) for r in rows], has_more, new_cursor, head, lag)
 
 
 async def pull_since(

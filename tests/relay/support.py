@@ -194,6 +194,12 @@ def push_in_batches(
     return accepted
 
 
+def generation(client: httpx.Client) -> str:
+    """The relay generation /v1/info advertises (PROTOCOL §17)."""
+    info: str = client.get("/v1/info").json()["generation"]
+    return info
+
+
 def pull(client: httpx.Client, vault_id: str, **params: Any) -> httpx.Response:
     """GET the vault's pull route with query parameters (None values left out)."""
     query = {k: v for k, v in params.items() if v is not None}

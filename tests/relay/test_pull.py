@@ -14,6 +14,7 @@ from tests.relay.support import (
     Sealer,
     assert_error,
     client,
+    generation,
     module_relay,
     new_vault_id,
     pull,
@@ -67,12 +68,15 @@ def test_cursor_pages_in_seq_order_with_has_more(http: httpx.Client, vault: str)
         False,
         6,
     )
-    # Past the end: an empty page that keeps the caller's cursor.
+    # Past the end: an empty page that keeps the caller's cursor; the head stays the
+    # vault's sequence even below the cursor (how a device sees a restore, PROTOCOL §17).
     for cursor in (6, 1000):
         assert pull_ok(http, vault, cursor=cursor) == {
             "blobs": [],
             "has_more": False,
             "cursor": cursor,
+            "generation": generation(http),
+            "head": 6,
         }
 
 
@@ -145,8 +149,15 @@ def test_bad_query_parameters_are_400_naming_them(
 
 def test_reads_of_an_unknown_vault_reveal_nothing(relay: Relay, http: httpx.Client) -> None:
     vault = new_vault_id("nobody")
-    assert pull_ok(http, vault, cursor=0) == {"blobs": [], "has_more": False, "cursor": 0}
-    assert pull_ok(http, vault) == {"blobs": [], "has_more": False}
+    current = generation(http)
+    assert pull_ok(http, vault, cursor=0) == {
+        "blobs": [],
+        "has_more": False,
+        "cursor": 0,
+        "generation": current,
+        "head": 0,
+    }
+    assert pull_ok(http, vault) == {"blobs": [], "has_more": False, "generation": current}
     assert pull_ok(http, vault, since="2026-01-01T00:00:00+00:00")["blobs"] == []
     expected = {"vault_id": vault, "total_blobs": 0, "latest_sync": None}
     assert http.get(f"/v1/vaults/{vault}/stats").json() == expected

@@ -17,6 +17,7 @@ from tests.relay.support import (
     Sealer,
     assert_error,
     client,
+    generation,
     module_relay,
     new_device_id,
     new_vault_id,
@@ -59,7 +60,13 @@ def assert_nothing_written(relay: Relay, http: httpx.Client, vault_id: str) -> N
     assert relay.sql("SELECT 1 FROM vaults WHERE vault_id = $1", vault_id) == []
     assert relay.sql("SELECT 1 FROM devices WHERE vault_id = $1", vault_id) == []
     page = pull_ok(http, vault_id, cursor=0)
-    assert page == {"blobs": [], "has_more": False, "cursor": 0}
+    assert page == {
+        "blobs": [],
+        "has_more": False,
+        "cursor": 0,
+        "generation": generation(http),
+        "head": 0,
+    }
 
 
 # --- what is stored comes back byte-identical ----------------------------------------------
@@ -78,11 +85,23 @@ def test_pushed_blobs_come_back_byte_identical(
         sealer.blob("mem-text", 1, text="x" * 5000),
     ]
     answer = push_ok(http, vault, pushed)
-    assert answer == {"accepted": 6, "rejected": [], "revoked_devices": [], "cursor": 6}
+    assert answer == {
+        "accepted": 6,
+        "rejected": [],
+        "revoked_devices": [],
+        "cursor": 6,
+        "generation": generation(http),
+    }
     by_cursor, cursor = pull_all(http, vault)
     assert cursor == 6
+    # Cursor mode adds each blob's seq (PROTOCOL §9, additive); legacy mode sends the
+    # eight fields of §3 only.
+    assert [b.keys() - FIELDS for b in by_cursor] == [{"seq"}] * 6
+    assert [b["seq"] for b in by_cursor] == [1, 2, 3, 4, 5, 6]
     legacy = pull_ok(http, vault)["blobs"]
-    for pulled in (by_cursor, sorted(legacy, key=lambda b: by_cursor.index(b))):
+    assert [set(b) for b in legacy] == [set(FIELDS)] * 6
+    order = [b["memory_id"] for b in by_cursor]
+    for pulled in (by_cursor, sorted(legacy, key=lambda b: order.index(b["memory_id"]))):
         assert [{k: b[k] for k in FIELDS} for b in pulled] == [wire(b) for b in pushed]
     # The envelope still verifies and decrypts with the real keys after the round trip.
     for blob in by_cursor:
@@ -108,6 +127,7 @@ def test_push_answer_reports_the_vault_cursor(http: httpx.Client, vault: str) ->
         "rejected": ["mem-0001"],
         "revoked_devices": [],
         "cursor": 4,
+        "generation": generation(http),
     }
 
 
@@ -303,7 +323,8 @@ def test_duplicates_in_one_batch_keep_only_the_highest_clock(
     assert answer["rejected"] == ["m"]
     assert sorted(stored(relay, vault)) == [("m", 9), ("n", 1)]
     (pulled_m,) = [b for b in pull_all(http, vault)[0] if b["memory_id"] == "m"]
-    assert pulled_m == wire(batch[1])
+    (m_seq,) = relay.sql("SELECT seq FROM blobs WHERE vault_id = $1 AND memory_id = 'm'", vault)
+    assert pulled_m == {**wire(batch[1]), "seq": m_seq["seq"]}
     # With a stored version: the lower duplicates are stale or superseded, the highest wins.
     again = push_ok(http, vault, [sealer.blob("m", 8), sealer.blob("m", 11), sealer.blob("m", 10)])
     assert (again["accepted"], again["rejected"]) == (1, ["m"])

@@ -46,10 +46,26 @@ def test_sync_blob_field_names_round_trip() -> None:
 
 
 def test_unknown_fields_are_ignored() -> None:
-    data = json.dumps({**BLOB, "seq": 9, "future": {"x": 1}})
+    data = json.dumps({**BLOB, "future": {"x": 1}})
     assert decode_json(data, SyncBlob) == decode_json(json.dumps(BLOB), SyncBlob)
     resp = decode_json(b'{"accepted":1,"rejected":[],"new_field":true}', PushResponse)
     assert resp.accepted == 1
+
+
+def test_additive_fields_decode_and_are_not_emitted_unset() -> None:
+    """A pulled blob's `seq` (§9), a pull's `head` and every answer's `generation` (§17)."""
+    blob = decode_json(json.dumps({**BLOB, "seq": 9}), SyncBlob)
+    assert blob.seq == 9
+    assert json.loads(encode_json(blob)) == {**BLOB, "seq": 9}
+    assert "seq" not in json.loads(encode_json(decode_json(json.dumps(BLOB), SyncBlob)))
+    page = decode_json(b'{"blobs":[],"has_more":false,"generation":"g","head":3}', PullResponse)
+    assert (page.generation, page.head) == ("g", 3)
+    assert json.loads(encode_json(PullResponse(blobs=[], has_more=False))) == {
+        "blobs": [],
+        "has_more": False,
+    }
+    assert decode_json(b'{"accepted":0,"generation":"g"}', PushResponse).generation == "g"
+    assert "generation" not in json.loads(encode_json(PushResponse(accepted=0)))
 
 
 def test_deleted_is_required() -> None:
