@@ -5,6 +5,11 @@ admin key lists pending requests, compares fingerprints with the requester and
 seals K to that key; only the requesting key may claim the seal, exactly once.
 Fingerprints are always recomputed from the stored public key, never stored,
 so what an admin is shown is a function of the very key it would seal to.
+
+A request made with a pairing code carries the requester's SPAKE2 message and
+the code's public id; its seal must then carry the admin's SPAKE2 message and
+`auth` (PROTOCOL §14 step 4), and a request without them takes a seal without
+them. The relay only checks shapes: the authentication is between the clients.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any, Final
 
 from litestar import Request, delete, get, post
 from litestar.params import FromPath
+from msgspec import UNSET, UnsetType
 
 from relay.auth import authorize
 from relay.bodies import BODY_OPT, decode_body
@@ -25,6 +31,13 @@ from relay.store import handoff as store
 from relay.store.handoff import HandoffRow
 from shared_format.errors import HandoffError
 from shared_format.handoff import decode_public_key, decode_sealed, public_key_fingerprint
+from shared_format.handoff_pake import (
+    SIDE_ADMIN,
+    SIDE_REQUESTER,
+    decode_auth,
+    decode_pake_message,
+)
+from shared_format.pairing import is_pairing_id
 from shared_format.timestamps import format_rfc3339
 from shared_format.wire import (
     HandoffCancelled,
@@ -54,6 +67,32 @@ def _public_key(value: str, field: str = "public_key") -> str:
         decode_public_key(value)
     except HandoffError as exc:
         raise bad_request(str(exc), code="invalid_request", field=field) from None
+    return value
+
+
+def _optional(value: str | None) -> str | UnsetType:
+    return UNSET if value is None else value
+
+
+def _both_or_neither(
+    first: str | UnsetType, second: str | UnsetType, names: tuple[str, str]
+) -> tuple[str, str] | None:
+    """PROTOCOL §14 step 4: the two pairing-code fields come together or not at all."""
+    if first is UNSET and second is UNSET:
+        return None
+    if first is UNSET or second is UNSET:
+        missing = names[0] if first is UNSET else names[1]
+        raise bad_request(
+            f"`{names[0]}` and `{names[1]}` go together", code="invalid_request", field=missing
+        )
+    return first, second
+
+
+def _pake(value: str, side: bytes) -> str:
+    try:
+        decode_pake_message(value, side)
+    except HandoffError as exc:
+        raise bad_request(str(exc), code="invalid_request", field="pake") from None
     return value
 
 
@@ -92,9 +131,26 @@ async def create_handoff(
     data = await decode_body(request, HandoffCreateRequest)
     public_key = _public_key(data.public_key)
     label = check_label(data.label) or ""
+    paired = _both_or_neither(data.pake, data.pairing_id, ("pake", "pairing_id"))
+    pake = pairing_id = None
+    if paired is not None:
+        pake = _pake(paired[0], SIDE_REQUESTER)
+        if not is_pairing_id(paired[1]):
+            raise bad_request(
+                "pairing_id must be 64 lowercase hex characters",
+                code="invalid_request",
+                field="pairing_id",
+            )
+        pairing_id = paired[1]
     try:
         row = await store.create(
-            relay_state(request).require_pool(), vault_id, public_key, label, principal.key_id
+            relay_state(request).require_pool(),
+            vault_id,
+            public_key,
+            label,
+            principal.key_id,
+            pake=pake,
+            pairing_id=pairing_id,
         )
     except store.TooManyRequestsError:
         raise RelayError(
@@ -126,6 +182,8 @@ async def list_handoffs(request: Request[Any, Any, Any], vault_id: FromPath[str]
                 fingerprint=_fingerprint(r.public_key),
                 created_at=format_rfc3339(r.created_at),
                 expires_at=format_rfc3339(r.expires_at),
+                pake=_optional(r.pake),
+                pairing_id=_optional(r.pairing_id),
             )
             for r in rows
         ],
@@ -173,10 +231,36 @@ async def seal_handoff(
         decode_sealed(data.sealed)
     except HandoffError as exc:
         raise bad_request(str(exc), code="invalid_request", field="sealed") from None
+    authenticated = _both_or_neither(data.pake, data.auth, ("pake", "auth"))
+    admin_pake = auth = None
+    if authenticated is not None:
+        admin_pake = _pake(authenticated[0], SIDE_ADMIN)
+        try:
+            decode_auth(authenticated[1])
+        except HandoffError as exc:
+            raise bad_request(str(exc), code="invalid_request", field="auth") from None
+        auth = authenticated[1]
     pool = relay_state(request).require_pool()
-    sealed_at = await store.seal(pool, vault_id, request_id, admin_public_key, data.sealed)
+    sealed_at = await store.seal(
+        pool, vault_id, request_id, admin_public_key, data.sealed, admin_pake=admin_pake, auth=auth
+    )
     if sealed_at is None:
-        raise _refusal(await store.get(pool, vault_id, request_id), "seal")
+        row = await store.get(pool, vault_id, request_id)
+        if row is not None and row.status == "pending":
+            # PROTOCOL §14 step 4: only the pairing-code fields can have stopped it.
+            if row.pake is None:
+                raise bad_request(
+                    "this request was made without a pairing code: seal it without `pake` "
+                    "and `auth`",
+                    code="invalid_request",
+                    field="pake",
+                )
+            raise bad_request(
+                "this request was made with a pairing code: its seal needs `pake` and `auth`",
+                code="invalid_request",
+                field="pake",
+            )
+        raise _refusal(row, "seal")
     return HandoffSealed(
         request_id=request_id, vault_id=vault_id, sealed_at=format_rfc3339(sealed_at)
     )
@@ -200,6 +284,8 @@ async def claim_handoff(
         vault_id=vault_id,
         public_key=claimed.admin_public_key,
         sealed=claimed.sealed,
+        pake=_optional(claimed.admin_pake),
+        auth=_optional(claimed.auth),
     )
 
 

@@ -1,7 +1,10 @@
 """The team key handoff mailbox in the database (PROTOCOL §14).
 
 The relay keeps the requester's public key, then one seal (the admin's
-ephemeral public key and ciphertext of K it cannot open). Claiming is one
+ephemeral public key and ciphertext of K it cannot open). A request made with a
+pairing code also keeps the requester's SPAKE2 message and the code's public id,
+and its seal the admin's SPAKE2 message and `seal_auth` (PROTOCOL §14 step 4):
+public values the relay relays but cannot use. Claiming is one
 statement: it returns the seal and erases it in the same UPDATE, so concurrent
 claims have exactly one winner. At expiry the seal is erased; the row (public
 metadata only) stays a day so the status route can say "expired", then goes.
@@ -51,6 +54,8 @@ class HandoffRow:
     sealed_at: datetime | None
     claimed_at: datetime | None
     status: str
+    pake: str | None = None  # the requester's SPAKE2 message (pairing-code path)
+    pairing_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,8 @@ class ClaimedSeal:
 
     admin_public_key: str
     sealed: str
+    admin_pake: str | None = None
+    auth: str | None = None
 
 
 def new_request_id() -> str:
@@ -69,7 +76,7 @@ def new_request_id() -> str:
 # Constant SQL fragments only (the `noqa: S608` below): every value is a $n parameter.
 _COLUMNS: Final = (
     "request_id, vault_id, public_key, label, requester_key_id, created_at, expires_at,"
-    f" sealed_at, claimed_at, {_STATUS} AS status"
+    f" sealed_at, claimed_at, {_STATUS} AS status, requester_pake AS pake, pairing_id"
 )
 
 
@@ -84,6 +91,9 @@ async def create(
     label: str,
     requester_key_id: str,
     ttl: timedelta = HANDOFF_TTL,
+    *,
+    pake: str | None = None,
+    pairing_id: str | None = None,
 ) -> HandoffRow:
     """Open a request; TooManyRequestsError past MAX_PENDING_PER_VAULT unexpired ones."""
     async with pool.acquire() as conn, conn.transaction():
@@ -100,7 +110,8 @@ async def create(
             raise TooManyRequestsError(vault_id)
         record = await conn.fetchrow(
             "INSERT INTO handoff_requests (vault_id, request_id, public_key, label,"  # noqa: S608
-            " requester_key_id, expires_at) VALUES ($1, $2, $3, $4, $5, now() + $6)"
+            " requester_key_id, expires_at, requester_pake, pairing_id)"
+            " VALUES ($1, $2, $3, $4, $5, now() + $6, $7, $8)"
             f" RETURNING {_COLUMNS}",
             vault_id,
             new_request_id(),
@@ -108,6 +119,8 @@ async def create(
             label,
             requester_key_id,
             ttl,
+            pake,
+            pairing_id,
         )
     return _row(record)
 
@@ -139,19 +152,31 @@ async def get(pool: asyncpg.Pool, vault_id: str, request_id: str) -> HandoffRow 
 
 
 async def seal(
-    pool: asyncpg.Pool, vault_id: str, request_id: str, admin_public_key: str, sealed: str
+    pool: asyncpg.Pool,
+    vault_id: str,
+    request_id: str,
+    admin_public_key: str,
+    sealed: str,
+    *,
+    admin_pake: str | None = None,
+    auth: str | None = None,
 ) -> datetime | None:
-    """Store the seal of a pending request; None when it is not pending (see `get`)."""
+    """Store the seal of a pending request; None when it is not pending (see `get`) or
+    when it carries a SPAKE2 message and auth exactly when the request did not."""
     async with pool.acquire() as conn:
         await purge_expired_requests(conn, vault_id)
         sealed_at: datetime | None = await conn.fetchval(
-            "UPDATE handoff_requests SET admin_public_key = $3, sealed = $4, sealed_at = now()"
+            "UPDATE handoff_requests SET admin_public_key = $3, sealed = $4, sealed_at = now(),"
+            " admin_pake = $5, seal_auth = $6"
             " WHERE vault_id = $1 AND request_id = $2 AND sealed_at IS NULL"
-            " AND claimed_at IS NULL AND expires_at > now() RETURNING sealed_at",
+            " AND claimed_at IS NULL AND expires_at > now()"
+            " AND (requester_pake IS NULL) = ($5::text IS NULL) RETURNING sealed_at",
             vault_id,
             request_id,
             admin_public_key,
             sealed,
+            admin_pake,
+            auth,
         )
     return sealed_at
 
@@ -168,16 +193,18 @@ async def claim(
         record = await conn.fetchrow(
             """
             WITH old AS (
-                SELECT vault_id, request_id, admin_public_key, sealed FROM handoff_requests
+                SELECT vault_id, request_id, admin_public_key, sealed, admin_pake, seal_auth
+                FROM handoff_requests
                 WHERE vault_id = $1 AND request_id = $2 FOR UPDATE
             )
             UPDATE handoff_requests h
-            SET claimed_at = now(), sealed = NULL, admin_public_key = NULL
+            SET claimed_at = now(), sealed = NULL, admin_public_key = NULL,
+                admin_pake = NULL, seal_auth = NULL
             FROM old
             WHERE h.vault_id = old.vault_id AND h.request_id = old.request_id
               AND h.requester_key_id = $3 AND h.claimed_at IS NULL
               AND h.sealed IS NOT NULL AND h.expires_at > now()
-            RETURNING old.admin_public_key, old.sealed
+            RETURNING old.admin_public_key, old.sealed, old.admin_pake, old.seal_auth
             """,
             vault_id,
             request_id,
@@ -185,7 +212,9 @@ async def claim(
         )
     if record is None or record["sealed"] is None:
         return None
-    return ClaimedSeal(record["admin_public_key"], record["sealed"])
+    return ClaimedSeal(
+        record["admin_public_key"], record["sealed"], record["admin_pake"], record["seal_auth"]
+    )
 
 
 async def cancel(pool: asyncpg.Pool, vault_id: str, request_id: str) -> bool:
@@ -206,7 +235,8 @@ async def purge_expired_requests(conn: Conn, vault_id: str | None = None) -> int
     """
     scope, args = ("", ()) if vault_id is None else (" AND vault_id = $1", (vault_id,))
     erased: str = await conn.execute(
-        "UPDATE handoff_requests SET sealed = NULL, admin_public_key = NULL"  # noqa: S608
+        "UPDATE handoff_requests SET sealed = NULL, admin_public_key = NULL,"  # noqa: S608
+        " admin_pake = NULL, seal_auth = NULL"
         f" WHERE expires_at <= now() AND sealed IS NOT NULL{scope}",
         *args,
     )

@@ -12,17 +12,28 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
+from shared_format.b64 import b64url_encode
 from shared_format.errors import HandoffError
 from shared_format.handoff import (
+    HandoffKeyPair,
     decode_public_key,
     new_handoff_keypair,
     open_handoff_wire,
     public_key_fingerprint,
     seal_vault_key,
 )
+from shared_format.handoff_pake import (
+    RequesterPake,
+    decode_pake_message,
+    open_wire_with_code,
+    pake_password,
+    seal_vault_key_with_code,
+)
+from shared_format.pairing import parse_pairing_code
 from shared_format.wraps import pack_vault_key
 from tests.relay.accounts.helpers import http
 from tests.relay.conftest import Relay
@@ -278,3 +289,169 @@ def test_public_key_round_trips_and_the_fingerprint_is_not_stored(served: Relay)
     assert stored[0]["public_key"] == requester.public_key_b64url
     with http(served) as anonymous:
         assert_error(anonymous.get(f"/v1/vaults/{vault_id}/handoff"), 401, "unauthorized")
+
+
+# --- PROTOCOL §14 step 4: the pairing-code fields ------------------------------------
+
+
+CODE = parse_pairing_code("ENG-7K3M-Q9XA-D2PF-ABCD-EFGH")
+
+
+def request_with_code(
+    relay: Relay, vault_id: str, key: str, keypair: HandoffKeyPair, pake: RequesterPake
+) -> dict[str, Any]:
+    with client(relay, key) as c:
+        r = c.post(
+            f"/v1/vaults/{vault_id}/handoff",
+            json={
+                "public_key": keypair.public_key_b64url,
+                "label": "Bob's laptop",
+                "pake": b64url_encode(pake.message),
+                "pairing_id": CODE.pairing_id,
+            },
+        )
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def test_pairing_code_handoff_through_the_relay(served: Relay) -> None:
+    vault_id = new_vault_id("pake")
+    member, admin = served.mint(vault_id), served.mint(vault_id, admin=True)
+    k = vault_key(vault_id)
+    requester, pake = new_handoff_keypair(), RequesterPake.start(pake_password(CODE))
+    request_id = request_with_code(served, vault_id, member, requester, pake)["request_id"]
+
+    with client(served, admin) as c:
+        [pending] = c.get(f"/v1/vaults/{vault_id}/handoff").json()["requests"]
+    assert pending["pake"] == b64url_encode(pake.message)
+    assert pending["pairing_id"] == CODE.pairing_id
+    made = seal_vault_key_with_code(
+        pake_password(CODE),
+        request_id,
+        decode_public_key(pending["public_key"]),
+        decode_pake_message(pending["pake"], b"B"),
+        k,
+    )
+    # A seal without the exchange is refused for this request (and the request stays open).
+    plain = seal_vault_key(requester.public_key, k).to_wire()
+    assert assert_error(seal(served, vault_id, admin, request_id, plain), 400)["field"] == "pake"
+    assert status(served, vault_id, member, request_id) == "pending"
+    done = seal(served, vault_id, admin, request_id, made.to_wire())
+    assert done.status_code == 200, done.text
+
+    got = claim(served, vault_id, member, request_id)
+    assert got.status_code == 200, got.text
+    wire = got.json()
+    assert set(wire) >= {"public_key", "sealed", "pake", "auth"}
+    key = open_wire_with_code(
+        RequesterPake.from_state(pake.state()), requester, request_id, wire, vault_id
+    )
+    assert key.enc_key == k[:32]
+    rows = served.sql(
+        "SELECT sealed, admin_public_key, admin_pake, seal_auth FROM handoff_requests"
+        " WHERE request_id = $1",
+        request_id,
+    )
+    assert [tuple(r) for r in rows] == [(None, None, None, None)]  # erased with the claim
+
+
+def test_member_requests_have_no_pairing_fields_and_refuse_them_in_a_seal(served: Relay) -> None:
+    vault_id = new_vault_id("nopake")
+    member, admin = served.mint(vault_id), served.mint(vault_id, admin=True)
+    requester = new_handoff_keypair()
+    request_id = request_handoff(served, vault_id, member, requester.public_key_b64url)[
+        "request_id"
+    ]
+    with client(served, admin) as c:
+        [pending] = c.get(f"/v1/vaults/{vault_id}/handoff").json()["requests"]
+    assert "pake" not in pending
+    assert "pairing_id" not in pending
+    pake = RequesterPake.start(pake_password(CODE))
+    made = seal_vault_key_with_code(
+        pake_password(CODE), request_id, requester.public_key, pake.message, vault_key(vault_id)
+    )
+    assert (
+        assert_error(seal(served, vault_id, admin, request_id, made.to_wire()), 400)["field"]
+        == "pake"
+    )
+    plain = seal_vault_key(requester.public_key, vault_key(vault_id))
+    assert seal(served, vault_id, admin, request_id, plain.to_wire()).status_code == 200
+    got = claim(served, vault_id, member, request_id).json()
+    assert "pake" not in got
+    assert "auth" not in got
+
+
+def test_pairing_field_validation(served: Relay) -> None:
+    vault_id = new_vault_id("val")
+    member, admin = served.mint(vault_id), served.mint(vault_id, admin=True)
+    requester = new_handoff_keypair()
+    pake = RequesterPake.start(pake_password(CODE))
+    good = {
+        "public_key": requester.public_key_b64url,
+        "pake": b64url_encode(pake.message),
+        "pairing_id": CODE.pairing_id,
+    }
+    admin_side = seal_vault_key_with_code(
+        pake_password(CODE), "ho_x", requester.public_key, pake.message, vault_key(vault_id)
+    ).to_wire()
+    with client(served, member) as c:
+        for bad, field in [
+            ({**good, "pake": None}, "pake"),
+            ({k: v for k, v in good.items() if k != "pake"}, "pake"),
+            ({k: v for k, v in good.items() if k != "pairing_id"}, "pairing_id"),
+            ({**good, "pairing_id": CODE.pairing_id.upper()}, "pairing_id"),
+            ({**good, "pairing_id": CODE.full}, "pairing_id"),  # never the code itself
+            ({**good, "pake": admin_side["pake"]}, "pake"),  # side A where B is expected
+            ({**good, "pake": good["pake"][:-4]}, "pake"),
+        ]:
+            response = c.post(f"/v1/vaults/{vault_id}/handoff", json=bad)
+            assert assert_error(response, 400)["field"] == field, bad
+    request_id = request_with_code(served, vault_id, member, requester, pake)["request_id"]
+    for bad, field in [
+        ({k: v for k, v in admin_side.items() if k != "auth"}, "auth"),
+        ({k: v for k, v in admin_side.items() if k != "pake"}, "pake"),
+        ({**admin_side, "pake": good["pake"]}, "pake"),  # side B where A is expected
+        ({**admin_side, "auth": admin_side["auth"][:-2]}, "auth"),
+    ]:
+        assert assert_error(seal(served, vault_id, admin, request_id, bad), 400)["field"] == field
+    assert status(served, vault_id, member, request_id) == "pending"
+
+
+def test_expiry_erases_the_exchange_of_the_seal(served: Relay) -> None:
+    vault_id = new_vault_id("pexp")
+    member, admin = served.mint(vault_id), served.mint(vault_id, admin=True)
+    requester, pake = new_handoff_keypair(), RequesterPake.start(pake_password(CODE))
+    request_id = request_with_code(served, vault_id, member, requester, pake)["request_id"]
+    made = seal_vault_key_with_code(
+        pake_password(CODE), request_id, requester.public_key, pake.message, vault_key(vault_id)
+    )
+    assert seal(served, vault_id, admin, request_id, made.to_wire()).status_code == 200
+    served.sql(
+        "UPDATE handoff_requests SET expires_at = now() - interval '1 minute' WHERE vault_id = $1",
+        vault_id,
+    )
+    assert_error(claim(served, vault_id, member, request_id), 410, "expired")
+    rows = served.sql(
+        "SELECT sealed, admin_pake, seal_auth FROM handoff_requests WHERE vault_id = $1", vault_id
+    )
+    assert [tuple(r) for r in rows] == [(None, None, None)]
+
+
+def test_schema_keeps_the_pairs_together(served: Relay) -> None:
+    """0005's constraints: the request's pair, the seal's pair, and a seal's exchange only
+    with a seal of a pairing-code request."""
+    vault_id = new_vault_id("chk")
+    member = served.mint(vault_id)
+    requester = new_handoff_keypair()
+    request_id = request_handoff(served, vault_id, member, requester.public_key_b64url)[
+        "request_id"
+    ]
+    for statement in [
+        "UPDATE handoff_requests SET requester_pake = 'x' WHERE request_id = $1",
+        "UPDATE handoff_requests SET admin_pake = 'x', seal_auth = 'y' WHERE request_id = $1",
+        "UPDATE handoff_requests SET pairing_id = 'NOT-HEX', requester_pake = 'x'"
+        " WHERE request_id = $1",
+    ]:
+        with pytest.raises(asyncpg.CheckViolationError):
+            served.sql(statement, request_id)
