@@ -38,6 +38,7 @@ from relay.cli_options import DatabaseUrl, DataDir
 from relay.db.migrate import head_revision
 from relay.db.url import redact_url, to_libpq_url
 from relay.runtime import database
+from relay.store.meta import new_generation
 
 __all__ = ["OpsError", "backup", "pick_tool", "restore", "split_password"]
 
@@ -299,6 +300,41 @@ def _archive_tables(pg_restore: Path, dump: Path) -> frozenset[str]:
     return frozenset(f"{s}.{n}" for s, n in _TOC_TABLE_RE.findall(result.stdout))
 
 
+def _renew_generation(url: str, restored: _Server) -> None:
+    """Give the restored database a new generation (PROTOCOL §17), right after pg_restore.
+
+    The backup carries the generation devices saw when it was taken; kept, a device
+    could not tell the older state from the one it synced with. A backup from before
+    0004_generation has none: the migration at the relay's next start makes one.
+    """
+    if "public.relay_meta" not in restored.tables:
+        err.print(
+            "the backup predates relay generations: the relay makes one when it migrates",
+            highlight=False,
+        )
+        return
+
+    async def go() -> str:
+        conn = await asyncpg.connect(to_libpq_url(url), timeout=15)
+        try:
+            return await new_generation(conn)
+        finally:
+            await conn.close()
+
+    try:
+        generation = asyncio.run(go())
+    except Exception as exc:
+        raise OpsError(
+            f"restored, but could not give the database a new generation "
+            f"({type(exc).__name__}: {exc}): devices would not notice the restore. "
+            "Do not start the relay; run this restore again"
+        ) from None
+    err.print(
+        f"new relay generation {generation}: devices re-pull and re-push what it lacks",
+        highlight=False,
+    )
+
+
 def restore(
     input_: Annotated[
         str,
@@ -312,7 +348,9 @@ def restore(
 ) -> None:
     """Restore a backup into the relay database, in one transaction (all or nothing).
 
-    Stop the relay first. A non-empty database is only replaced with --yes.
+    Stop the relay first. A non-empty database is only replaced with --yes. The
+    restored database gets a new relay generation, so devices notice the restore
+    and re-push what it lacks (PROTOCOL §17).
     """
     try:
         with _input_file(input_) as dump, database(database_url, data_dir, migrate=False) as url:
@@ -350,6 +388,7 @@ def restore(
                 f"({len(after.tables)} tables, schema {after.revision or 'none'})",
                 highlight=False,
             )
+            _renew_generation(url, after)
             if after.revision != head_revision():
                 err.print(
                     f"the relay migrates it to {head_revision()} at its next start "

@@ -69,6 +69,22 @@ def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
     return asyncio.run(go())
 
 
+def generation(url: str) -> str | None:
+    """The database's relay generation (PROTOCOL §17), None without relay_meta."""
+
+    async def go() -> str | None:
+        conn = await asyncpg.connect(to_libpq_url(url))
+        try:
+            if not await conn.fetchval("SELECT to_regclass('public.relay_meta') IS NOT NULL"):
+                return None
+            value: str = await conn.fetchval("SELECT generation FROM relay_meta")
+            return value
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
 def seed(url: str) -> None:
     blob = (
         "INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,"
@@ -109,6 +125,8 @@ def test_backup_then_restore_brings_the_data_back(
     url = fresh_database_url
     seed(url)
     before = snapshot(url)
+    backed_up = generation(url)
+    assert backed_up is not None
     dump = tmp_path / "relay.dump"
 
     made = relay_cli("backup", "--output", str(dump), "--database-url", url)
@@ -136,15 +154,23 @@ def test_backup_then_restore_brings_the_data_back(
     assert "not empty" in stderr
     assert "--yes" in stderr
     assert snapshot(url) == changed  # nothing touched
+    assert generation(url) == backed_up
 
     restored = relay_cli("restore", "--input", str(dump), "--yes", "--database-url", url)
     assert restored.returncode == 0, restored.stderr
     assert snapshot(url) == before
+    # PROTOCOL §17: the data is the backup's, the generation is new, so devices that
+    # synced with the lost state notice the restore.
+    renewed = generation(url)
+    assert renewed is not None
+    assert renewed != backed_up
+    assert renewed.encode() in restored.stderr
 
     # Into an empty database: no --yes needed.
     fresh = relay_cli("restore", "--input", str(dump), "--database-url", second_database)
     assert fresh.returncode == 0, fresh.stderr
     assert snapshot(second_database) == before
+    assert generation(second_database) not in (None, backed_up, renewed)
 
 
 def test_backup_and_restore_stream_through_stdout_and_stdin(fresh_database_url: str) -> None:
@@ -158,6 +184,47 @@ def test_backup_and_restore_stream_through_stdout_and_stdin(fresh_database_url: 
     restored = relay_cli("restore", "-i", "-", "--yes", "--database-url", url, stdin=made.stdout)
     assert restored.returncode == 0, restored.stderr
     assert snapshot(url) == before
+
+
+def test_a_restore_that_cannot_renew_the_generation_fails_loudly(
+    fresh_database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Data restored but the backup's generation kept would hide the restore from every
+    device (PROTOCOL §17): the command must not report success."""
+    url = fresh_database_url
+    seed(url)
+    dump = tmp_path / "relay.dump"
+    assert relay_in_process("backup", "-o", str(dump), "--database-url", url)[0] == 0
+    backed_up = generation(url)
+
+    async def broken(conn: asyncpg.Connection) -> str:
+        raise ConnectionResetError("connection lost")
+
+    monkeypatch.setattr("relay.ops.new_generation", broken)
+    code, stderr = relay_in_process("restore", "-i", str(dump), "--yes", "--database-url", url)
+    assert code == 1
+    assert "devices would not notice the restore" in stderr
+    assert "run this restore again" in stderr
+    assert generation(url) == backed_up
+
+
+def test_a_backup_from_before_generations_gets_one_at_the_next_migration(
+    empty_database_url: str, second_database: str, tmp_path: Path
+) -> None:
+    from alembic import command
+
+    from relay.db.migrate import alembic_config, upgrade_to_head
+
+    command.upgrade(alembic_config(empty_database_url), "0003_vault_counts")
+    dump = tmp_path / "old.dump"
+    made = relay_in_process("backup", "-o", str(dump), "--database-url", empty_database_url)
+    assert made[0] == 0
+    code, stderr = relay_in_process("restore", "-i", str(dump), "--database-url", second_database)
+    assert code == 0, stderr
+    assert "predates relay generations" in stderr
+    assert generation(second_database) is None
+    upgrade_to_head(second_database)  # what `engram-relay serve` does at its start
+    assert generation(second_database) is not None
 
 
 def test_restore_refuses_what_it_cannot_restore_cleanly(
