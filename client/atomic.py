@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 
 def write_json_atomic(path: Path, payload: Any, mode: int = 0o600) -> None:
-    """Replace `path` with `payload` as JSON so a crash leaves the old or the new file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    """Replace `path` with `payload` as JSON so a crash leaves the old or the new file.
+
+    The temp file has a name of its own per write, so two writers never rename each
+    other's file away (the last rename wins; client.sync_lock keeps syncs apart).
+    """
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(payload, handle, indent=2, sort_keys=True, ensure_ascii=False)
             handle.write("\n")

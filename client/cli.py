@@ -87,7 +87,7 @@ def init() -> None:
     """Create a new passphrase-encrypted vault in the vault directory."""
     if (OPTIONS.vault / "engrams.db").exists():
         raise CliError(f"a vault already exists at {OPTIONS.vault}")
-    OPTIONS.vault.mkdir(parents=True, exist_ok=True)
+    OPTIONS.vault.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open_session(create=True) as session:
         out.print(f"created vault {session.path} (device {session.device.device_id})")
 

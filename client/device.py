@@ -14,10 +14,15 @@ from pathlib import Path
 from typing import Final
 
 from client.atomic import read_json, write_json_atomic
+from client.errors import SyncError
 from shared_format.timestamps import utc_now_rfc3339
 from shared_format.wire import MAX_VECTOR_CLOCK
 
 DEVICE_FILE: Final = "device.json"
+
+
+class ClockExhaustedError(SyncError):
+    """The device clock cannot take another value (PROTOCOL §1: it must stay < 2^63)."""
 
 
 @dataclass
@@ -81,10 +86,24 @@ class Device:
         first = self.vector_clock + 1
         last = self.vector_clock + count
         if last > MAX_VECTOR_CLOCK:
-            raise OverflowError("the device clock would pass 2^63-1; this vault cannot sync")
+            raise ClockExhaustedError(
+                f"this device's clock ({self.vector_clock}) would pass 2^63-1, so it cannot "
+                "push; a blob with a huge clock raised it (versions before the clock bound "
+                "let that happen): make a new vault directory, link it and move the "
+                "memories over with `engram-sync conflicts`/`add`, and tell the vault's admin"
+            )
         self.vector_clock = last
         self.save()
         return list(range(first, last + 1))
+
+    def refresh(self) -> None:
+        """Take the clock on disk when another process moved it past ours."""
+        try:
+            on_disk = int(read_json(self.path).get("vector_clock", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return
+        if on_disk > self.vector_clock:
+            self.vector_clock = on_disk
 
     def observe(self, remote_clock: int) -> None:
         """Raise the clock to at least a verified remote clock (PROTOCOL §1)."""

@@ -91,6 +91,19 @@ class ProtocolError(SyncError):
         self.field = field
 
 
+class AnswerTooLargeError(ProtocolError):
+    """An answer passed the size the client accepts for it; it was dropped unread."""
+
+    def __init__(self, message: str, *, max_bytes: int) -> None:
+        super().__init__(message)
+        self.max_bytes = max_bytes
+
+
+class RelayMisbehavedError(ProtocolError):
+    """A well-formed answer that no honest relay gives (a cursor that goes back or jumps,
+    a page that makes no progress): refused, nothing of it applied (issue 13)."""
+
+
 def one_line(text: str) -> str:
     """Collapse all whitespace (newlines included) into single spaces."""
     return " ".join(text.split())

@@ -365,6 +365,37 @@ def clear_tombstone(conn: sqlite3.Connection, memory_id: str, deleted_at: str) -
     conn.execute("DELETE FROM tombstones WHERE id = ? AND deleted_at = ?", (memory_id, deleted_at))
 
 
+def repush_missing(conn: sqlite3.Connection, seen: dict[str, int]) -> int:
+    """Queue again every version this device holds that the relay lacks, after a full
+    re-pull that saw `seen` (memory id -> highest verified clock on the relay).
+
+    PROTOCOL §17, missing is not deleted: a pushed row the relay has no version of, or
+    only a version older than the one this device knows, needs a push again; a deletion
+    whose tombstone the relay lost while it still holds an older live version gets its
+    tombstone pushed again. Nothing is removed. Returns how many were queued.
+    """
+    conn.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS sync_seen (id TEXT PRIMARY KEY, clock INTEGER NOT NULL)"
+    )
+    conn.execute("DELETE FROM sync_seen")
+    conn.executemany("INSERT INTO sync_seen (id, clock) VALUES (?, ?)", seen.items())
+    rows = conn.execute(
+        "UPDATE engrams SET synced_at = NULL WHERE synced_at IS NOT NULL"
+        " AND NOT coalesce(modified_at > synced_at, 0) AND id IN ("
+        " SELECT e.id FROM engrams e LEFT JOIN sync_seen s ON s.id = e.id"
+        " LEFT JOIN sync_known_clocks k ON k.memory_id = e.id"
+        " WHERE s.id IS NULL OR s.clock < coalesce(k.vector_clock, 0))"
+    ).rowcount
+    tombs = conn.execute(
+        "INSERT OR IGNORE INTO tombstones (id, deleted_at)"
+        " SELECT k.memory_id, ? FROM sync_known_clocks k JOIN sync_seen s ON s.id = k.memory_id"
+        " WHERE s.clock < k.vector_clock AND k.memory_id NOT IN (SELECT id FROM engrams)",
+        (utc_now_rfc3339(),),
+    ).rowcount
+    conn.execute("DELETE FROM sync_seen")
+    return int(rows) + int(tombs)
+
+
 # --- known clocks (LWW) ----------------------------------------------------------------------
 
 

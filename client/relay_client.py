@@ -21,6 +21,7 @@ import httpx
 
 from client import __version__
 from client.errors import (
+    AnswerTooLargeError,
     ProtocolError,
     RateLimitedError,
     RelayError,
@@ -53,6 +54,18 @@ USER_AGENT: Final = f"engram-sync/{__version__}"
 DEVICE_HEADER: Final = "X-Engram-Device"
 KEY_PREFIX_CHARS: Final = 6
 _REDACTED: Final = b"<api key>"
+# PROTOCOL §5, issue 13: every answer is read with a cap, so a relay cannot make the device
+# hold an unbounded body in memory. Answers other than pull pages are small (the largest,
+# a push answer, names at most 1000 rejected ids of <= 256 characters).
+MAX_ANSWER_BYTES: Final = 4 * 1024 * 1024
+# A pull page holds at most `max_pull_limit` blobs of up to `max_blob_bytes` each, which an
+# honest relay can make large (1000 x 1 MiB); the syncer asks for fewer blobs when a page
+# passes this cap (see Syncer.pull), and a single blob always fits.
+PULL_PAGE_BUDGET_BYTES: Final = 32 * 1024 * 1024
+# The whole answer must arrive within this many request timeouts: the per-read timeout
+# alone lets a relay trickle a byte every few seconds forever.
+ANSWER_DEADLINE_TIMEOUTS: Final = 4
+
 # An idle connection is dropped by the client before the relay drops it (the relay closes
 # keep-alive connections idle for 5 s: relay.serving.KEEP_ALIVE_S). With both at 5 s, a
 # request sent on a connection the server was closing that moment got "connection reset":
@@ -129,6 +142,7 @@ class RelayClient:
             )
         self.base_url = _display_url(url)
         self.device_id = device_id
+        self.timeout = timeout
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
@@ -189,7 +203,7 @@ class RelayClient:
         the relay) and when nothing answers at all; any other error status raises.
         """
         try:
-            response = self._http.get("/ready")
+            response = self._request("GET", "/ready", None, None, None, MAX_ANSWER_BYTES)
         except httpx.TransportError as exc:
             log.debug("relay at %s is not ready: %s", self.base_url, type(exc).__name__)
             return False
@@ -218,9 +232,11 @@ class RelayClient:
         cursor: int | None = None,
         since: str | None = None,
         limit: int | None = None,
+        max_bytes: int = PULL_PAGE_BUDGET_BYTES,
     ) -> PullResponse:
         """`GET /v1/vaults/{vault_id}/pull`: cursor mode (§9) when `cursor` is given,
-        else the legacy `since` mode (§7). A stale cursor raises ResyncRequiredError.
+        else the legacy `since` mode (§7). A stale cursor raises ResyncRequiredError; a
+        page longer than `max_bytes` raises AnswerTooLargeError (ask for fewer blobs).
         """
         params: dict[str, str | int] = {}
         if cursor is not None:
@@ -229,7 +245,8 @@ class RelayClient:
             params["since"] = since
         if limit is not None:
             params["limit"] = limit
-        return self._call("GET", f"{_vault(vault_id)}/pull", PullResponse, params=params)
+        path = f"{_vault(vault_id)}/pull"
+        return self._call("GET", path, PullResponse, params=params, max_bytes=max_bytes)
 
     def stats(self, vault_id: str) -> VaultStats:
         """`GET /v1/vaults/{vault_id}/stats`: live blob count and newest created_at."""
@@ -261,8 +278,11 @@ class RelayClient:
         params: Mapping[str, str | int] | None = None,
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
+        max_bytes: int = MAX_ANSWER_BYTES,
     ) -> T:
-        response = self._send(method, path, params=params, content=content, headers=headers)
+        response = self._send(
+            method, path, params=params, content=content, headers=headers, max_bytes=max_bytes
+        )
         try:
             return decode_json(response.content, type_)
         except WireDecodeError as exc:
@@ -283,10 +303,13 @@ class RelayClient:
         params: Mapping[str, str | int] | None,
         content: bytes | None,
         headers: Mapping[str, str] | None = None,
+        max_bytes: int = MAX_ANSWER_BYTES,
     ) -> httpx.Response:
         """Send with retries; a success response, or the typed error of the last answer.
 
-        `headers` are added to this request only (e.g. `X-Engram-Vault-Key`).
+        `headers` are added to this request only (e.g. `X-Engram-Vault-Key`). The answer's
+        body is read up to `max_bytes` (decoded) and within the answer deadline; past
+        either the request fails (AnswerTooLargeError, or a timeout that is retried).
         """
         extra = dict(headers or {})
         if content is not None:
@@ -295,9 +318,7 @@ class RelayClient:
         attempt = 0
         while True:
             try:
-                response = self._http.request(
-                    method, path, params=params, content=content, headers=headers
-                )
+                response = self._request(method, path, params, content, headers, max_bytes)
             except httpx.TransportError as exc:
                 if attempt >= self.max_retries:
                     raise self._unreachable(exc, attempt + 1) from exc
@@ -326,6 +347,62 @@ class RelayClient:
                 )  # fmt: skip
             self._sleep(delay)
             attempt += 1
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str | int] | None,
+        content: bytes | None,
+        headers: Mapping[str, str] | None,
+        max_bytes: int,
+    ) -> httpx.Response:
+        """One attempt: the answer with its body read under the size cap and deadline."""
+        request = self._http.build_request(
+            method, path, params=params, content=content, headers=headers
+        )
+        response = self._http.send(request, stream=True)
+        try:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise self._too_large(method, path, max_bytes)
+            deadline = time.monotonic() + ANSWER_DEADLINE_TIMEOUTS * self.timeout
+            chunks: list[bytes] = []
+            size = 0
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise self._too_large(method, path, max_bytes)
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout(
+                        f"the answer took longer than {ANSWER_DEADLINE_TIMEOUTS * self.timeout:g}"
+                        " s to arrive",
+                        request=request,
+                    )
+                chunks.append(chunk)
+        finally:
+            response.close()
+        return httpx.Response(
+            response.status_code,
+            # the body is decoded already: drop what described its encoding on the wire
+            headers=[
+                (k, v)
+                for k, v in response.headers.items()
+                if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")
+            ],
+            content=b"".join(chunks),
+            request=request,
+        )
+
+    def _too_large(self, method: str, path: str, max_bytes: int) -> AnswerTooLargeError:
+        return AnswerTooLargeError(
+            one_line(
+                f"the relay at {self.base_url} answered {method} {path} with more than "
+                f"{max_bytes:,} bytes, more than any answer of an honest relay; the answer "
+                "was dropped and nothing was applied: check the relay URL and the relay"
+            ),
+            max_bytes=max_bytes,
+        )
 
     def _backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(backoff_max, backoff_base * 2**attempt)]."""

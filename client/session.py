@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from client.device import Device
 from client.errors import AuthError, SyncError
+from client.file_modes import tighten_modes
 from client.local_store import ensure_sync_tables
 from client.relay_client import RelayClient
 from client.sync_config import SyncConfig, load_sync_config, save_sync_config
@@ -57,6 +59,7 @@ class VaultSession:
         """Open (or create) the vault; the passphrase must open it (nothing is written else)."""
         vault = open_vault(path, passphrase, create=create)
         try:
+            tighten_modes(vault.path)
             ensure_sync_tables(vault.conn)
             ensure_key_tables(vault.conn)
             device = Device.load_or_create(path)
@@ -126,7 +129,7 @@ class VaultSession:
         return chosen
 
     def syncer(
-        self, relay: RelayClient, progress: ProgressCallback | None = None, **options: int
+        self, relay: RelayClient, progress: ProgressCallback | None = None, **options: Any
     ) -> Syncer:
         """A syncer for the linked vault."""
         if not self.config.vault_id or not self.config.server_url:

@@ -17,6 +17,10 @@ STATE_FILE: Final = "sync_state.json"
 MAX_SKIPPED_KEPT: Final = 200
 
 
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 @dataclass
 class SkippedBlob:
     """A pulled blob that failed verification or decoding: never applied (PROTOCOL §3)."""
@@ -39,6 +43,10 @@ class SyncState:
     last_sync_at: str | None = None
     last_error: str | None = None
     revoked: bool = False
+    # PROTOCOL §17: the relay generation the cursor belongs to, and whether a full re-pull
+    # (after a restore or resync_required) is under way; it restarts from 0 until done.
+    generation: str | None = None
+    full_pull: bool = False
     skipped: list[SkippedBlob] = field(default_factory=list)
     oversized: list[str] = field(default_factory=list)
 
@@ -57,15 +65,24 @@ class SyncState:
             last_sync_at=data.get("last_sync_at"),
             last_error=data.get("last_error"),
             revoked=bool(data.get("revoked", False)),
+            generation=_text_or_none(data.get("generation")),
+            full_pull=bool(data.get("full_pull", False)),
             skipped=[SkippedBlob(**s) for s in data.get("skipped", [])],
             oversized=list(data.get("oversized", [])),
         )
+
+    def refresh(self) -> None:
+        """Read the file again (another process may have synced since this was loaded)."""
+        fresh = SyncState.load(self.path.parent)
+        for name, value in vars(fresh).items():
+            setattr(self, name, value)
 
     def bind(self, server_url: str, vault_id: str) -> None:
         """Use this state for (server, vault); a different pair restarts from cursor 0."""
         if (self.server_url, self.vault_id) != (server_url, vault_id):
             self.server_url, self.vault_id, self.cursor = server_url, vault_id, 0
             self.revoked = False
+            self.generation, self.full_pull = None, False
             self.save()
 
     def record_skipped(self, skipped: SkippedBlob) -> None:

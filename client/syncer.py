@@ -14,8 +14,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from msgspec import UnsetType
+
 from client.device import Device
-from client.errors import DeviceRevokedError, ResyncRequiredError, SyncError
+from client.errors import (
+    AnswerTooLargeError,
+    DeviceRevokedError,
+    RelayMisbehavedError,
+    ResyncRequiredError,
+    SyncError,
+)
 from client.local_store import (
     KnownVersion,
     PendingTombstone,
@@ -31,10 +39,13 @@ from client.local_store import (
     record_conflict,
     remember_version,
     remote_wins,
+    repush_missing,
     row_to_plaintext,
     rows_needing_push,
 )
-from client.relay_client import RelayClient
+from client.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
+from client.sync_lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
+from client.sync_lock import sync_lock
 from client.sync_state import SkippedBlob, SyncState
 from shared_format.blob import NONCE_LEN, TAG_LEN, BlobCipher
 from shared_format.errors import FormatError
@@ -48,12 +59,19 @@ from shared_format.plaintext import (
 )
 from shared_format.timestamps import utc_now_rfc3339
 from shared_format.vault import Vault
-from shared_format.wire import SyncBlob
+from shared_format.wire import PullResponse, PushResponse, SyncBlob
 
 PUSH_BATCH: Final = 500  # PROTOCOL §8
 PULL_PAGE: Final = 1000
 DEFAULT_MAX_BLOB_BYTES: Final = 1_048_576
 MAX_ROUNDS: Final = 3
+# README "Clock bound" (issue 13): a verified blob whose clock is more than this above the
+# device's clock is skipped and reported instead of raising the clock. No honest vault
+# gets near it (2^32 encryptions by one device), and one blob at 2^63-1 no longer makes
+# every later push of every device overflow.
+MAX_CLOCK_STEP: Final = 2**32
+CLOCK_JUMP_REASON: Final = "vector clock jumps more than 2^32 above this device's clock"
+MAX_CURSOR: Final = 2**63 - 1
 
 
 @dataclass
@@ -68,6 +86,8 @@ class SyncReport:
     invalid: int = 0
     conflicts: int = 0
     resynced: bool = False
+    restored: bool = False  # the relay lost commits this device had seen (PROTOCOL §17)
+    repushed: int = 0  # versions the relay lacked, queued again by a reconcile
     cursor: int = 0
     oversized: list[str] = field(default_factory=list)
 
@@ -78,6 +98,49 @@ ProgressCallback = Callable[[str, SyncReport], None]
 def _ciphertext_chars(plaintext_bytes: int) -> int:
     raw = NONCE_LEN + plaintext_bytes + TAG_LEN
     return 4 * ((raw + 2) // 3)
+
+
+def check_page(page: PullResponse, *, asked: int, limit: int, relay_url: str) -> None:
+    """Refuse a cursor page no honest relay sends (PROTOCOL §9; issue 13): a missing
+    cursor, one that goes back, passes 2^63-1 or the vault's sequence (`head`), jumps
+    without blobs, or blobs whose sequence numbers do not lead to it. Every page with
+    blobs moves the cursor forward, so a relay repeating a page cannot keep the device
+    pulling forever."""
+
+    def refuse(what: str) -> RelayMisbehavedError:
+        return RelayMisbehavedError(
+            f"the relay at {relay_url} {what} (asked for blobs after cursor {asked}); the "
+            "page was refused and nothing of it applied: the relay is faulty or lying, tell "
+            "its operator"
+        )
+
+    cursor = page.cursor
+    if not isinstance(cursor, int):
+        raise refuse("answered a cursor pull without a cursor (PROTOCOL §9)")
+    if cursor > MAX_CURSOR:
+        raise refuse(f"sent cursor {cursor}, above 2^63-1")
+    if cursor < asked:
+        raise refuse(f"moved the cursor back to {cursor}")
+    if isinstance(page.head, int) and cursor > page.head:
+        raise refuse(f"sent cursor {cursor}, past the vault's sequence {page.head}")
+    if len(page.blobs) > limit:
+        raise refuse(f"sent {len(page.blobs)} blobs for a page of at most {limit}")
+    if not page.blobs:
+        if cursor != asked:
+            raise refuse(f"moved the cursor to {cursor} without sending any blob")
+        if page.has_more:
+            raise refuse("announced more blobs but sent none (no progress)")
+        return
+    previous = asked
+    for blob in page.blobs:
+        if isinstance(blob.seq, int):
+            if blob.seq <= previous:
+                raise refuse(f"sent blob sequence {blob.seq} after {previous}")
+            previous = blob.seq
+    if previous != asked and cursor != previous:
+        raise refuse(f"sent cursor {cursor} after a last blob of sequence {previous}")
+    if cursor == asked:
+        raise refuse("sent blobs without moving the cursor (no progress)")
 
 
 class Syncer:
@@ -95,6 +158,8 @@ class Syncer:
         progress: ProgressCallback | None = None,
         push_batch: int = PUSH_BATCH,
         pull_page: int = PULL_PAGE,
+        lock_wait: float = DEFAULT_LOCK_WAIT_SECS,
+        page_budget: int = PULL_PAGE_BUDGET_BYTES,
     ) -> None:
         self.vault = vault
         self.cipher = BlobCipher(keys)
@@ -105,13 +170,26 @@ class Syncer:
         self.progress = progress or (lambda phase, report: None)
         self.push_batch = push_batch
         self.pull_page = pull_page
+        self.lock_wait = lock_wait
+        self.page_budget = page_budget
         self._max_blob_bytes: int | None = None
         ensure_sync_tables(vault.conn)
 
     # -- the whole cycle --------------------------------------------------------------------
 
     def sync(self) -> SyncReport:
-        """Pull, then push; pull and push again while the relay rejects stale clocks."""
+        """Pull, then push; pull and push again while the relay rejects stale clocks.
+
+        One sync per vault directory at a time (client.sync_lock); under the lock the
+        device clock and the sync state are read again from disk, since another process
+        may have synced since this one loaded them.
+        """
+        with sync_lock(self.state.path.parent, wait=self.lock_wait):
+            self.device.refresh()
+            self.state.refresh()
+            return self._sync_locked()
+
+    def _sync_locked(self) -> SyncReport:
         report = SyncReport()
         if self.state.revoked:
             raise self._revoked_error()
@@ -120,7 +198,7 @@ class Syncer:
                 self.pull(report)
                 rejected_before = report.rejected
                 self.push(report)
-                if report.rejected == rejected_before:
+                if report.rejected == rejected_before and not self.state.full_pull:
                     break
             self.state.last_error = None
             self.state.last_sync_at = utc_now_rfc3339()
@@ -151,40 +229,87 @@ class Syncer:
     # -- pull -------------------------------------------------------------------------------
 
     def pull(self, report: SyncReport) -> None:
-        """Page through the relay with the commit-ordered cursor, applying each page."""
-        cursor = self.state.cursor
-        seen: set[str] | None = None
+        """Page through the relay with the commit-ordered cursor, applying each page.
+
+        Every page is checked before anything of it is applied (check_page: the relay is
+        untrusted). A full re-pull from cursor 0 happens after 409 `resync_required`
+        (PROTOCOL §9) and when the relay was restored (§17: a new generation, or the
+        vault's sequence below our cursor); it ends in a reconcile that re-pushes what the
+        relay lacks and deletes nothing (missing is not deleted). An interrupted full
+        re-pull starts again from 0 at the next sync (`state.full_pull`).
+        """
+        seen: dict[str, int] | None = None
+        if self.state.full_pull:
+            seen, report.resynced = {}, True
+        cursor = 0 if seen is not None else self.state.cursor
+        limit = self.pull_page
         while True:
             try:
-                page = self.relay.pull(self.vault_id, cursor=cursor, limit=self.pull_page)
+                page = self.relay.pull(
+                    self.vault_id, cursor=cursor, limit=limit, max_bytes=self.page_budget
+                )
             except ResyncRequiredError:
                 if seen is not None:
                     raise
-                cursor, seen, report.resynced = 0, set(), True  # PROTOCOL §9: full re-pull
+                seen, report.resynced = self._start_full_pull(), True  # PROTOCOL §9
+                cursor = 0
                 continue
+            except AnswerTooLargeError:
+                if limit == 1:
+                    raise
+                limit = max(1, limit // 2)  # an honest page of large blobs: ask for fewer
+                continue
+            if seen is None and self._relay_restored(page, cursor):
+                seen, report.resynced, report.restored = self._start_full_pull(), True, True
+                cursor = 0
+                continue
+            check_page(page, asked=cursor, limit=limit, relay_url=self.relay.base_url)
             highest = self._apply_page(page.blobs, report, seen)
             self.device.observe(highest)
-            cursor = page.cursor if isinstance(page.cursor, int) else cursor
+            assert isinstance(page.cursor, int)  # check_page
+            cursor = page.cursor
             self.state.cursor = cursor
             self.state.save()  # after the page is applied (PROTOCOL §9)
             report.cursor = cursor
             self.progress("pull", report)
-            if not page.has_more or not page.blobs:
+            if not page.has_more:
                 break
         if seen is not None:
-            self._reconcile(seen)
+            report.repushed = self._reconcile(seen)
+            self.state.full_pull = False
+        if isinstance(page.generation, str):
+            self.state.generation = page.generation
+        self.state.save()
 
-    def _apply_page(self, blobs: list[SyncBlob], report: SyncReport, seen: set[str] | None) -> int:
+    def _start_full_pull(self) -> dict[str, int]:
+        self.state.full_pull = True
+        self.state.save()
+        return {}
+
+    def _relay_restored(self, page: PullResponse, asked: int) -> bool:
+        """PROTOCOL §17: another generation than the one stored with our cursor, or a vault
+        sequence below our cursor, means the relay lost commits we had seen."""
+        if self._generation_changed(page.generation):
+            return True
+        return isinstance(page.head, int) and page.head < asked
+
+    def _generation_changed(self, generation: str | UnsetType) -> bool:
+        known = self.state.generation
+        return isinstance(generation, str) and known is not None and generation != known
+
+    def _apply_page(
+        self, blobs: list[SyncBlob], report: SyncReport, seen: dict[str, int] | None
+    ) -> int:
         """Apply one page in one transaction; returns the highest verified clock."""
         highest = 0
         with self.vault.transaction() as conn:
             for blob in blobs:
                 report.pulled += 1
-                if seen is not None:
-                    seen.add(blob.memory_id)
-                verified = self._apply_blob(conn, blob, report)
+                verified = self._apply_blob(conn, blob, report, ceiling=highest)
                 if verified:
                     highest = max(highest, blob.vector_clock)
+                    if seen is not None and blob.vector_clock > seen.get(blob.memory_id, -1):
+                        seen[blob.memory_id] = blob.vector_clock
         return highest
 
     def _skip(self, blob: SyncBlob, reason: str, report: SyncReport) -> bool:
@@ -200,7 +325,9 @@ class Syncer:
         )
         return False
 
-    def _apply_blob(self, conn: sqlite3.Connection, blob: SyncBlob, report: SyncReport) -> bool:
+    def _apply_blob(
+        self, conn: sqlite3.Connection, blob: SyncBlob, report: SyncReport, *, ceiling: int = 0
+    ) -> bool:
         """Verify → decrypt → decode → LWW → apply (PROTOCOL §3, §4, §8). True if verified."""
         if blob.vault_id != self.vault_id:
             return self._skip(blob, "blob names another vault", report)
@@ -209,6 +336,9 @@ class Syncer:
             decoded = decode_plaintext(text, expected_id=blob.memory_id)
         except FormatError as exc:
             return self._skip(blob, f"{type(exc).__name__}: {exc}", report)
+        if blob.vector_clock > max(self.device.vector_clock, ceiling) + MAX_CLOCK_STEP:
+            # README "Clock bound": one blob must not exhaust every device's clock
+            return self._skip(blob, CLOCK_JUMP_REASON, report)
         remote = KnownVersion(blob.vector_clock, blob.device_id, blob.created_at)
         if not remote_wins(remote, known_version(conn, blob.memory_id)):
             report.stale += 1
@@ -253,22 +383,12 @@ class Syncer:
         elif local[1] is not None and tombstone_plaintext(blob.memory_id) == local[0]:
             clear_tombstone(conn, blob.memory_id, local[1])
 
-    def _reconcile(self, seen: set[str]) -> None:
-        """After a full re-pull: synced rows the relay no longer has were deleted remotely
-        (their tombstones were compacted), so remove them; unpushed rows stay and push."""
+    def _reconcile(self, seen: dict[str, int]) -> int:
+        """After a full re-pull (PROTOCOL §9, §17): missing is not deleted. Every version
+        this device holds that the relay lacks (the memory is absent there, or only an
+        older version is) is pushed again; nothing is removed. Returns how many."""
         with self.vault.transaction() as conn:
-            conn.execute("CREATE TEMP TABLE IF NOT EXISTS sync_seen (id TEXT PRIMARY KEY)")
-            conn.execute("DELETE FROM sync_seen")
-            conn.executemany(
-                "INSERT OR IGNORE INTO sync_seen (id) VALUES (?)", ((i,) for i in seen)
-            )
-            gone = conn.execute(
-                "SELECT id FROM engrams WHERE synced_at IS NOT NULL AND modified_at <= synced_at"
-                " AND id NOT IN (SELECT id FROM sync_seen)"
-            ).fetchall()
-            for (memory_id,) in gone:
-                apply_tombstone(conn, memory_id)
-            conn.execute("DELETE FROM sync_seen")
+            return repush_missing(conn, seen)
 
     # -- push -------------------------------------------------------------------------------
 
@@ -300,6 +420,13 @@ class Syncer:
         while tombs := pending_tombstones(self.vault.conn, self.push_batch, after=last):
             last = (tombs[-1].deleted_at, tombs[-1].memory_id)
             self._push_tombstones(tombs, report)
+
+    def _push_shows_restore(self, response: PushResponse) -> bool:
+        """PROTOCOL §17, as a push answer shows it: another generation, or the vault's
+        sequence after our commit below the cursor we had pulled to."""
+        if self._generation_changed(response.generation):
+            return True
+        return isinstance(response.cursor, int) and response.cursor < self.state.cursor
 
     def _push_rows(self, rows: list[sqlite3.Row], report: SyncReport) -> None:
         items: list[tuple[str, str, str | None]] = []  # (id, plaintext, modified_at)
@@ -336,6 +463,9 @@ class Syncer:
             for (memory_id, text, _), clock in zip(items, clocks, strict=True)
         ]
         response = self.relay.push(self.vault_id, blobs)
+        if self._push_shows_restore(response):
+            self.state.full_pull = True  # PROTOCOL §17: the next pull re-pulls and repairs
+            self.state.save()
         if self.device.device_id in response.revoked_devices:
             self._mark_revoked()
             raise self._revoked_error()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -220,6 +221,7 @@ def _create(
         raise VaultError("refusing to create a vault with an empty passphrase")
     machine_key = machine_vault_key(machine_id()) if passphrase is None else None
     vault_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(vault_dir, 0o700)  # also when it existed or the umask was 000 (issue 13)
     if passphrase is None:
         assert machine_key is not None
         key, kind = machine_key, VaultKeyKind.MACHINE
@@ -230,6 +232,10 @@ def _create(
             write_new_salt(vault_dir)
         key = passphrase_vault_key(passphrase, vault_salt16(vault_dir))
         kind = VaultKeyKind.PASSPHRASE
+    # The database (and so its -wal/-shm files, which SQLite gives the database's mode) is
+    # 0600 whatever the umask.
+    os.close(os.open(db_path, os.O_WRONLY | os.O_CREAT, 0o600))
+    os.chmod(db_path, 0o600)
     conn = sqlcipher.connect(db_path, create=True)
     try:
         sqlcipher.apply_key(conn, key)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from client.device import Device
+from client.device import ClockExhaustedError, Device
 from client.sync_config import SyncConfig, load_sync_config, save_sync_config
 from client.sync_state import SkippedBlob, SyncState
 
@@ -47,7 +47,7 @@ def test_clock_cannot_pass_signed_64_bits(tmp_path: Path) -> None:
     device = Device.load_or_create(tmp_path)
     device.observe(2**63 - 2)
     assert device.reserve_clocks(1) == [2**63 - 1]
-    with pytest.raises(OverflowError):
+    with pytest.raises(ClockExhaustedError):
         device.reserve_clocks(1)
 
 

@@ -1,0 +1,75 @@
+"""The hostile-relay harness: one real `engram-relay serve` process per module, a fresh
+lying proxy per test in front of it, and devices with real SQLCipher vaults linked
+through the proxy, each test on a vault id of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from client.session import VaultSession
+from relay.db.migrate import upgrade_to_head
+from tests.conftest import _execute, database_url_for
+from tests.e2e.conftest import PASSPHRASE, DeviceHandle
+from tests.e2e.hostile.proxy import HostileProxy
+from tests.relay.conftest import ADMIN_KEY, Relay, base_config
+from tests.reliability.support import RelayProcess
+
+
+@pytest.fixture(scope="module")
+def relay_process(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
+    """The real relay as a process, on a database of this module's own."""
+    name = f"test_{secrets.token_hex(8)}"
+    asyncio.run(_execute(postgres_url, f'CREATE DATABASE "{name}"'))
+    url = database_url_for(postgres_url, name)
+    upgrade_to_head(url)
+    log = tmp_path_factory.mktemp("relay") / "relay.log"
+    process = RelayProcess(url, log_path=log)
+    process.start()
+    try:
+        yield Relay(process.url, url, base_config(url))
+    finally:
+        process.stop()
+        asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def proxy(relay_process: Relay) -> Iterator[HostileProxy]:
+    server = HostileProxy(relay_process.url).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class Scene:
+    """Devices of one vault linked through the proxy; `relay` is the real relay behind it."""
+
+    proxy: HostileProxy
+    relay: Relay
+    vault_id: str
+    tmp_path: Path
+    handles: list[DeviceHandle] = field(default_factory=list)
+
+    def device(self, name: str, *, through_proxy: bool = True) -> DeviceHandle:
+        url = self.proxy.url if through_proxy else self.relay.url
+        path = self.tmp_path / name
+        with VaultSession.open(path, PASSPHRASE, create=True) as session:
+            session.link(url, ADMIN_KEY, self.vault_id, name)
+        handle = DeviceHandle(name, path, Relay(url, self.relay.database_url, self.relay.config))
+        self.handles.append(handle)
+        return handle
+
+
+@pytest.fixture
+def scene(proxy: HostileProxy, relay_process: Relay, tmp_path: Path) -> Iterator[Scene]:
+    made = Scene(proxy, relay_process, f"hostile-{secrets.token_hex(6)}", tmp_path)
+    yield made
+    for handle in made.handles:
+        handle.restart()

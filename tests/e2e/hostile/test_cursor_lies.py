@@ -1,0 +1,116 @@
+"""Cursors and pages from a lying relay (issue 13 items 5 and 6): a cursor that goes back,
+passes 2^63-1 or the vault's sequence, or jumps without blobs is refused and reported;
+a relay that keeps answering `has_more` without progress stops the sync with a clear
+error instead of making it pull forever."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from client.errors import ProtocolError, RelayMisbehavedError
+from tests.e2e.conftest import DeviceHandle
+from tests.e2e.helpers import add, contents
+from tests.e2e.hostile.conftest import Scene
+from tests.e2e.hostile.proxy import Answer, Exchange, rewrite_json
+
+
+def _ready(scene: Scene) -> tuple[DeviceHandle, DeviceHandle]:
+    """alpha has pulled to cursor 3; bravo then adds 2 memories the lie is about."""
+    alpha, bravo = scene.device("alpha"), scene.device("bravo")
+    for i in range(3):
+        add(alpha, f"alpha {i}")
+    alpha.sync()
+    assert alpha.sync().cursor == 3
+    for i in range(2):
+        add(bravo, f"bravo {i}")
+    bravo.sync()
+    return alpha, bravo
+
+
+def _set(**fields: Any) -> Callable[[Any], None]:
+    def change(value: dict[str, Any]) -> None:
+        value.update(fields)
+
+    return change
+
+
+def _strip_seq(value: dict[str, Any]) -> None:
+    for blob in value["blobs"]:
+        blob.pop("seq", None)
+
+
+LIES: dict[str, Callable[[Any], Any]] = {
+    "cursor above 2^63-1": _set(cursor=2**63),
+    "cursor 2^70": _set(cursor=2**70),
+    "cursor back": _set(cursor=1),
+    "cursor past the vault's sequence": _set(cursor=50),
+    "jump ahead without blobs": _set(blobs=[], cursor=5, has_more=False),
+    "cursor beyond the last blob": lambda v: v.update(cursor=v["cursor"] + 10, head=99),
+    "blob sequence going back": lambda v: [b.update(seq=2) for b in v["blobs"]],
+}
+
+
+@pytest.mark.parametrize("lie", list(LIES))
+def test_a_lying_cursor_is_refused_and_reported(scene: Scene, lie: str) -> None:
+    alpha, _ = _ready(scene)
+    before = contents(alpha)
+    scene.proxy.on("GET", r"/pull$", rewrite_json(LIES[lie]))
+    with pytest.raises(ProtocolError):
+        alpha.sync()
+    assert contents(alpha) == before  # nothing of the page applied
+    with alpha.open() as session:
+        assert session.state.cursor == 3  # the lie was not stored
+        assert session.state.last_error  # `status` shows it
+    scene.proxy.honest()  # the honest counterpart: the same sync goes through
+    report = alpha.sync()
+    assert report.applied == 2
+    assert report.cursor == 5
+    with alpha.open() as session:
+        assert session.state.last_error is None
+
+
+def test_a_page_without_sequence_numbers_must_still_move_the_cursor(scene: Scene) -> None:
+    alpha, _ = _ready(scene)
+
+    def same_cursor(value: dict[str, Any]) -> None:
+        _strip_seq(value)
+        value.update(cursor=3, has_more=True)
+
+    scene.proxy.on("GET", r"/pull$", rewrite_json(same_cursor))
+    with pytest.raises(RelayMisbehavedError, match="no progress"):
+        alpha.sync()
+    scene.proxy.honest()
+    _strip_seq_rule = scene.proxy.on("GET", r"/pull$", rewrite_json(_strip_seq))
+    assert alpha.sync().applied == 2  # without seq, an honest page is still accepted
+    assert _strip_seq_rule.hits >= 1
+
+
+def test_endless_has_more_stops_at_once(scene: Scene) -> None:
+    alpha, _ = _ready(scene)
+
+    def endless(exchange: Exchange) -> Answer:
+        value = exchange.json()
+        value["has_more"] = True
+        value["cursor"] = int(exchange.query["cursor"])  # the same cursor, again and again
+        return Answer(200, value)
+
+    rule = scene.proxy.on("GET", r"/pull$", endless)
+    with pytest.raises(RelayMisbehavedError):
+        alpha.sync()
+    assert rule.hits == 1  # refused at the first page without progress (was 906 in 59 s)
+
+
+def test_endless_empty_pages_stop_at_once(scene: Scene) -> None:
+    alpha, _ = _ready(scene)
+    rule = scene.proxy.on(
+        "GET",
+        r"/pull$",
+        lambda e: Answer(200, {"blobs": [], "has_more": True, "cursor": int(e.query["cursor"])}),
+        forward=False,
+    )
+    with pytest.raises(RelayMisbehavedError, match="no progress"):
+        alpha.sync()
+    assert rule.hits == 1

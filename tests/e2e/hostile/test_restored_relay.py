@@ -1,0 +1,148 @@
+"""A relay restored from an older backup (issue 13 item 3; PROTOCOL §17).
+
+The README's drill, with two devices: back up, keep working on both devices, restore the
+backup, start the relay again. Every memory either device holds must be back on the relay
+and on both devices with no manual step, and each device says once what happened. The
+faster cases lie about the generation or the vault's sequence through the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from client.session import VaultSession
+from relay.db.migrate import upgrade_to_head
+from tests.conftest import _execute, database_url_for
+from tests.deploy.test_backup_restore import relay_cli
+from tests.e2e.conftest import PASSPHRASE, DeviceHandle
+from tests.e2e.helpers import add, contents, edit
+from tests.e2e.hostile.conftest import Scene
+from tests.e2e.hostile.proxy import rewrite_json
+from tests.relay.conftest import ADMIN_KEY, Relay, base_config
+from tests.reliability.support import RelayProcess
+
+
+@pytest.fixture
+def own_database(postgres_url: str) -> Iterator[str]:
+    name = f"test_{secrets.token_hex(8)}"
+    asyncio.run(_execute(postgres_url, f'CREATE DATABASE "{name}"'))
+    url = database_url_for(postgres_url, name)
+    upgrade_to_head(url)
+    try:
+        yield url
+    finally:
+        asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def device(tmp_path: Path, url: str, database_url: str, name: str) -> DeviceHandle:
+    path = tmp_path / name
+    with VaultSession.open(path, PASSPHRASE, create=True) as session:
+        session.link(url, ADMIN_KEY, "restore-drill", name)
+    return DeviceHandle(name, path, Relay(url, database_url, base_config(database_url)))
+
+
+def relay_memories(database_url: str) -> int:
+    relay = Relay("", database_url, base_config(database_url))
+    (row,) = relay.sql("SELECT count(*) AS n FROM blobs WHERE NOT deleted")
+    return int(row["n"])
+
+
+def test_the_readme_restore_drill_loses_nothing(own_database: str, tmp_path: Path) -> None:
+    process = RelayProcess(own_database, log_path=tmp_path / "relay.log")
+    process.start()
+    alpha = device(tmp_path, process.url, own_database, "alpha")
+    bravo = device(tmp_path, process.url, own_database, "bravo")
+    try:
+        before = [add(alpha, f"before backup {i}") for i in range(3)]
+        alpha.sync()
+        bravo.sync()
+        backup = tmp_path / "relay.dump"
+        done = relay_cli("backup", "--output", str(backup), "--database-url", own_database)
+        assert done.returncode == 0, done.stderr.decode()
+
+        after_alpha = [add(alpha, f"alpha after backup {i}") for i in range(4)]
+        edit(alpha, before[0], "edited after the backup")
+        alpha.sync()
+        after_bravo = [add(bravo, f"bravo after backup {i}") for i in range(2)]
+        bravo.sync()
+        alpha.sync()
+        assert len(contents(alpha)) == len(contents(bravo)) == 9
+        expected = contents(alpha)
+
+        process.stop()
+        done = relay_cli("restore", "--input", str(backup), "--yes", "--database-url", own_database)
+        assert done.returncode == 0, done.stderr.decode()
+        process.start()
+        assert relay_memories(own_database) == 3  # the backup's state
+
+        reports = [alpha.sync(), bravo.sync(), alpha.sync(), bravo.sync()]
+        assert [r.restored for r in reports] == [True, True, False, False]  # told once
+        assert reports[0].repushed >= 5  # alpha's 4 new and its edit (and bravo's 2)
+        # a memory added after the restore reaches the other device (cursor not stuck)
+        late = add(alpha, "after the restore")
+        alpha.sync()
+        bravo.sync()
+        expected[late] = "after the restore"
+        assert contents(alpha) == expected
+        assert contents(bravo) == expected
+        assert relay_memories(own_database) == len(expected)
+        assert set(after_alpha) | set(after_bravo) <= set(contents(bravo))
+        for handle in (alpha, bravo):
+            with handle.open() as session:
+                assert session.state.last_error is None
+    finally:
+        alpha.restart()
+        bravo.restart()
+        process.stop()
+
+
+def test_a_new_generation_makes_the_device_repair_the_relay(scene: Scene) -> None:
+    alpha = scene.device("alpha")
+    ids = [add(alpha, f"memory {i}") for i in range(4)]
+    alpha.sync()
+    first = alpha.sync()
+    assert not first.restored  # the honest counterpart: same generation, nothing to repair
+    # the relay loses two memories (as a restore would) and announces a new generation
+    scene.relay.sql(
+        "DELETE FROM blobs WHERE vault_id = $1 AND memory_id = ANY($2)", scene.vault_id, ids[:2]
+    )
+
+    def new_generation(value: dict[str, object]) -> None:
+        value["generation"] = "f" * 32
+
+    scene.proxy.on("GET", r"/pull$", rewrite_json(new_generation))
+    scene.proxy.on("POST", r"/push$", rewrite_json(new_generation))
+    report = alpha.sync()
+    assert report.restored
+    assert report.repushed == 2
+    (row,) = scene.relay.sql(
+        "SELECT count(*) AS n FROM blobs WHERE vault_id = $1 AND memory_id = ANY($2)",
+        scene.vault_id,
+        ids,
+    )
+    assert row["n"] == 4
+    again = alpha.sync()  # the new generation is the known one now
+    assert not again.restored
+
+
+def test_a_vault_sequence_below_the_cursor_is_a_restore(scene: Scene) -> None:
+    alpha = scene.device("alpha")
+    for i in range(3):
+        add(alpha, f"memory {i}")
+    alpha.sync()
+    assert alpha.sync().cursor == 3
+
+    def head_went_back(value: dict[str, object]) -> None:
+        value["head"] = 1
+        value["cursor"] = min(int(str(value["cursor"])), 1)
+        value.pop("generation", None)
+
+    scene.proxy.on("GET", r"/pull$", rewrite_json(head_went_back), times=1)
+    report = alpha.sync()
+    assert report.restored
+    assert len(contents(alpha)) == 3
