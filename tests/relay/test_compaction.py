@@ -204,7 +204,13 @@ def test_a_stale_lagging_device_must_resync(relay: Relay, scenario: Scenario) ->
     assert body["horizon"] == 6
     assert "cursor 0" in body["error"]
     # The others are not affected.
-    assert s.a.pull(s.vault, 7).json() == {"blobs": [], "has_more": False, "cursor": 7}
+    assert s.a.pull(s.vault, 7).json() == {
+        "blobs": [],
+        "has_more": False,
+        "cursor": 7,
+        "generation": relay.sql("SELECT generation FROM relay_meta")[0]["generation"],
+        "head": 7,  # compaction removes rows, never lowers the vault's sequence (§17)
+    }
     assert s.b.pull(s.vault, 7).status_code == 200
     # A full re-pull from cursor 0 works and brings C up to date.
     response = s.c.pull(s.vault, 0)
