@@ -49,6 +49,9 @@ class Answer:
     body: bytes | Any = b""  # bytes as they are, anything else encoded as JSON
     headers: dict[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
     delay: float = 0.0
+    # sent as `chunks` copies of `body` without a Content-Length (chunked), when > 0
+    chunks: int = 0
+    chunk_delay: float = 0.0
 
     def raw(self) -> bytes:
         if isinstance(self.body, bytes):
@@ -168,13 +171,13 @@ class HostileProxy:
         rule = self._rule_for(method, path)
         if rule is None or rule.forward:
             assert self._http is not None
-            headers = [
+            sent = [
                 (k.decode(), v.decode())
                 for k, v in scope["headers"]
                 if k.lower() not in (b"host", b"content-length")
             ]
             upstream = await self._http.request(
-                method, path, params=raw_query or None, content=body, headers=headers
+                method, path, params=raw_query or None, content=body, headers=sent
             )
             exchange.status = upstream.status_code
             exchange.headers = {
@@ -191,6 +194,9 @@ class HostileProxy:
         else:
             if answer.delay:
                 await asyncio.sleep(answer.delay)
+            if answer.chunks:
+                await self._stream(send, answer)
+                return
             status, headers, out = answer.status, answer.headers, answer.raw()
         await send(
             {
@@ -201,6 +207,19 @@ class HostileProxy:
             }
         )
         await send({"type": "http.response.body", "body": out})
+
+    async def _stream(self, send: Any, answer: Answer) -> None:
+        headers = [(k.encode(), v.encode()) for k, v in answer.headers.items()]
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        piece = answer.raw()
+        try:
+            for _ in range(answer.chunks):
+                if answer.chunk_delay:
+                    await asyncio.sleep(answer.chunk_delay)
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except OSError:
+            return  # the client hung up, as it should past its cap
 
 
 def rewrite_json(change: Callable[[Any], Any]) -> Action:
