@@ -104,7 +104,12 @@ def link(
         typer.Option("--account", help="Use the vault key kept in your account (signed in)."),
     ] = False,
     code: Annotated[
-        str | None, typer.Option("--code", help="A pairing code ENG-XXXX-XXXX-XXXX from an admin.")
+        str | None,
+        typer.Option(
+            "--code",
+            help="The whole pairing code ENG-XXXX-XXXX-XXXX-SSSS-SSSS from an admin (only its "
+            "first part is sent to the relay).",
+        ),
     ] = None,
     vault_id: Annotated[
         str | None, typer.Option("--vault-id", help="Pin a vault id (default: derived).")
@@ -229,6 +234,24 @@ def delete(memory_id: Annotated[str, typer.Argument(help="Memory id.")]) -> None
     out.print(f"deleted {memory_id}")
 
 
+def _repair_notice(report: SyncReport) -> str | None:
+    """What a full re-pull did, said once, on the sync that did it (PROTOCOL §17)."""
+    if report.restored:
+        return (
+            "the relay has lost changes this device had seen (it was restored from an older "
+            "backup, or its vault sequence went back): this device pulled everything again "
+            f"and pushed back {report.repushed} version(s) the relay lacked; nothing was "
+            "deleted here"
+        )
+    if report.resynced:
+        return (
+            "the relay asked for a full re-pull (resync_required): done; "
+            f"{report.repushed} version(s) the relay lacked were pushed back, nothing was "
+            "deleted here"
+        )
+    return None
+
+
 def _report_dict(report: SyncReport) -> dict[str, Any]:
     return asdict(report)
 
@@ -268,6 +291,9 @@ def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] 
         print_json(_report_dict(report))
         return
     parts = [f"pulled {report.pulled} (applied {report.applied}), pushed {report.pushed}"]
+    notice = _repair_notice(report)
+    if notice:
+        err.print(notice, highlight=False)
     if report.conflicts:
         parts.append(f"{report.conflicts} conflict(s) kept: see `engram-sync conflicts`")
     if report.invalid:
@@ -297,6 +323,9 @@ def watch(
         while not stop.is_set():
             try:
                 report = _run_sync(session, show_progress=False)
+                notice = _repair_notice(report)
+                if notice:
+                    err.print(notice, highlight=False)
                 if report.applied or report.pushed or report.conflicts or report.invalid:
                     out.print(
                         f"pulled {report.pulled} (applied {report.applied}), "

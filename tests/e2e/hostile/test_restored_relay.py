@@ -9,7 +9,11 @@ faster cases lie about the generation or the vault's sequence through the proxy.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -146,3 +150,41 @@ def test_a_vault_sequence_below_the_cursor_is_a_restore(scene: Scene) -> None:
     report = alpha.sync()
     assert report.restored
     assert len(contents(alpha)) == 3
+
+
+def test_the_cli_says_once_that_the_relay_lost_changes(scene: Scene) -> None:
+    alpha = scene.device("alpha")
+    add(alpha, "kept")
+    alpha.sync()
+    alpha.sync()
+    alpha.restart()  # the CLI opens the vault itself
+    scene.relay.sql("DELETE FROM blobs WHERE vault_id = $1", scene.vault_id)
+
+    def new_generation(value: dict[str, object]) -> None:
+        value["generation"] = "e" * 32
+
+    scene.proxy.on("GET", r"/pull$", rewrite_json(new_generation))
+    scene.proxy.on("POST", r"/push$", rewrite_json(new_generation))
+    cli = [str(Path(sys.executable).parent / "engram-sync"), "--vault", str(alpha.path)]
+    env = dict(os.environ, ENGRAM_PASSPHRASE=PASSPHRASE)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    first, second = run("sync"), run("sync")
+    assert first.returncode == 0, first.stderr
+    assert "pulled everything again and pushed back 1 version(s)" in first.stderr
+    assert second.returncode == 0, second.stderr
+    assert "pulled everything again" not in second.stderr  # told once
+    status = json.loads(run("status", "--json").stdout)
+    assert status["last_error"] is None
+    assert relay_memories_of(scene) == 1
+
+
+def relay_memories_of(scene: Scene) -> int:
+    (row,) = scene.relay.sql(
+        "SELECT count(*) AS n FROM blobs WHERE vault_id = $1 AND NOT deleted", scene.vault_id
+    )
+    return int(row["n"])
