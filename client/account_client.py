@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeVar
 
+from msgspec import UNSET
+
 from client.relay_client import RelayClient, path_segment
 from shared_format.wire import (
     AccountCreated,
@@ -192,9 +194,25 @@ class AccountClient(RelayClient):
 
     # -- team key handoff (§14, API key bearer) ---------------------------------------------
 
-    def handoff_request(self, vault_id: str, public_key: str, label: str) -> HandoffCreated:
-        """`POST /v1/vaults/{v}/handoff`: post an ephemeral public key."""
-        body = encode_json(HandoffCreateRequest(public_key=public_key, label=label))
+    def handoff_request(
+        self,
+        vault_id: str,
+        public_key: str,
+        label: str,
+        *,
+        pake: str | None = None,
+        pairing_id: str | None = None,
+    ) -> HandoffCreated:
+        """`POST /v1/vaults/{v}/handoff`: post an ephemeral public key (with a pairing code,
+        also the requester's SPAKE2 message and the code's public id, §14 step 4)."""
+        body = encode_json(
+            HandoffCreateRequest(
+                public_key=public_key,
+                label=label,
+                pake=UNSET if pake is None else pake,
+                pairing_id=UNSET if pairing_id is None else pairing_id,
+            )
+        )
         return self._call("POST", f"{_vault(vault_id)}/handoff", HandoffCreated, content=body)
 
     def handoff_pending(self, vault_id: str) -> HandoffList:
@@ -207,10 +225,25 @@ class AccountClient(RelayClient):
         return self._call("GET", path, HandoffStatus)
 
     def handoff_seal(
-        self, vault_id: str, request_id: str, public_key: str, sealed: str
+        self,
+        vault_id: str,
+        request_id: str,
+        public_key: str,
+        sealed: str,
+        *,
+        pake: str | None = None,
+        auth: str | None = None,
     ) -> HandoffSealed:
-        """`POST /v1/vaults/{v}/handoff/{id}/seal` (admin)."""
-        body = encode_json(HandoffSealRequest(public_key=public_key, sealed=sealed))
+        """`POST /v1/vaults/{v}/handoff/{id}/seal` (admin; with a pairing code, also the
+        admin's SPAKE2 message and the authenticator, §14 step 4)."""
+        body = encode_json(
+            HandoffSealRequest(
+                public_key=public_key,
+                sealed=sealed,
+                pake=UNSET if pake is None else pake,
+                auth=UNSET if auth is None else auth,
+            )
+        )
         path = f"{_vault(vault_id)}/handoff/{path_segment(request_id)}/seal"
         return self._call("POST", path, HandoffSealed, content=body)
 

@@ -200,7 +200,9 @@ def team_invite(
     out.print(f"    [bold]{escape(issued.code)}[/bold]")
     out.print(
         f"on the new device: `engram-sync link --relay {escape(session.config.server_url or '')} "
-        "--code CODE`, then `engram-sync team request`"
+        "--code CODE` with the whole code, then `engram-sync team request`; approve it here "
+        "with `engram-sync team approve` (the code authenticates it: the relay never sees its "
+        "last part)"
     )
 
 
@@ -210,13 +212,33 @@ def team_request(
     wait: Annotated[
         float, typer.Option("--wait", help="Seconds to wait for an admin.", min=0)
     ] = team.DEFAULT_WAIT_SECS,
+    expect: Annotated[
+        str | None,
+        typer.Option(
+            "--expect",
+            help="The admin key's fingerprint `team approve` showed (scripts; else you are asked).",
+        ),
+    ] = None,
+    no_code: Annotated[
+        bool,
+        typer.Option(
+            "--no-code", help="Forget the pairing code; you and the admin compare fingerprints."
+        ),
+    ] = False,
 ) -> None:
     """Ask an admin for the vault key (or resume the open request) and keep it on this device."""
 
     def show(waiting: team.Waiting) -> None:
         verb = "Resuming request" if waiting.resumed else "Requested the vault key:"
         out.print(f"{verb} {waiting.request_id} (open until {waiting.expires_at})")
-        out.print("Compare this code with the one on the admin's screen:")
+        if waiting.by_code:
+            out.print(
+                "Your pairing code authenticates this request: the admin compares no code. "
+                "(If the admin is asked to compare a fingerprint, the relay removed that "
+                "authentication: this device would refuse the key anyway.) This device's key:"
+            )
+        else:
+            out.print("Compare this code with the one on the admin's screen:")
         out.print()
         out.print(f"    [bold]{escape(waiting.fingerprint)}[/bold]")
         out.print()
@@ -225,8 +247,27 @@ def team_request(
             f"{wait:g}s (Ctrl-C stops waiting; run this again to resume)."
         )
 
+    def confirm(admin_fingerprint: str) -> bool:
+        out.print("The admin's screen shows the fingerprint of its key after approving. This key:")
+        out.print()
+        out.print(f"    [bold]{escape(admin_fingerprint)}[/bold]")
+        out.print()
+        answer: bool = typer.confirm(
+            "Does it match the admin key fingerprint on the admin's screen?", default=False
+        )
+        return answer
+
+    interactive = sys.stdin.isatty() and expect is None
     with open_session() as session:
-        vault_id = team.request_key(session, label, wait=wait, on_waiting=show)
+        vault_id = team.request_key(
+            session,
+            label,
+            wait=wait,
+            on_waiting=show,
+            expect=expect,
+            confirm=confirm if interactive else None,
+            use_code=not no_code,
+        )
     out.print(f"this device now holds the key of vault {vault_id}: run `engram-sync sync`")
 
 
@@ -244,18 +285,20 @@ def team_pending(
             "fingerprint": r.fingerprint,
             "created_at": r.created_at,
             "expires_at": r.expires_at,
+            "pairing_code": r.by_code,
         }
         for r in requests
     ]
     if json_out:
         print_json(rows)
         return
-    if not rows:
+    if not requests:
         out.print("no open requests")
-    for r in rows:
+    for r in requests:
+        how = "  (pairing code)" if r.by_code else ""
         out.print(
-            f"{r['request_id']}  {escape(r['fingerprint'])}  {escape(r['label'] or '-')}  "
-            f"until {r['expires_at']}"
+            f"{r.request_id}  {escape(r.fingerprint)}  {escape(r.label or '-')}  "
+            f"until {r.expires_at}{how}"
         )
 
 
@@ -266,10 +309,20 @@ def team_approve(
         bool, typer.Option("--yes", help="Skip the fingerprint question (not recommended).")
     ] = False,
 ) -> None:
-    """Seal this device's vault key to a new device's request, after comparing fingerprints."""
+    """Seal this device's vault key to a new device's request (PROTOCOL §14 step 4: by the
+    pairing code this device issued, or after comparing fingerprints)."""
     with open_session() as session:
         request = team.find_pending(session, request_id)
         out.print(f"request {request.request_id} from {escape(request.label or '-')}")
+        if request.by_code:
+            out.print(
+                "made with a pairing code: the code authenticates it, no fingerprint to compare"
+            )
+            team.approve(session, request)
+            out.print(
+                f"approved: the new device can now fetch the vault key (request {request_id})"
+            )
+            return
         out.print(f"    fingerprint: [bold]{escape(request.fingerprint)}[/bold]")
         if yes:
             err.print(
@@ -280,5 +333,10 @@ def team_approve(
             "Does this match the code on the new device's screen?", default=False
         ):
             raise CliError("not approved: the fingerprints must match (nothing was sent)")
-        team.approve(session, request)
+        approval = team.approve(session, request)
     out.print(f"approved: the new device can now fetch the vault key (request {request_id})")
+    out.print("It shows this fingerprint of this device's key and asks whether it matches:")
+    out.print()
+    out.print(f"    [bold]{escape(approval.admin_fingerprint)}[/bold]")
+    out.print()
+    out.print(f"(for a script: `engram-sync team request --expect {approval.admin_fingerprint}`)")

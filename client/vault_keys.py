@@ -12,7 +12,11 @@ and otherwise from the passphrase (PROTOCOL §2).
 (a device linked by a pairing code): until K arrives, sync refuses to derive
 keys from the local passphrase, which would encrypt under the wrong keys.
 `sync_handoff_request` keeps the ephemeral private key of an open team handoff
-request (client.team), so a restarted command resumes it.
+request (client.team), so a restarted command resumes it; `sync_handoff_pake` the
+SPAKE2 state of such a request made with a pairing code, and `sync_pairing_code`
+the whole pairing codes (with their secret part, PROTOCOL §14 step 4) this device
+issued as an admin or redeemed as a new device (client.pairing). All of them are
+as secret as K and live only in this encrypted database.
 """
 
 from __future__ import annotations
@@ -51,7 +55,25 @@ KEY_TABLES: Final = (
         created_at TEXT NOT NULL,
         expires_at TEXT NOT NULL
     )""",
+    # PROTOCOL §14 step 4: the requester's SPAKE2 state (client.team), secret like the key.
+    """CREATE TABLE IF NOT EXISTS sync_handoff_pake (
+        request_id TEXT PRIMARY KEY,
+        pairing_id TEXT NOT NULL,
+        state BLOB NOT NULL
+    )""",
+    # PROTOCOL §14 step 4: whole pairing codes (client.pairing); `keep_until` is unix time.
+    """CREATE TABLE IF NOT EXISTS sync_pairing_code (
+        pairing_id TEXT NOT NULL,
+        role TEXT NOT NULL CHECK (role IN ('admin', 'requester')),
+        server_url TEXT NOT NULL,
+        vault_id TEXT NOT NULL,
+        code TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        keep_until REAL NOT NULL,
+        PRIMARY KEY (pairing_id, role)
+    )""",
 )
+BLOB_SAMPLE: Final = 20
 SOURCES: Final = ("account", "handoff", "passphrase")
 
 
@@ -152,19 +174,36 @@ def session_sync_keys(conn: sqlite3.Connection, vault_id: str | None, passphrase
     return derive_sync_keys(passphrase)
 
 
-def verify_keys_on_relay(relay: RelayClient, vault_id: str, keys: SyncKeys) -> None:
-    """Check `keys` against the vault's oldest blob (when it has one) before sharing them.
+def keys_open_relay_blobs(
+    relay: RelayClient, vault_id: str, keys: SyncKeys, sample: int = BLOB_SAMPLE
+) -> bool | None:
+    """Whether `keys` verify (PROTOCOL §3 HMAC) any of the vault's oldest `sample` blobs on
+    the relay; None when the vault holds no blobs there.
 
-    SyncError when the blob's HMAC does not verify: these are not the vault's keys
-    (another passphrase), and handing them on would only spread unreadable blobs.
+    One good blob is enough (another blob may be damaged or foreign and skipped), so a
+    False is a strong sign that these are not the vault's keys.
     """
-    page = relay.pull(vault_id, cursor=0, limit=1)
+    page = relay.pull(vault_id, cursor=0, limit=sample)
     if not page.blobs:
-        return
-    try:
-        BlobCipher(keys).verify(page.blobs[0])
-    except BlobTamperedError:
+        return None
+    cipher = BlobCipher(keys)
+    for blob in page.blobs:
+        try:
+            cipher.verify(blob)
+        except BlobTamperedError:
+            continue
+        return True
+    return False
+
+
+def verify_keys_on_relay(relay: RelayClient, vault_id: str, keys: SyncKeys) -> None:
+    """Check `keys` against the vault's oldest blobs (when it has any) before sharing them.
+
+    SyncError when none of them verifies: these are not the vault's keys (another
+    passphrase), and handing them on would only spread unreadable blobs.
+    """
+    if keys_open_relay_blobs(relay, vault_id, keys) is False:
         raise SyncError(
             f"this device's sync keys do not open the blobs of vault {vault_id} on the relay "
             "(another passphrase?); refusing to hand them on"
-        ) from None
+        )

@@ -36,6 +36,7 @@ EMAIL = "carol@example.org"
 MEMORY = "memory canary: the vault under the stairs is 3141"
 VAULT_ID = "team-cli"
 FINGERPRINT = re.compile(r"\b[A-Z2-7]{4}-[A-Z2-7]{4}-[A-Z2-7]{4}-[A-Z2-7]{4}\b")
+WHOLE_CODE = re.compile(r"ENG(?:-[0-9A-Z]{4}){5}")  # PROTOCOL §14 step 4: with the secret part
 
 
 @dataclass
@@ -153,9 +154,10 @@ def test_cli_account_and_handoff_leave_no_secret_on_the_relay(
     assert oct((b.path / "config.json").stat().st_mode & 0o777) == "0o600"
     session_token = config["account"]["session_token"]
 
-    # Device C: a pairing code from A, then the key handoff A approves.
+    # Device C: a pairing code from A, then the key handoff A approves; the whole code
+    # authenticates it (PROTOCOL §14 step 4), so neither side compares fingerprints.
     invite = a.run("team", "invite", "--label", "c").stdout
-    [code] = re.findall(r"ENG-[0-9A-Z]{4}-[0-9A-Z]{4}-[0-9A-Z]{4}", invite)
+    [code] = WHOLE_CODE.findall(invite)
     c = Device(tmp_path / "c", PASSPHRASE_C)
     c.run("init")
     linked = c.run("link", "--relay", url, "--code", code, "--label", "c").stdout
@@ -176,19 +178,12 @@ def test_cli_account_and_handoff_leave_no_secret_on_the_relay(
             assert line, seen + (requester.stderr.read() if requester.stderr else "")
             seen += line
         fingerprint = FINGERPRINT.search(seen).group(0)  # type: ignore[union-attr]
+        assert "pairing code authenticates this request" in seen
         [pending] = json.loads(a.run("team", "pending", "--json").stdout)
         assert pending["fingerprint"] == fingerprint
-        approve = subprocess.run(
-            a.args("team", "approve", pending["request_id"]),
-            env=a.env,
-            input="y\n",
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert approve.returncode == 0, approve.stdout + approve.stderr
-        assert fingerprint in approve.stdout
+        assert pending["pairing_code"] is True
+        approve = a.run("team", "approve", pending["request_id"])  # no question to answer
+        assert "the code authenticates it" in approve.stdout
         rest, errors = requester.communicate(timeout=60)
         assert requester.returncode == 0, seen + rest + errors
     finally:
@@ -226,6 +221,8 @@ def test_cli_account_and_handoff_leave_no_secret_on_the_relay(
         " ".join(phrase.split()[:3]),
         session_token,
         code,
+        code[-9:],  # the secret part alone
+        code[-9:].replace("-", ""),
         b64encode_std(account_key),
     ]
     secrets += spellings(account_key) + spellings(k) + spellings(keys.enc_key)
@@ -233,3 +230,58 @@ def test_cli_account_and_handoff_leave_no_secret_on_the_relay(
     for where, text in (("database", dump), ("relay output", output)):
         found = [s for s in secrets if s in text or s.lower() in text.lower()]
         assert found == [], f"{where} holds {found}"
+
+
+def test_cli_member_request_confirms_the_admin_fingerprint(
+    tmp_path: Path, relay_process: ServedRelay
+) -> None:
+    """A code without its secret part (PROTOCOL §14 step 4, member-request path): the admin
+    compares the requester's fingerprint, the new device stores K only once the admin
+    key's fingerprint is confirmed (`--expect` in a script; without it, nothing is claimed)."""
+    url = relay_process.relay.url
+    a = Device(tmp_path / "a", PASSPHRASE_A)
+    a.run("init")
+    a.run("link", "--relay", url, "--api-key", ADMIN_KEY, "--vault-id", VAULT_ID, "--label", "a")
+    memory_id = a.run("add", MEMORY).stdout.strip()
+    a.run("sync")
+    [whole] = WHOLE_CODE.findall(a.run("team", "invite").stdout)
+    relay_part = whole[: len("ENG-XXXX-XXXX-XXXX")]
+
+    c = Device(tmp_path / "c", PASSPHRASE_C)
+    c.run("init")
+    c.run("link", "--relay", url, "--code", relay_part, "--label", "c")
+    asked = c.run("team", "request", "--wait", "0", ok=False)
+    assert asked.returncode == 1
+    assert "keep waiting" in asked.stderr
+    [requester_fp] = FINGERPRINT.findall(asked.stdout)
+    assert "Compare this code" in asked.stdout
+
+    [pending] = json.loads(a.run("team", "pending", "--json").stdout)
+    assert (pending["fingerprint"], pending["pairing_code"]) == (requester_fp, False)
+    approve = subprocess.run(
+        a.args("team", "approve", pending["request_id"]),
+        env=a.env,
+        input="y\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert approve.returncode == 0, approve.stdout + approve.stderr
+    shown = FINGERPRINT.findall(approve.stdout)
+    assert shown[0] == requester_fp
+    [admin_fp] = set(shown[1:])
+    assert admin_fp != requester_fp
+
+    # No terminal, no --expect: refused, nothing claimed or stored, and it says what to do.
+    refused = c.run("team", "request", ok=False)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "--expect FINGERPRINT" in refused.stderr
+    assert "nothing was claimed or stored" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert json.loads(c.run("status", "--json").stdout)["vault_key"] == "missing"
+
+    done = c.run("team", "request", "--expect", admin_fp.lower())
+    assert "now holds the key" in done.stdout
+    c.run("sync")
+    assert MEMORY in c.run("show", memory_id).stdout
