@@ -236,3 +236,15 @@ def test_cli_pair_prints_a_code(served: Relay) -> None:
     got = redeem(served, code, new_device_id(), label=None)
     assert got.status_code == 200, got.text
     assert (got.json()["vault_id"], got.json()["label"]) == (vault_id, "kitchen tablet")
+
+
+def test_the_relay_never_takes_the_secret_part(served: Relay) -> None:
+    """PROTOCOL §14 step 4: clients send the first part only; a whole code is refused
+    (400, nothing redeemed), so a client that sent one by mistake learns it at once."""
+    vault_id = new_vault_id("secret")
+    code = issue(served, vault_id).json()["code"]
+    whole = f"{code}-ABCD-EFGH"
+    refused = redeem(served, whole, new_device_id())
+    assert assert_error(refused, 400, "invalid_request")["field"] == "code"
+    assert "ABCD" not in refused.text
+    assert redeem(served, code, new_device_id()).status_code == 200  # still unused
