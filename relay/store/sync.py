@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
+from msgspec import UNSET
 
 from relay.errors import RelayError
 from shared_format.wire import SyncBlob
@@ -18,7 +19,8 @@ PULL_PAGE = (
 )
 
 
-def _to_blob(row: asyncpg.Record) -> SyncBlob:
+def _to_blob(row: asyncpg.Record, *, with_seq: bool = False) -> SyncBlob:
+    """The eight fields of §3; a cursor-mode blob adds its additive `seq` (§9)."""
     return SyncBlob(
         vault_id=row["vault_id"],
         memory_id=row["memory_id"],
@@ -28,21 +30,7 @@ def _to_blob(row: asyncpg.Record) -> SyncBlob:
         hmac=row["hmac"],
         created_at=row["created_at"],
         deleted=row["deleted"],
-    )
-
-
-def _to_blob_with_seq(row: asyncpg.Record) -> SyncBlob:
-    """A cursor-mode blob: the eight fields of §3 plus its additive `seq` (§9)."""
-    return SyncBlob(
-        vault_id=row["vault_id"],
-        memory_id=row["memory_id"],
-        device_id=row["device_id"],
-        vector_clock=row["vector_clock"],
-        ciphertext=row["ciphertext"],
-        hmac=row["hmac"],
-        created_at=row["created_at"],
-        deleted=row["deleted"],
-        seq=row["seq"],
+        seq=row["seq"] if with_seq else UNSET,
     )
 
 
@@ -104,7 +92,7 @@ async def pull_by_cursor(
                 new_cursor,
             )
         lag = max(0, head - new_cursor)
-        return Page([_to_blob_with_seq(r) for r in rows], has_more, new_cursor, head, lag)
+        return Page([_to_blob(r, with_seq=True) for r in rows], has_more, new_cursor, head, lag)
 
 
 async def pull_since(
