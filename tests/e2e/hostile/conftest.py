@@ -62,7 +62,21 @@ class Scene:
         path = self.tmp_path / name
         with VaultSession.open(path, PASSPHRASE, create=True) as session:
             session.link(url, ADMIN_KEY, self.vault_id, name)
-        handle = DeviceHandle(name, path, Relay(url, self.relay.database_url, self.relay.config))
+        return self._handle(name, path, url, PASSPHRASE)
+
+    def blank_device(
+        self, name: str, passphrase: str, *, through_proxy: bool = True
+    ) -> DeviceHandle:
+        """A new vault, not linked: it links itself (e.g. with a pairing code) to
+        `handle.relay.url`."""
+        url = self.proxy.url if through_proxy else self.relay.url
+        path = self.tmp_path / name
+        VaultSession.open(path, passphrase, create=True).close()
+        return self._handle(name, path, url, passphrase)
+
+    def _handle(self, name: str, path: Path, url: str, passphrase: str) -> DeviceHandle:
+        relay = Relay(url, self.relay.database_url, self.relay.config)
+        handle = DeviceHandle(name, path, relay, passphrase=passphrase)
         self.handles.append(handle)
         return handle
 

@@ -40,6 +40,9 @@ class Exchange:
     def json(self) -> Any:
         return msgspec.json.decode(self.body)
 
+    def request_json(self) -> Any:
+        return msgspec.json.decode(self.request_body)
+
 
 @dataclass
 class Answer:
