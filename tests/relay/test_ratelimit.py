@@ -59,17 +59,36 @@ def test_keys_have_separate_buckets(clock: FakeClock) -> None:
     assert limiter.take("b", 1) == 0.0
 
 
-def test_bounded_memory_starts_over_with_full_buckets(clock: FakeClock) -> None:
-    limiter = RateLimiter(clock=clock, max_keys=2)
-    limiter.take("a", 1)
-    limiter.take("b", 1)
-    assert limiter.take("a", 1) > 0
-    limiter.take("c", 1)  # a third key clears the table
-    assert limiter.take("a", 1) == 0.0
-
-
 @pytest.mark.parametrize(
     ("wait", "header"), [(0.0001, "1"), (0.5, "1"), (1.0, "1"), (1.01, "2"), (7.2, "8")]
 )
 def test_retry_after_is_whole_seconds_at_least_one(wait: float, header: str) -> None:
     assert RateLimiter.retry_after_header(wait) == header
+
+
+def test_a_flood_of_new_keys_never_resets_anothers_limit(clock: FakeClock) -> None:
+    """Issue 14 item 8: filling the table used to clear every bucket, so 100k cheap new
+    keys (IPv6 addresses) reset the victim's brute-force limit."""
+    limiter = RateLimiter(clock=clock, max_keys=100)
+    for _ in range(3):
+        limiter.take("victim", 3)
+    assert limiter.take("victim", 3) > 0  # exhausted
+    refused = [limiter.take(f"flood-{i}", 3) for i in range(500)]
+    assert refused.count(0.0) == 99  # the table fills up to its bound ...
+    assert all(wait > 0 for wait in refused[99:])  # ... then new keys are refused
+    assert len(limiter) == 100
+    assert limiter.take("victim", 3) > 0  # still exhausted: nothing was reset
+
+
+def test_idle_buckets_are_dropped_once_full_so_new_keys_fit_again(clock: FakeClock) -> None:
+    """The positive case: a bucket idle for one refill period is full, dropping it loses
+    nothing, and its room goes to a new key."""
+    limiter = RateLimiter(clock=clock, max_keys=10)
+    for i in range(10):
+        limiter.take(f"k{i}", 2)
+    assert limiter.take("newcomer", 2) > 0  # full of refilling buckets
+    clock.advance(1.01)  # every bucket has refilled
+    assert limiter.take("newcomer", 2) == 0.0
+    assert len(limiter) == 1
+    # a dropped key comes back with a full burst, exactly what it had refilled to
+    assert [limiter.take("k0", 2) for _ in range(3)] == [0.0, 0.0, pytest.approx(0.5)]
