@@ -22,7 +22,7 @@ from relay.db.url import to_libpq_url
 from relay.ids import check_id
 from relay.logs import configure_logging
 from relay.runtime import database, default_relay_dir, save_admin_key
-from relay.serving import export_for_workers, serve_app
+from relay.serving import PortInUseError, export_for_workers, open_listeners, serve_app
 from relay.store import compaction, devices
 from relay.store import keys as key_store
 from shared_format.wire import DeviceEntry
@@ -101,20 +101,32 @@ def serve(
     """Run the relay (on an embedded PostgreSQL unless a database URL is given)."""
     configure_logging(log_level, log_format)
     relay_dir = data_dir or default_relay_dir()
-    with database(database_url, relay_dir, migrate=True) as url:
-        config = config_from_env(url, quota_devices=quota_devices, quota_bytes=quota_bytes)
-        first_key = _first_admin_key(url, has_static=bool(config.static_keys))
-        base = f"http://{host}:{port}"
-        out.print(f"Engram Sync relay listening on [bold]{base}[/bold]")
-        if first_key is not None:
-            path = save_admin_key(relay_dir, first_key)
-            out.print(f"First admin key (shown once, saved 0600 in {path}):")
-            out.print(f"  [bold]{first_key}[/bold]")
-        if workers > 1:
-            overrides = {"quota_devices": quota_devices, "quota_bytes": quota_bytes}
-            export_for_workers(url, overrides, log_level, log_format)
-            out.print(f"{workers} worker processes")
-        serve_app(config, host=host, port=port, workers=workers)
+    try:  # bind first: a taken port fails before the database starts or a key is minted
+        sockets = open_listeners(host, port, workers=workers)
+    except PortInUseError as exc:
+        hint = "stop what holds it or choose another with --port"
+        if exc.reason != "the port is in use":
+            hint = "check --host and --port"
+        raise CliError(f"{exc}; {hint}") from None
+    port = sockets[0].getsockname()[1]  # the one the kernel chose for --port 0
+    try:
+        with database(database_url, relay_dir, migrate=True) as url:
+            config = config_from_env(url, quota_devices=quota_devices, quota_bytes=quota_bytes)
+            first_key = _first_admin_key(url, has_static=bool(config.static_keys))
+            base = f"http://{host}:{port}"
+            out.print(f"Engram Sync relay listening on [bold]{base}[/bold]")
+            if first_key is not None:
+                path = save_admin_key(relay_dir, first_key)
+                out.print(f"First admin key (shown once, saved 0600 in {path}):")
+                out.print(f"  [bold]{first_key}[/bold]")
+            if workers > 1:
+                overrides = {"quota_devices": quota_devices, "quota_bytes": quota_bytes}
+                export_for_workers(url, overrides, log_level, log_format)
+                out.print(f"{workers} worker processes")
+            serve_app(config, host=host, port=port, workers=workers, sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
     log.info("relay stopped")
 
 
@@ -231,25 +243,60 @@ def devices_list(
     out.print(table)
 
 
+async def _device_known(conn: asyncpg.Connection, vault_id: str, device_id: str) -> bool:
+    """Whether the vault has heard of the device: on its roster (it pushed, pulled or
+    registered, or was revoked before), with blobs, or with a key bound to it."""
+    known: bool = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM devices WHERE vault_id = $1 AND device_id = $2)"
+        " OR EXISTS (SELECT 1 FROM blobs WHERE vault_id = $1 AND device_id = $2)"
+        " OR EXISTS (SELECT 1 FROM api_keys WHERE vault_id = $1 AND device_id = $2)",
+        vault_id,
+        device_id,
+    )
+    return known
+
+
 @devices_app.command("revoke")
 def devices_revoke(
     device_id: Annotated[str, typer.Argument(help="Device id to revoke.")],
     vault: Annotated[str, typer.Option("--vault", help="Vault id.")],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Revoke a device id the vault has never seen (pre-revoke it on purpose).",
+        ),
+    ] = False,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Revoke a device and every key bound to it; its pushes and pulls are refused."""
+    """Revoke a device and every key bound to it; its pushes and pulls are refused.
+
+    A device id the vault has never seen (a typo, most likely) is refused unless --force.
+    """
     _check_vault(vault)
+    problem = check_id(device_id, "device id")
+    if problem:
+        raise CliError(problem)
     with database(database_url, data_dir, migrate=True) as url:
 
-        async def go() -> int:
+        async def go() -> int | None:
             pool = await asyncpg.create_pool(to_libpq_url(url), min_size=1, max_size=1)
             try:
+                if not force:
+                    async with pool.acquire() as conn:
+                        if not await _device_known(conn, vault, device_id):
+                            return None
                 return await devices.revoke(pool, vault, device_id)
             finally:
                 await pool.close()
 
         revoked_keys = asyncio.run(go())
+    if revoked_keys is None:
+        raise CliError(
+            f"vault {vault} has no device {device_id!r}; check the id with "
+            f"`engram-relay devices list --vault {vault}`, or pass --force to pre-revoke it"
+        )
     out.print(f"device {device_id} revoked in vault {vault} ({revoked_keys} bound key(s) revoked)")
 
 

@@ -16,6 +16,7 @@ all landed on one of two workers, and the relay ran at one core's worth of throu
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import signal
@@ -71,22 +72,82 @@ def export_for_workers(
             os.environ[f"ENGRAM_RELAY_{name.upper()}"] = str(value)
 
 
-def serve_app(config: RelayConfig, *, host: str, port: int, workers: int = 1) -> None:
-    """Serve until SIGINT/SIGTERM, then return (after in-flight requests drained).
+class PortInUseError(Exception):
+    """The address `serve` was asked to bind is taken (or not this host's)."""
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen on {host}:{port}: {reason}")
+        self.host = host
+        self.port = port
+        self.reason = reason
+
+
+def open_listeners(host: str, port: int, *, workers: int = 1) -> list[socket.socket]:
+    """Bind the relay's socket(s) now, before anything else happens at start-up.
+
+    One socket per address `host` resolves to (`localhost` may be both ::1 and
+    127.0.0.1), bound but not listening yet (uvicorn calls listen). A taken port
+    raises `PortInUseError` here, so `serve` fails before it mints a key or prints
+    that it listens. With `workers > 1` on Linux each one is a `_WorkerSocket`, which
+    every worker re-binds with SO_REUSEPORT.
+    """
+    try:
+        infos = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise PortInUseError(host, port, f"cannot resolve {host!r} ({exc.strerror})") from None
+    addresses: list[tuple[int, tuple[str, int]]] = []
+    for family, _, _, _, sockaddr in infos:
+        item = (int(family), (str(sockaddr[0]), int(sockaddr[1])))
+        if item not in addresses:
+            addresses.append(item)
+    per_worker = workers > 1 and _PER_WORKER_SOCKETS
+    sockets: list[socket.socket] = []
+    try:
+        for fam, address in addresses:
+            try:
+                if per_worker:
+                    sockets.append(_worker_listener_at(fam, address))
+                else:
+                    sockets.append(_plain_socket(fam, address))
+            except OSError as exc:
+                reason = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+                raise PortInUseError(host, port, str(reason or exc)) from None
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def serve_app(
+    config: RelayConfig,
+    *,
+    host: str,
+    port: int,
+    workers: int = 1,
+    sockets: list[socket.socket] | None = None,
+) -> None:
+    """Serve on `sockets` (from `open_listeners(host, port, workers=workers)`; opened here
+    when None) until SIGINT/SIGTERM, then return (after in-flight requests drained); the
+    sockets are closed on return.
 
     With `workers > 1` the workers build their config with `app_from_env`; call
     `export_for_workers` first so that it equals `config`.
     """
-    if workers <= 1:
-        app = _settled(create_app(config))
-        _run_until_signalled(uvicorn.Server(_uvicorn_config(app, host, port)))
-        return
-    multi = _uvicorn_config(APP_FACTORY, host, port, factory=True, workers=workers)
-    listener = _worker_listener(host, port) if _PER_WORKER_SOCKETS else multi.bind_socket()
+    if sockets is None:
+        sockets = open_listeners(host, port, workers=workers)
     try:
-        Multiprocess(multi, sockets=[listener]).run()  # handles SIGINT/SIGTERM itself
+        if workers <= 1:
+            app = _settled(create_app(config))
+            _run_until_signalled(uvicorn.Server(_uvicorn_config(app, host, port)), sockets)
+            return
+        multi = _uvicorn_config(APP_FACTORY, host, port, factory=True, workers=workers)
+        Multiprocess(multi, sockets=sockets).run()  # handles SIGINT/SIGTERM itself
     finally:
-        listener.close()
+        for sock in sockets:
+            sock.close()
 
 
 # Linux balances the connections of one address over SO_REUSEPORT sockets; elsewhere
@@ -100,6 +161,8 @@ def _reuse_port_socket(family: int, address: tuple[str, int]) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
     except BaseException:
         sock.close()
@@ -118,9 +181,27 @@ class _WorkerSocket(socket.socket):
         return _reuse_port_socket, (int(self.family), (host, port))
 
 
+def _plain_socket(family: int, address: tuple[str, int]) -> socket.socket:
+    """A TCP socket bound to `address` (SO_REUSEADDR, as uvicorn binds; not listening)."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:  # `::` must not also claim IPv4 (asyncio does the same)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def _worker_listener(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    bound = _reuse_port_socket(family, (host, port))
+    return _worker_listener_at(family, (host, port))
+
+
+def _worker_listener_at(family: int, address: tuple[str, int]) -> socket.socket:
+    bound = _reuse_port_socket(family, address)
     try:
         return _WorkerSocket(family, socket.SOCK_STREAM, fileno=bound.detach())
     except BaseException:
@@ -148,7 +229,7 @@ class _Stop(Exception):  # noqa: N818 - control flow, not an error
     """Raised by our signal handler once uvicorn has shut down gracefully."""
 
 
-def _run_until_signalled(server: uvicorn.Server) -> None:
+def _run_until_signalled(server: uvicorn.Server, sockets: list[socket.socket]) -> None:
     """Run uvicorn; on SIGINT/SIGTERM it drains requests, then re-raises the signal, which
     lands here (instead of killing the process) so the embedded database is stopped too."""
 
@@ -157,7 +238,7 @@ def _run_until_signalled(server: uvicorn.Server) -> None:
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run()
+        server.run(sockets=sockets)
     except _Stop:
         pass
     finally:

@@ -128,7 +128,7 @@ def test_admin_commands(fresh_database_url: str) -> None:
     assert "no key with id" in unknown.stderr
     assert "Traceback" not in unknown.stderr
 
-    dev = _relay("devices", "revoke", "--vault", "team", "laptop-1", env=env)
+    dev = _relay("devices", "revoke", "--vault", "team", "laptop-1", "--force", env=env)
     assert dev.returncode == 0, dev.stderr
     roster = _relay("devices", "list", "--vault", "team", env=env)
     assert "laptop-1" in roster.stdout
@@ -141,6 +141,74 @@ def test_admin_commands(fresh_database_url: str) -> None:
     assert "removed 0 tombstone(s)" in gc.stdout
     migrated = _relay("migrate", env=env)
     assert migrated.returncode == 0
+
+
+def _count(database_url: str, query: str) -> int:
+    import asyncio
+
+    import asyncpg
+
+    from relay.db.url import to_libpq_url
+
+    async def go() -> int:
+        conn = await asyncpg.connect(to_libpq_url(database_url))
+        try:
+            return int(await conn.fetchval(query))
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+def test_devices_revoke_refuses_a_device_the_vault_never_saw(fresh_database_url: str) -> None:
+    """Issue 14: a mistyped id exited 0 and put a phantom revoked device on the roster."""
+    env = _env(DATABASE_URL=fresh_database_url)
+    typo = _relay("devices", "revoke", "--vault", "team", "laptpo-1", env=env)
+    assert typo.returncode != 0
+    assert "vault team has no device 'laptpo-1'" in typo.stderr
+    assert "--force" in typo.stderr
+    assert len(typo.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in typo.stderr
+    assert _count(fresh_database_url, "SELECT count(*) FROM devices") == 0  # no phantom
+
+    # a device with a key bound to it is known (it may not have pushed yet)
+    bound = _relay("keys", "create", "--vault", "team", "--device", "phone", env=env)
+    assert bound.returncode == 0, bound.stderr
+    ok = _relay("devices", "revoke", "--vault", "team", "phone", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert "1 bound key(s) revoked" in ok.stdout
+    again = _relay("devices", "revoke", "--vault", "team", "phone", env=env)  # idempotent
+    assert again.returncode == 0, again.stderr
+    other_vault = _relay("devices", "revoke", "--vault", "home", "phone", env=env)
+    assert other_vault.returncode != 0  # known in team, not in home
+
+    forced = _relay("devices", "revoke", "--vault", "team", "stolen-1", "--force", env=env)
+    assert forced.returncode == 0, forced.stderr
+    revoked = "SELECT count(*) FROM devices WHERE revoked_at IS NOT NULL"
+    assert _count(fresh_database_url, revoked) == 2  # phone and the pre-revoked stolen-1
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_on_a_taken_port_fails_before_it_mints_a_key(
+    fresh_database_url: str, data_dir: Path, workers: int
+) -> None:
+    """Issue 14 (12): serve printed "listening" and minted the first admin key, then
+    failed to bind. It binds first now: one line naming the port, no key."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _relay("serve", "--port", str(port), "--data-dir", str(data_dir),
+                        "--workers", str(workers),
+                        env=_env(DATABASE_URL=fresh_database_url))  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: the port is in use" in result.stderr
+    assert "--port" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "listening" not in result.stdout
+    assert "admin key" not in result.stdout
+    assert not (data_dir / "admin-key").exists()
+    assert _count(fresh_database_url, "SELECT count(*) FROM api_keys") == 0
 
 
 def test_bad_input_is_one_clear_line(fresh_database_url: str) -> None:
