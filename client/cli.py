@@ -418,10 +418,30 @@ def devices(json_out: Annotated[bool, typer.Option("--json", help="JSON output."
 
 
 @app.command()
-def revoke(device_id: Annotated[str, typer.Argument(help="Device id to revoke.")]) -> None:
-    """Revoke a device (needs an admin key): its pushes and pulls are refused from now on."""
+def revoke(
+    device_id: Annotated[str, typer.Argument(help="Device id to revoke.")],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Revoke an id the relay has never seen (pre-revoke it on purpose)."
+        ),
+    ] = False,
+) -> None:
+    """Revoke a device (needs an admin key): its pushes and pulls are refused from now on.
+
+    The id must be on the vault's roster (`engram-sync devices`) unless --force: a
+    mistyped id would otherwise revoke a device that does not exist, and no other.
+    """
     with open_session() as session, session.relay() as relay:
-        relay.revoke_device(session.config.vault_id or "", device_id)
+        vault_id = session.config.vault_id or ""
+        if not force:
+            known = {d.device_id for d in relay.devices(vault_id).devices}
+            if device_id not in known:
+                raise CliError(
+                    f"vault {vault_id} has no device {device_id!r}; check the id with "
+                    "`engram-sync devices`, or pass --force to pre-revoke it"
+                )
+        relay.revoke_device(vault_id, device_id)
     out.print(f"revoked {device_id}")
 
 
