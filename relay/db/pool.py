@@ -28,7 +28,12 @@ async def create_pool(database_url: str, min_size: int = 1, max_size: int = 10) 
 
     Sessions run in UTC and are tagged ``application_name=engram-relay``; no
     custom codecs are registered (the schema has no JSON or custom types).
+    ``min_size`` is clamped to ``max_size``: `ENGRAM_RELAY_POOL_SIZE=1` sets only the
+    maximum, and asyncpg refuses a minimum above it (issue 14 item 15).
     """
+    if max_size < 1:
+        raise ValueError(f"the database pool needs at least 1 connection, got {max_size}")
+    min_size = min(min_size, max_size)
     pool = await asyncpg.create_pool(
         to_libpq_url(database_url),
         min_size=min_size,

@@ -48,3 +48,37 @@ def test_released_connections_are_rolled_back_without_a_reset_round_trip(
     assert timeout == "1234ms"  # not reset: no RESET ALL was sent
     assert not in_transaction
     assert rows == 0  # the open transaction was rolled back
+
+
+def test_a_pool_size_of_one_clamps_the_minimum_and_the_relay_serves(
+    fresh_database_url: str,
+) -> None:
+    """`ENGRAM_RELAY_POOL_SIZE=1` sets the maximum only; the default minimum of 2 crashed
+    start-up (asyncpg: min_size greater than max_size). The minimum is clamped now."""
+    import httpx
+
+    from relay.config import config_from_env
+    from tests.relay.conftest import ADMIN_KEY, RelayThread
+    from tests.relay.support import Sealer, pull_ok, push
+
+    env = {"ENGRAM_RELAY_POOL_SIZE": "1", "SYNC_API_KEYS": f"{ADMIN_KEY}:100000"}
+    config = config_from_env(fresh_database_url, env=env)
+    assert (config.pool_min_size, config.pool_max_size) == (2, 1)  # as configured
+    server = RelayThread(config).start()
+    try:
+        headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+            assert http.get("/ready").status_code == 200
+            assert push(http, "one-conn", [Sealer("one-conn").blob("m", 1)]).status_code == 200
+            assert pull_ok(http, "one-conn", cursor=0)["cursor"] == 1
+    finally:
+        server.stop()
+
+    async def size() -> tuple[int, int]:
+        pool = await create_pool(fresh_database_url, min_size=2, max_size=1)
+        try:
+            return pool.get_min_size(), pool.get_max_size()
+        finally:
+            await pool.close()
+
+    assert asyncio.run(size()) == (1, 1)
