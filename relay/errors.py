@@ -20,6 +20,9 @@ from litestar.exceptions import (
 )
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from relay.store.devices import DeviceQuotaError, LabelLockedError
+from relay.store.handoff import TooManyRequestsError
+
 log = logging.getLogger(__name__)
 
 DB_RETRY_AFTER_SECS: Final = 2
@@ -71,6 +74,49 @@ def forbidden(message: str, code: str = "forbidden") -> RelayError:
 def bad_request(message: str, code: str = "bad_request", **extra: Any) -> RelayError:
     """400 with a message naming the problem."""
     return RelayError(400, code, message, extra=extra)
+
+
+def quota_exceeded(detail: str, limit: int, used: int) -> RelayError:
+    """402 with the exact body of PROTOCOL §5 (`used` is the projected value)."""
+    return RelayError(
+        402,
+        "quota_exceeded",
+        f"quota exceeded: {detail}",
+        body={"error": {"code": "quota_exceeded", "detail": detail, "limit": limit, "used": used}},
+    )
+
+
+# --- the store's domain exceptions, answered here and only here (STYLE: one owner) ---------
+
+
+def _device_quota(_: Request[Any, Any, Any], exc: DeviceQuotaError) -> Response[Any]:
+    return _relay_error(_, quota_exceeded(exc.detail, exc.limit, exc.used))
+
+
+def _label_locked(_: Request[Any, Any, Any], exc: LabelLockedError) -> Response[Any]:
+    return _relay_error(
+        _,
+        forbidden(
+            f"device {exc} already has another label; only a key bound to that device or "
+            "an admin key of the vault may change it",
+            code="label_locked",
+        ),
+    )
+
+
+def _too_many_handoffs(_: Request[Any, Any, Any], exc: TooManyRequestsError) -> Response[Any]:
+    # PROTOCOL §14: the limit is per requesting key; the vault's is only a safety net.
+    if exc.scope == "key":
+        message = (
+            f"this key already has {exc.limit} open handoff requests in this vault; "
+            "claim or cancel them, or wait for them to expire"
+        )
+    else:
+        message = (
+            f"this vault already has {exc.limit} open handoff requests; "
+            "wait for them to be claimed or to expire"
+        )
+    return _relay_error(_, RelayError(409, "too_many_handoffs", message))
 
 
 def _json(
@@ -163,6 +209,9 @@ def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response
 
 EXCEPTION_HANDLERS: Final = {
     RelayError: _relay_error,
+    DeviceQuotaError: _device_quota,
+    LabelLockedError: _label_locked,
+    TooManyRequestsError: _too_many_handoffs,
     ValidationException: _validation_error,
     HTTPException: _http_error,
     Exception: _internal_error,

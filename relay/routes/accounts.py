@@ -27,6 +27,7 @@ from relay.bodies import BODY_OPT, decode_body
 from relay.errors import RelayError, bad_request, forbidden
 from relay.ids import require_id
 from relay.keys import hash_key
+from relay.labels import label_problem
 from relay.ratelimit import RateLimiter
 from relay.state import relay_state
 from relay.store import accounts as store
@@ -63,7 +64,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_EMAIL_CHARS: Final = 254
-MAX_LABEL_CHARS: Final = 128
 MIN_WRAP_LEN: Final = NONCE_LEN + TAG_LEN  # an AES-GCM envelope of nothing
 PROOF_LEN: Final = 32
 ADOPT_HEADER: Final = "x-engram-vault-key"
@@ -110,20 +110,14 @@ def limit_per_minute(request: Request[Any, Any, Any], bucket: str, per_minute: i
 
 
 def check_label(label: str | None, field: str = "label") -> str | None:
-    """A trimmed label of at most 128 characters (None stays None, blank becomes None)."""
+    """A trimmed label of printable text, at most 128 characters (relay/labels.py); None
+    stays None, blank becomes None."""
     if label is None:
         return None
     label = label.strip()
-    if len(label) > MAX_LABEL_CHARS:
-        raise bad_request(
-            f"{field} is longer than {MAX_LABEL_CHARS} characters",
-            code="invalid_request",
-            field=field,
-        )
-    if re.search(r"[\x00-\x1f\x7f]", label):
-        raise bad_request(
-            f"{field} contains control characters", code="invalid_request", field=field
-        )
+    problem = label_problem(label, field)
+    if problem:
+        raise bad_request(problem, code="invalid_request", field=field)
     return label or None
 
 

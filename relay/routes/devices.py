@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 from litestar import Request, delete, get, post
 from litestar.params import FromPath, JSONBody
@@ -10,11 +10,10 @@ from litestar.params import FromPath, JSONBody
 from relay.auth import authorize
 from relay.errors import bad_request, forbidden
 from relay.ids import require_id
+from relay.labels import label_problem
 from relay.state import relay_state
 from relay.store import devices as store
 from shared_format.wire import DeviceRegistered, DeviceRevoked, DeviceRoster, RegisterDeviceRequest
-
-MAX_LABEL_CHARS: Final = 128
 
 
 @get("/v1/vaults/{vault_id:str}/devices", tags=["devices"])
@@ -29,21 +28,35 @@ async def list_devices(request: Request[Any, Any, Any], vault_id: FromPath[str])
 async def register_device(
     request: Request[Any, Any, Any], vault_id: FromPath[str], data: JSONBody[RegisterDeviceRequest]
 ) -> DeviceRegistered:
-    """Label a device (both fields non-empty after trim, label <= 128 characters)."""
+    """Label a device: both fields non-empty after trim, the label printable text of at
+    most 128 characters (relay/labels.py).
+
+    Who may label (our reading of PROTOCOL §5 with §10): a key bound to a device labels
+    only that device; an admin key of the vault labels any device; any other key of the
+    vault may give a device its first label or repeat the label it has (how `engram-sync
+    link` registers), not replace another one (403 `label_locked`). A device that takes
+    no slot yet counts against the vault's device quota (402, the §5 body).
+    """
     principal = await authorize(request, require_id(vault_id, "vault_id"))
     device_id, label = data.device_id.strip(), data.label.strip()
     require_id(device_id, "device_id")
     if not label:
         raise bad_request("label is empty", code="invalid_request", field="label")
-    if len(label) > MAX_LABEL_CHARS:
-        raise bad_request(
-            f"label is longer than {MAX_LABEL_CHARS} characters",
-            code="invalid_request",
-            field="label",
-        )
+    problem = label_problem(label)
+    if problem:
+        raise bad_request(problem, code="invalid_request", field="label")
     if principal.device_id is not None and principal.device_id != device_id:
         raise forbidden("this key is bound to another device")
-    await store.register(relay_state(request).require_pool(), vault_id, device_id, label)
+    state = relay_state(request)
+    # LabelLockedError and DeviceQuotaError are answered by relay/errors.py (403, 402).
+    await store.register(
+        state.require_pool(),
+        vault_id,
+        device_id,
+        label,
+        may_relabel=principal.device_id == device_id or principal.is_admin_for(vault_id),
+        default_max_devices=state.config.quota_devices,
+    )
     return DeviceRegistered(vault_id=vault_id, device_id=device_id, label=label)
 
 

@@ -142,23 +142,16 @@ async def create_handoff(
                 field="pairing_id",
             )
         pairing_id = paired[1]
-    try:
-        row = await store.create(
-            relay_state(request).require_pool(),
-            vault_id,
-            public_key,
-            label,
-            principal.key_id,
-            pake=pake,
-            pairing_id=pairing_id,
-        )
-    except store.TooManyRequestsError:
-        raise RelayError(
-            409,
-            "too_many_handoffs",
-            f"this vault already has {store.MAX_PENDING_PER_VAULT} open handoff requests; "
-            "wait for them to be claimed or to expire",
-        ) from None
+    # A limit reached raises TooManyRequestsError; relay/errors.py answers it (409).
+    row = await store.create(
+        relay_state(request).require_pool(),
+        vault_id,
+        public_key,
+        label,
+        principal.key_id,
+        pake=pake,
+        pairing_id=pairing_id,
+    )
     return HandoffCreated(
         request_id=row.request_id,
         vault_id=vault_id,

@@ -35,9 +35,78 @@ async def roster(pool: asyncpg.Pool, vault_id: str) -> list[DeviceEntry]:
     ]
 
 
-async def register(pool: asyncpg.Pool, vault_id: str, device_id: str, label: str) -> None:
-    """Create or relabel a device (a revoked device stays revoked)."""
-    async with pool.acquire() as conn:
+class LabelLockedError(Exception):
+    """The device already has another label, and this key may not change it."""
+
+
+class DeviceQuotaError(Exception):
+    """A new device would take the vault past its device quota (PROTOCOL §5, 402)."""
+
+    def __init__(self, limit: int, used: int) -> None:
+        super().__init__(f"device quota of {limit} reached ({used} with this device)")
+        self.detail = "devices"
+        self.limit = limit
+        self.used = used  # the projected count, as §5 asks
+
+
+# Non-revoked devices that take a slot of the device quota at registration: those that
+# hold blobs (what a push counts, relay/store/push.py) and those that carry a label, so
+# registrations alone cannot grow the roster without bound either.
+_SLOTS = """
+    SELECT count(*) AS used, coalesce(bool_or(s.device_id = $2), false) AS mine FROM (
+        SELECT device_id FROM devices
+        WHERE vault_id = $1 AND label IS NOT NULL AND revoked_at IS NULL
+        UNION
+        SELECT DISTINCT b.device_id FROM blobs b WHERE b.vault_id = $1 AND NOT EXISTS
+            (SELECT 1 FROM devices d WHERE d.vault_id = $1 AND d.device_id = b.device_id
+             AND d.revoked_at IS NOT NULL)
+    ) s
+"""
+
+
+async def register(
+    pool: asyncpg.Pool,
+    vault_id: str,
+    device_id: str,
+    label: str,
+    *,
+    may_relabel: bool,
+    default_max_devices: int,
+) -> None:
+    """Create or label a device (a revoked device stays revoked).
+
+    `may_relabel`: the key may replace a label the device already has (an admin key of
+    the vault, or a key bound to this very device, PROTOCOL §10); other keys may set a
+    first label or repeat the current one, else LabelLockedError. A device that takes no
+    quota slot yet raises DeviceQuotaError when the vault's device quota (its `quotas`
+    row, else `default_max_devices`; 0 = unlimited) is full.
+    """
+    async with pool.acquire() as conn, conn.transaction():
+        # Registrations of one vault run one at a time, and under the vault row's lock
+        # when it exists, so neither another registration nor a push (§6) can take the
+        # last slot between the count and the write.
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('engram-devices:' || $1, 0))",
+            vault_id,
+        )
+        await conn.execute("SELECT 1 FROM vaults WHERE vault_id = $1 FOR UPDATE", vault_id)
+        current = await conn.fetchrow(
+            "SELECT label, revoked_at IS NOT NULL AS revoked FROM devices"
+            " WHERE vault_id = $1 AND device_id = $2",
+            vault_id,
+            device_id,
+        )
+        if current is not None and current["label"] not in (None, label) and not may_relabel:
+            raise LabelLockedError(device_id)
+        if current is None or not current["revoked"]:
+            limit: int | None = await conn.fetchval(
+                "SELECT max_devices FROM quotas WHERE vault_id = $1", vault_id
+            )
+            limit = default_max_devices if limit is None else limit
+            if limit > 0:
+                slots = await conn.fetchrow(_SLOTS, vault_id, device_id)
+                if not slots["mine"] and slots["used"] + 1 > limit:
+                    raise DeviceQuotaError(limit, slots["used"] + 1)
         await conn.execute(
             """
             INSERT INTO devices (vault_id, device_id, label) VALUES ($1, $2, $3)

@@ -24,7 +24,11 @@ from relay.store.pairing import purge_expired_codes
 
 HANDOFF_TTL: Final = timedelta(minutes=15)
 EXPIRED_ROW_GRACE: Final = timedelta(days=1)
-MAX_PENDING_PER_VAULT: Final = 20
+# PROTOCOL §14: open requests are limited per requesting key, not per vault, so one
+# member cannot block the queue; the per-vault bound is only a safety net that keeps
+# the mailbox's storage bounded, far above what any team's onboarding needs.
+MAX_PENDING_PER_KEY: Final = 5
+MAX_PENDING_PER_VAULT: Final = 1000
 
 Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
@@ -37,7 +41,12 @@ _STATUS: Final = """
 
 
 class TooManyRequestsError(Exception):
-    """The vault already has the maximum number of pending requests."""
+    """A limit on open requests is reached: the requesting key's, or the vault's."""
+
+    def __init__(self, scope: str, limit: int) -> None:
+        super().__init__(f"{limit} open handoff requests for this {scope}")
+        self.scope = scope  # "key" or "vault"
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -95,19 +104,24 @@ async def create(
     pake: str | None = None,
     pairing_id: str | None = None,
 ) -> HandoffRow:
-    """Open a request; TooManyRequestsError past MAX_PENDING_PER_VAULT unexpired ones."""
+    """Open a request; TooManyRequestsError when the requesting key already has
+    MAX_PENDING_PER_KEY open (unclaimed, unexpired) ones, or the vault MAX_PENDING_PER_VAULT."""
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended('engram-handoff:' || $1, 0))", vault_id
         )
         await purge_expired_requests(conn, vault_id)
-        pending: int = await conn.fetchval(
-            "SELECT count(*) FROM handoff_requests WHERE vault_id = $1 AND claimed_at IS NULL"
+        counts = await conn.fetchrow(
+            "SELECT count(*) AS vault, count(*) FILTER (WHERE requester_key_id = $2) AS key"
+            " FROM handoff_requests WHERE vault_id = $1 AND claimed_at IS NULL"
             " AND expires_at > now()",
             vault_id,
+            requester_key_id,
         )
-        if pending >= MAX_PENDING_PER_VAULT:
-            raise TooManyRequestsError(vault_id)
+        if counts["key"] >= MAX_PENDING_PER_KEY:
+            raise TooManyRequestsError("key", MAX_PENDING_PER_KEY)
+        if counts["vault"] >= MAX_PENDING_PER_VAULT:
+            raise TooManyRequestsError("vault", MAX_PENDING_PER_VAULT)
         record = await conn.fetchrow(
             "INSERT INTO handoff_requests (vault_id, request_id, public_key, label,"  # noqa: S608
             " requester_key_id, expires_at, requester_pake, pairing_id)"

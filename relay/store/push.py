@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import asyncpg
 
-from relay.errors import RelayError
+from relay.errors import RelayError, quota_exceeded
 from relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
 
 
@@ -55,16 +55,6 @@ class PushOutcome:
 
 
 PushResult = PushOutcome | RelayError
-
-
-def quota_exceeded(detail: str, limit: int, used: int) -> RelayError:
-    """402 with the exact body of PROTOCOL §5."""
-    return RelayError(
-        402,
-        "quota_exceeded",
-        f"quota exceeded: {detail}",
-        body={"error": {"code": "quota_exceeded", "detail": detail, "limit": limit, "used": used}},
-    )
 
 
 @dataclass

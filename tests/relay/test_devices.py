@@ -195,3 +195,80 @@ def test_revoking_a_device_revokes_its_keys_and_only_its_keys(
 def test_device_id_in_the_path_is_validated(http: httpx.Client, vault: str) -> None:
     body = assert_error(http.delete(f"/v1/vaults/{vault}/devices/{'d' * 257}"), 400)
     assert body["field"] == "device_id"
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        "laptop\nphone  2026-12-01  0  False",  # a fake second roster line
+        "lap\rtop",  # carriage return inside (the ends are trimmed)
+        "\x1b[31mred\x1b[0m",  # ANSI escape (ESC, Cc)
+        "tab\there",
+        "c1\x9b31m",  # C1 CSI (Cc)
+        "evil\u202egnp.exe",  # right-to-left override (Cf)
+        "zero\u200bwidth",  # zero-width space (Cf)
+        "line\u2028separator",  # Zl
+        "para\u2029separator",  # Zp
+        "nul\x00",
+        "del\x7f",
+    ],
+)
+def test_labels_are_printable_text(http: httpx.Client, vault: str, label: str) -> None:
+    body = assert_error(register(http, vault, new_device_id(), label), 400, "invalid_request")
+    assert body["field"] == "label"
+    assert roster(http, vault) == []
+
+
+@pytest.mark.parametrize("label", ["Ana's laptop (2)", "Ünïcødé ノート 💻", "a", "x" * 128])
+def test_printable_labels_are_kept_as_sent(http: httpx.Client, vault: str, label: str) -> None:
+    device = new_device_id()
+    assert register(http, vault, device, label).json()["label"] == label
+    assert [d["label"] for d in roster(http, vault)] == [label]
+
+
+def test_who_may_label_a_device(relay: Relay, http: httpx.Client, vault: str) -> None:
+    # Our reading of PROTOCOL §5 with §10: a device-bound key labels its own device, an
+    # admin key any device, any other key a device without a label (or the same label).
+    laptop, phone = new_device_id(), new_device_id()
+    member = relay.mint(vault)
+    laptop_key = relay.mint(vault, device_id=laptop)
+    vault_admin = relay.mint(vault, admin=True)
+    with client(relay, member) as m:
+        assert register(m, vault, laptop, "laptop").status_code == 200  # a new device
+        assert register(m, vault, laptop, "laptop").status_code == 200  # link run again
+        refused = assert_error(register(m, vault, laptop, "Mallory's"), 403, "label_locked")
+        assert laptop in str(refused["error"])
+    with client(relay, laptop_key) as own:
+        assert register(own, vault, laptop, "my laptop").status_code == 200
+        assert_error(register(own, vault, phone, "phone"), 403, "forbidden")
+    with client(relay, member) as m:
+        assert_error(register(m, vault, laptop, "laptop"), 403, "label_locked")
+    with client(relay, vault_admin) as a:
+        assert register(a, vault, laptop, "Ana's laptop").status_code == 200
+    assert [d["label"] for d in roster(http, vault)] == ["Ana's laptop"]
+    # A device that pushed without a label gets its first one from a member key.
+    pusher = Sealer(vault)
+    push_ok(http, vault, [pusher.blob("a", 1)])
+    with client(relay, member) as m:
+        assert register(m, vault, pusher.device_id, "desktop").status_code == 200
+    # An admin key of another vault is a member nowhere here.
+    elsewhere_admin = relay.mint(new_vault_id(), admin=True)
+    with client(relay, elsewhere_admin) as other:
+        assert_error(register(other, vault, laptop, "x"), 403, "forbidden")
+    labels = {d["device_id"]: d["label"] for d in roster(http, vault)}
+    assert labels == {laptop: "Ana's laptop", pusher.device_id: "desktop"}
+
+
+def test_a_vault_quota_row_limits_registrations(relay: Relay, http: httpx.Client) -> None:
+    vault = new_vault_id()
+    relay.sql("INSERT INTO quotas (vault_id, max_devices) VALUES ($1, 2)", vault)
+    first, second, third = new_device_id(), new_device_id(), new_device_id()
+    assert register(http, vault, first, "one").status_code == 200
+    assert register(http, vault, second, "two").status_code == 200
+    response = register(http, vault, third, "three")
+    assert response.status_code == 402
+    assert response.json() == {
+        "error": {"code": "quota_exceeded", "detail": "devices", "limit": 2, "used": 3}
+    }
+    assert register(http, vault, first, "one again").status_code == 200  # it has a slot
+    assert {d["device_id"] for d in roster(http, vault)} == {first, second}

@@ -7,6 +7,7 @@ size_bytes of a blob = len(its ciphertext base64 text). The module's relay allow
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ import pytest
 from tests.relay.conftest import Relay
 from tests.relay.support import (
     Sealer,
+    client,
     module_relay,
     new_device_id,
     new_vault_id,
@@ -200,18 +202,58 @@ def test_devices_quota(relay: Relay, http: httpx.Client, vault: str) -> None:
     assert_quota_402(relay, http, vault, [fifth.blob("m5", 1)], "devices", QUOTA_DEVICES, 4)
 
 
-def test_registering_a_label_does_not_bypass_the_devices_quota(
+def register(http: httpx.Client, vault: str, device_id: str, label: str) -> httpx.Response:
+    return http.post(
+        f"/v1/vaults/{vault}/devices/register", json={"device_id": device_id, "label": label}
+    )
+
+
+def test_registering_a_device_beyond_the_devices_quota_is_402(
     relay: Relay, http: httpx.Client, vault: str
 ) -> None:
-    for i in range(QUOTA_DEVICES):
-        push_ok(http, vault, [Sealer(vault).blob(f"m{i}", 1)])
+    devices = [Sealer(vault) for _ in range(QUOTA_DEVICES)]
+    for i, sealer in enumerate(devices):
+        push_ok(http, vault, [sealer.blob(f"m{i}", 1)])
     fourth = Sealer(vault)
-    registered = http.post(
-        f"/v1/vaults/{vault}/devices/register",
-        json={"device_id": fourth.device_id, "label": "fourth laptop"},
-    )
-    assert registered.status_code == 200
+    before = snapshot(relay, vault)
+    registered = register(http, vault, fourth.device_id, "fourth laptop")
+    assert registered.status_code == 402, registered.text
+    assert registered.json() == {
+        "error": {"code": "quota_exceeded", "detail": "devices", "limit": QUOTA_DEVICES, "used": 4}
+    }
+    assert snapshot(relay, vault) == before  # no device row for it
     assert_quota_402(relay, http, vault, [fourth.blob("m4", 1)], "devices", QUOTA_DEVICES, 4)
+    # Devices that hold a slot keep labelling; a revoked device frees its slot.
+    assert register(http, vault, devices[0].device_id, "first").status_code == 200
+    http.delete(f"/v1/vaults/{vault}/devices/{devices[1].device_id}")
+    assert register(http, vault, devices[1].device_id, "revoked").status_code == 200
+    assert register(http, vault, fourth.device_id, "fourth laptop").status_code == 200
+
+
+def test_labelled_devices_take_quota_slots(relay: Relay, http: httpx.Client, vault: str) -> None:
+    # Registrations alone cannot grow the roster past the quota (the issue: unlimited
+    # devices from any member key).
+    member = relay.mint(vault)
+    with client(relay, member) as m:
+        for i in range(QUOTA_DEVICES):
+            assert register(m, vault, new_device_id(), f"device {i}").status_code == 200
+        response = register(m, vault, new_device_id(), "one too many")
+    assert response.status_code == 402
+    assert response.json()["error"]["used"] == QUOTA_DEVICES + 1
+
+
+def test_concurrent_registrations_never_pass_the_quota(
+    relay: Relay, http: httpx.Client, vault: str
+) -> None:
+    def one(i: int) -> int:
+        with client(relay) as c:
+            return register(c, vault, new_device_id(), f"racer {i}").status_code
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        codes = list(pool.map(one, range(12)))
+    assert sorted(codes) == [200] * QUOTA_DEVICES + [402] * (12 - QUOTA_DEVICES)
+    rows = relay.sql("SELECT count(*) AS n FROM devices WHERE vault_id = $1", vault)
+    assert rows[0]["n"] == QUOTA_DEVICES
 
 
 def test_pulling_with_a_device_header_does_not_bypass_the_devices_quota(

@@ -16,6 +16,7 @@ import asyncpg
 import httpx
 import pytest
 
+from relay.store.handoff import MAX_PENDING_PER_KEY, MAX_PENDING_PER_VAULT
 from shared_format.b64 import b64url_encode
 from shared_format.errors import HandoffError
 from shared_format.handoff import (
@@ -238,6 +239,58 @@ def test_only_the_requesting_key_claims_and_sees_it(served: Relay) -> None:
         cancelled = c.delete(f"/v1/vaults/{vault_id}/handoff/{request_id}")
         assert cancelled.json() == {"request_id": request_id, "vault_id": vault_id, "deleted": True}
     assert served.sql("SELECT * FROM handoff_requests WHERE request_id = $1", request_id) == []
+
+
+def post_handoff(relay: Relay, vault_id: str, key: str) -> httpx.Response:
+    with client(relay, key) as c:
+        return c.post(
+            f"/v1/vaults/{vault_id}/handoff",
+            json={"public_key": new_handoff_keypair().public_key_b64url, "label": "laptop"},
+        )
+
+
+def test_one_key_at_its_limit_does_not_block_another_keys_request(served: Relay) -> None:
+    # PROTOCOL §14: open requests are limited per requesting key, not per vault.
+    vault_id = new_vault_id("queue")
+    greedy, newcomer = served.mint(vault_id), served.mint(vault_id)
+    admin = served.mint(vault_id, admin=True)
+    for _ in range(MAX_PENDING_PER_KEY):
+        assert post_handoff(served, vault_id, greedy).status_code == 200
+    refused = assert_error(post_handoff(served, vault_id, greedy), 409, "too_many_handoffs")
+    assert "this key already has" in str(refused["error"])
+    assert post_handoff(served, vault_id, newcomer).status_code == 200
+    with client(served, admin) as c:
+        listed = c.get(f"/v1/vaults/{vault_id}/handoff").json()["requests"]
+    assert len(listed) == MAX_PENDING_PER_KEY + 1
+    # A claimed, cancelled or expired request frees the key's slot.
+    with client(served, greedy) as c:
+        c.delete(f"/v1/vaults/{vault_id}/handoff/{listed[0]['request_id']}")
+    served.sql(
+        "UPDATE handoff_requests SET expires_at = now() - interval '1 second'"
+        " WHERE request_id = $1",
+        listed[1]["request_id"],
+    )
+    for _ in range(2):
+        assert post_handoff(served, vault_id, greedy).status_code == 200
+    assert_error(post_handoff(served, vault_id, greedy), 409, "too_many_handoffs")
+
+
+def test_the_vault_keeps_a_generous_bound_as_a_safety_net(served: Relay) -> None:
+    vault_id = new_vault_id("net")
+    public_key = new_handoff_keypair().public_key_b64url
+    served.sql(
+        "INSERT INTO handoff_requests (vault_id, request_id, public_key, requester_key_id,"
+        " expires_at) SELECT $1, 'ho_fill' || g, $2, 'k_fill' || g, now() + interval '1 hour'"
+        " FROM generate_series(1, $3::int) g",
+        vault_id,
+        public_key,
+        MAX_PENDING_PER_VAULT,
+    )
+    refused = assert_error(post_handoff(served, vault_id, served.mint(vault_id)), 409)
+    assert refused["code"] == "too_many_handoffs"
+    assert "this vault already has" in str(refused["error"])
+    other = new_vault_id("net")
+    assert post_handoff(served, other, served.mint(other)).status_code == 200
 
 
 @pytest.mark.parametrize(
