@@ -113,10 +113,10 @@ class VaultSession:
             raise SyncError("a machine-key vault cannot sync: sync keys come from a passphrase")
         with RelayClient(server_url, api_key, device_id=self.device.device_id) as relay:
             chosen = vault_id or self.config.vault_id or choose_vault_id(self.passphrase, relay)
-            if label:
+            relay.register_device(chosen, self.device.device_id, label or self.device.label)
+            if label and label != self.device.label:  # kept only once the relay took it
                 self.device.label = label
                 self.device.save()
-            relay.register_device(chosen, self.device.device_id, self.device.label)
         self.config = SyncConfig(
             enabled=True,
             server_url=server_url.rstrip("/"),

@@ -41,4 +41,5 @@ def test_link_works_with_operator_bound_and_member_keys(tmp_path: Path, relay: R
         with pytest.raises(ForbiddenError) as refused:
             session.link(relay.url, member, VAULT_ID, "renamed")
         assert refused.value.code == "label_locked"
+        assert session.device.label == "plain"  # the refused label was not kept locally
     assert labels(relay)[ids["plain"]] == "plain"
