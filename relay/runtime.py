@@ -33,16 +33,16 @@ def database(database_url: str | None, data_dir: Path | None, *, migrate: bool) 
             upgrade_to_head(url)
         yield url
         return
+    # attach/detach: the last process using the server stops it, and one that died
+    # (SIGKILL, a crash) does not count, so the next one adopts and later stops its server.
     server = EmbeddedPostgres((data_dir or default_relay_dir()) / "postgres")
-    was_running = server.is_running()
-    url = server.start()
+    url = server.attach()
     try:
         if migrate:
             upgrade_to_head(url)
         yield url
     finally:
-        if not was_running:
-            server.stop()
+        server.detach()
 
 
 def save_admin_key(data_dir: Path, key: str) -> Path:

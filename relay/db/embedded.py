@@ -69,6 +69,8 @@ _DB_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _SETTING_KEY_RE = re.compile(r"^[a-z_][a-z0-9_.]*$")
 _SETTING_VALUE_RE = re.compile(r"^[A-Za-z0-9_.:+-]+$")
 _PORT_RETRIES = 3
+# Processes using the server through `attach` (one file per pid); see `EmbeddedPostgres.attach`.
+_USERS_DIR = "engram-relay.users"
 _LOG_TAIL_LINES = 25
 
 
@@ -248,6 +250,28 @@ def _read_postmaster(data_dir: Path) -> _Postmaster | None:
         return None
 
 
+def _process_start(pid: int) -> str:
+    """The start time of process `pid` (Linux: /proc/PID/stat field 22), or "" if unknown;
+    with the pid it names one process, even after the pid is reused."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = text.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else ""
+
+
+def _process_alive(pid: int, started: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    now = _process_start(pid)
+    return not (started and now and now != started)  # a reused pid is another process
+
+
 @functools.cache
 def _bundled_major() -> str:
     out = subprocess.run(  # noqa: S603 - the wheel's own binary
@@ -303,6 +327,7 @@ class EmbeddedPostgres:
         self._requested_port = port
         self._port: int | None = None
         self._account: _Account | None = None
+        self._managed = False  # attached as a user of the registry (stops it on detach)
 
     # -- public API --
 
@@ -356,19 +381,107 @@ class EmbeddedPostgres:
             return
         account = self._prepare()
         with self._locked():
-            if self._running_postmaster(account) is None:
-                _event(logging.DEBUG, "embedded postgres not running", data_dir=self.data_dir)
-            else:
-                result = self._pg_ctl(
-                    account, ["stop", "-m", "fast", "-w", "-t", str(int(self.timeout))]
-                )
-                if result.returncode != 0:
-                    raise EmbeddedPostgresError(
-                        f"could not stop the embedded PostgreSQL in {self.data_dir}: "
-                        f"{result.stderr.strip()}\n{_tail(self.log_file)}"
-                    )
-                _event(logging.INFO, "embedded postgres stopped", data_dir=self.data_dir)
+            self._stop_server(account)
         self._port = None
+
+    def attach(self) -> str:
+        """Start or reuse the server as one of its users; return the relay database's URL.
+
+        Every process that attaches is recorded in ``<data dir>/engram-relay.users`` (pid
+        and start time) until it calls :meth:`detach`; the last one to leave stops the
+        server. A user that died without detaching (a relay killed by SIGKILL or a crash)
+        no longer counts, so the next process to attach adopts the server it left running
+        and stops it in turn. A server this registry has never heard of (started with
+        :meth:`start`, or by hand) is used as is and left running.
+        """
+        account = self._prepare()
+        with self._locked():
+            if not (self.data_dir / "PG_VERSION").exists():
+                self._initdb(account)
+            self._check_version()
+            live, dead = self._users()
+            running = self._running_postmaster(account)
+            if running is None:
+                for entry in live + dead:  # a server that is down has no users
+                    entry.unlink(missing_ok=True)
+                self._start_server(account)
+                self._managed = True
+            else:
+                self._adopt(running)
+                self._managed = bool(live or dead)
+                for entry in dead:
+                    entry.unlink(missing_ok=True)
+                if dead and not live:
+                    _event(
+                        logging.WARNING,
+                        "adopting embedded postgres left running by a relay that died",
+                        data_dir=self.data_dir,
+                        pid=running.pid,
+                    )
+            if self._managed:
+                self._users_dir.mkdir(mode=0o700, exist_ok=True)
+                self._user_entry().write_text(_process_start(os.getpid()))
+        try:
+            self._ensure_database()
+        except BaseException:
+            self.detach()
+            raise
+        _event(logging.INFO, "embedded postgres ready", data_dir=self.data_dir, port=self.port)
+        return self.url
+
+    def detach(self) -> None:
+        """Leave the server :meth:`attach` joined; stop it when no other live user remains."""
+        if not self._managed:
+            self._port = None
+            return
+        account = self._prepare()
+        with self._locked():
+            self._user_entry().unlink(missing_ok=True)
+            live, dead = self._users()
+            for entry in dead:
+                entry.unlink(missing_ok=True)
+            if not live:
+                self._stop_server(account)
+        self._managed = False
+        self._port = None
+
+    @property
+    def _users_dir(self) -> Path:
+        return self.data_dir / _USERS_DIR
+
+    def _user_entry(self) -> Path:
+        return self._users_dir / f"{os.getpid()}.{id(self)}"  # two users in one process: two
+
+    def _users(self) -> tuple[list[Path], list[Path]]:
+        """The registry's entries of live and of dead processes (caller holds the lock)."""
+        live: list[Path] = []
+        dead: list[Path] = []
+        try:
+            entries = list(self._users_dir.iterdir())
+        except FileNotFoundError:
+            return live, dead
+        for entry in entries:
+            try:
+                pid = int(entry.name.partition(".")[0])
+                started = entry.read_text().strip()
+            except (ValueError, OSError):
+                dead.append(entry)
+                continue
+            (live if _process_alive(pid, started) else dead).append(entry)
+        return live, dead
+
+    def _stop_server(self, account: _Account | None) -> None:
+        """Stop the server if it runs (caller holds the lock)."""
+        if self._running_postmaster(account) is None:
+            _event(logging.DEBUG, "embedded postgres not running", data_dir=self.data_dir)
+            return
+        result = self._pg_ctl(account, ["stop", "-m", "fast", "-w", "-t", str(int(self.timeout))])
+        if result.returncode != 0:
+            raise EmbeddedPostgresError(
+                f"could not stop the embedded PostgreSQL in {self.data_dir}: "
+                f"{result.stderr.strip()}\n{_tail(self.log_file)}"
+            )
+        _event(logging.INFO, "embedded postgres stopped", data_dir=self.data_dir)
 
     def is_running(self) -> bool:
         """Whether a server is running in ``data_dir`` (per ``pg_ctl status``)."""

@@ -108,6 +108,40 @@ def test_serve_on_embedded_postgres_mints_one_admin_key_and_stops_cleanly(
     assert (data_dir / "admin-key").read_text().strip() == key
 
 
+def test_a_relay_adopts_the_embedded_server_a_killed_relay_left_and_stops_it(
+    data_dir: Path,
+) -> None:
+    """Issue 14 (15): a relay killed with SIGKILL leaves its embedded PostgreSQL running;
+    the next relay reused it but never stopped it. It adopts it now and stops it on
+    SIGTERM, while an admin command run meanwhile leaves it to the relay."""
+    embedded = EmbeddedPostgres(data_dir / "postgres")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [str(BIN / "engram-relay"), "serve", "--port", str(port), "--data-dir", str(data_dir)]
+    first = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        _wait_ready(url, first)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    assert embedded.is_running()  # orphaned
+
+    second = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        _wait_ready(url, second)
+        stats = _relay("stats", "--data-dir", str(data_dir))
+        assert stats.returncode == 0, stats.stderr
+        assert embedded.is_running()  # the admin command leaves it to the relay
+        assert httpx.get(f"{url}/ready", timeout=5).status_code == 200
+    finally:
+        second.send_signal(signal.SIGTERM)
+        _, err = second.communicate(timeout=60)
+    assert second.returncode == 0, err
+    assert not embedded.is_running()
+
+
 def test_admin_commands(fresh_database_url: str) -> None:
     env = _env(DATABASE_URL=fresh_database_url)
     created = _relay("keys", "create", "--vault", "team", "--admin", "--label", "ops", env=env)

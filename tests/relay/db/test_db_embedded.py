@@ -147,3 +147,31 @@ def test_root_runs_the_server_as_the_system_user(server: EmbeddedPostgres) -> No
     assert set(uid_line.split()[1:]) == {str(expected)}
     assert groups_line.split()[1:] == []  # no supplementary groups (in particular not root)
     assert server.data_dir.stat().st_uid == expected
+
+
+def test_the_last_attached_user_stops_the_server_and_a_dead_one_does_not_count(
+    server: EmbeddedPostgres,
+) -> None:
+    """attach/detach (what `engram-relay` commands use): the server runs while any live
+    process is attached, whichever attached first; a dead user's entry is ignored."""
+    first = EmbeddedPostgres(server.data_dir)
+    second = EmbeddedPostgres(server.data_dir)
+    url = first.attach()
+    assert second.attach() == url
+    first.detach()  # the one that started it leaves first
+    assert server.is_running()
+    assert query(url, "SELECT 1") == 1
+    # a process that attached and died (SIGKILL): its entry names a pid that is gone
+    users = server.data_dir / "engram-relay.users"
+    (users / "999999999.1").write_text("1")
+    second.detach()
+    assert not server.is_running()
+    assert list(users.iterdir()) == []  # the dead entry is gone too
+
+
+def test_attach_leaves_a_server_it_did_not_start_running(server: EmbeddedPostgres) -> None:
+    url = server.start()  # started outside the registry (like the test session's server)
+    guest = EmbeddedPostgres(server.data_dir)
+    assert guest.attach() == url
+    guest.detach()
+    assert server.is_running()
