@@ -56,6 +56,15 @@ _USER_RELATIONS = """
       AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp\\_%'
 """
 
+# Sessions on the same database besides ours (a relay's pool shows as "engram-relay").
+_OTHER_CLIENTS = """
+    SELECT application_name AS app, host(client_addr) AS addr
+    FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND backend_type = 'client backend'
+    ORDER BY backend_start
+"""
+
 
 class OpsError(Exception):
     """A failure to report in one line, with what to do."""
@@ -100,6 +109,7 @@ class _Server:
     tables: frozenset[str]  # "schema.name" of user tables
     relations: int  # tables, views, sequences... in user schemas
     revision: str | None
+    clients: tuple[str, ...] = ()  # other sessions on this database: "application (address)"
 
 
 def _inspect(url: str) -> _Server:
@@ -116,10 +126,14 @@ def _inspect(url: str) -> _Server:
             revision: str | None = None
             if await conn.fetchval("SELECT to_regclass('public.alembic_version') IS NOT NULL"):
                 revision = await conn.fetchval("SELECT version_num FROM alembic_version LIMIT 1")
+            others = await conn.fetch(_OTHER_CLIENTS)
         finally:
             await conn.close()
         tables = frozenset(f"{r['nspname']}.{r['relname']}" for r in rows if r["relkind"] in "rp")
-        return _Server(num // 10000, tables, len(rows), revision)
+        clients = tuple(
+            f"{r['app'] or 'unnamed client'} ({r['addr'] or 'local socket'})" for r in others
+        )
+        return _Server(num // 10000, tables, len(rows), revision, clients)
 
     return asyncio.run(go())
 
@@ -343,12 +357,19 @@ def restore(
     yes: Annotated[
         bool, typer.Option("--yes", help="Replace the contents of a non-empty database.")
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="With --yes: replace it even while other clients are connected."
+        ),
+    ] = False,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
     """Restore a backup into the relay database, in one transaction (all or nothing).
 
-    Stop the relay first. A non-empty database is only replaced with --yes. The
+    Stop the relay first. A non-empty database is only replaced with --yes, and not
+    while other clients (a running relay) are connected to it unless --force. The
     restored database gets a new relay generation, so devices notice the restore
     and re-push what it lacks (PROTOCOL §17).
     """
@@ -368,6 +389,16 @@ def restore(
                         f"the database at {redact_url(url)} is not empty "
                         f"({server.relations} relations, schema {server.revision or 'none'}); "
                         "restoring replaces its contents: stop the relay and pass --yes",
+                        exit_code=2,
+                    )
+                if server.clients and not force:
+                    shown = ", ".join(server.clients[:3])
+                    more = len(server.clients) - 3
+                    raise OpsError(
+                        f"{len(server.clients)} other client(s) are connected to the database "
+                        f"at {redact_url(url)} ({shown}{f', and {more} more' if more > 0 else ''})"
+                        "; stop the relay (every replica) first, or pass --force to restore "
+                        "under them",
                         exit_code=2,
                     )
                 extra = sorted(server.tables - archived)

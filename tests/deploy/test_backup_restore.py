@@ -173,6 +173,46 @@ def test_backup_then_restore_brings_the_data_back(
     assert generation(second_database) not in (None, backed_up, renewed)
 
 
+def test_restore_refuses_while_another_client_is_connected_unless_forced(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    """Issue 14 (15): `restore --yes` replaced the database under a running relay. A
+    session on the database (here one like a relay's pool) now stops it, unless --force."""
+    url = fresh_database_url
+    seed(url)
+    dump = tmp_path / "relay.dump"
+    made = relay_cli("backup", "--output", str(dump), "--database-url", url)
+    assert made.returncode == 0, made.stderr
+    sql(url, "INSERT INTO vaults (vault_id) VALUES ('after-backup')")
+    changed = snapshot(url)
+
+    loop = asyncio.new_event_loop()
+    relay_session = loop.run_until_complete(
+        asyncpg.connect(to_libpq_url(url), server_settings={"application_name": "engram-relay"})
+    )
+    try:
+        code, stderr = relay_in_process("restore", "-i", str(dump), "--yes", "--database-url", url)
+        assert code == 2
+        assert "1 other client(s) are connected" in stderr
+        assert "engram-relay (" in stderr
+        assert "--force" in stderr
+        assert "Traceback" not in stderr
+        assert snapshot(url) == changed  # nothing touched
+
+        code, stderr = relay_in_process(
+            "restore", "-i", str(dump), "--yes", "--force", "--database-url", url
+        )
+        assert code == 0, stderr
+        assert snapshot(url) != changed
+    finally:
+        loop.run_until_complete(relay_session.close())
+        loop.close()
+
+    # nobody else connected: --yes alone restores
+    code, stderr = relay_in_process("restore", "-i", str(dump), "--yes", "--database-url", url)
+    assert code == 0, stderr
+
+
 def test_backup_and_restore_stream_through_stdout_and_stdin(fresh_database_url: str) -> None:
     url = fresh_database_url
     seed(url)
