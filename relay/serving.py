@@ -108,6 +108,10 @@ def open_listeners(host: str, port: int, *, workers: int = 1) -> list[socket.soc
         for fam, address in addresses:
             try:
                 if per_worker:
+                    # Probe without SO_REUSEPORT first: another relay's workers hold the
+                    # port with it, and a SO_REUSEPORT bind would silently share it.
+                    with _plain_socket(fam, address) as probe:
+                        address = (address[0], int(probe.getsockname()[1]))
                     sockets.append(_worker_listener_at(fam, address))
                 else:
                     sockets.append(_plain_socket(fam, address))

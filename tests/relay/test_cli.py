@@ -222,13 +222,16 @@ def test_devices_revoke_refuses_a_device_the_vault_never_saw(fresh_database_url:
     assert _count(fresh_database_url, revoked) == 2  # phone and the pre-revoked stolen-1
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(("workers", "holder_reuses_port"), [(1, False), (2, False), (2, True)])
 def test_serve_on_a_taken_port_fails_before_it_mints_a_key(
-    fresh_database_url: str, data_dir: Path, workers: int
+    fresh_database_url: str, data_dir: Path, workers: int, holder_reuses_port: bool
 ) -> None:
     """Issue 14 (12): serve printed "listening" and minted the first admin key, then
-    failed to bind. It binds first now: one line naming the port, no key."""
+    failed to bind. It binds first now: one line naming the port, no key. A port held
+    with SO_REUSEPORT (another relay's workers) is taken too, not shared."""
     with socket.socket() as taken:
+        if holder_reuses_port:
+            taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
