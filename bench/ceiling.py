@@ -19,10 +19,11 @@ from typing import Any
 import asyncpg
 
 from bench.corpus import Corpus
+from relay.config import DEFAULT_MAX_PAGE_BYTES
 from relay.db.url import to_libpq_url
 from relay.push_rules import CheckedBlob
 from relay.store.push import BLOB_UPSERT, blob_columns
-from relay.store.sync import PULL_PAGE
+from relay.store.sync import PULL_PAGE, split_page
 from shared_format.timestamps import parse_rfc3339
 from shared_format.wire import SyncBlob
 
@@ -99,9 +100,8 @@ async def read(conn: asyncpg.Connection, vault_id: str, *, page: int) -> tuple[f
     rows_read = 0
     started = time.perf_counter()
     while True:
-        rows = await conn.fetch(PULL_PAGE, vault_id, cursor, page + 1)
-        has_more = len(rows) > page
-        rows = rows[:page]
+        fetched = await conn.fetch(PULL_PAGE, vault_id, cursor, page, DEFAULT_MAX_PAGE_BYTES)
+        rows, has_more = split_page(fetched, page)
         rows_read += len(rows)
         if not rows:
             break

@@ -103,7 +103,8 @@ def _ciphertext_chars(plaintext_bytes: int) -> int:
 def check_page(page: PullResponse, *, asked: int, limit: int, relay_url: str) -> None:
     """Refuse a cursor page no honest relay sends (PROTOCOL §9; issue 13): a missing
     cursor, one that goes back, passes 2^63-1 or the vault's sequence (`head`), jumps
-    without blobs, or blobs whose sequence numbers do not lead to it. Every page with
+    without blobs, or blobs whose sequence numbers do not lead to it (except a last page
+    ending at exactly `head`: compacted tombstones, §12). Every page with
     blobs moves the cursor forward, so a relay repeating a page cannot keep the device
     pulling forever."""
 
@@ -125,8 +126,16 @@ def check_page(page: PullResponse, *, asked: int, limit: int, relay_url: str) ->
         raise refuse(f"sent cursor {cursor}, past the vault's sequence {page.head}")
     if len(page.blobs) > limit:
         raise refuse(f"sent {len(page.blobs)} blobs for a page of at most {limit}")
+    # PROTOCOL §9, §12 (issue 14 item 9): the last page of a vault whose newest entries are
+    # compacted tombstones ends at the vault's sequence, past its last blob (or, with no
+    # blob at all, past the asked cursor): otherwise the cursor would stay below the
+    # compaction horizon and every later sync would be told to resync. Accepted only for
+    # exactly `head` on a last page. The trade-off: a lying relay can use it to make the
+    # device skip to the head, which it could already do by giving one real blob a forged
+    # `seq` (not covered by the HMAC of §3); the cursor still never passes `head`.
+    to_head = not page.has_more and isinstance(page.head, int) and cursor == page.head
     if not page.blobs:
-        if cursor != asked:
+        if cursor != asked and not to_head:
             raise refuse(f"moved the cursor to {cursor} without sending any blob")
         if page.has_more:
             raise refuse("announced more blobs but sent none (no progress)")
@@ -137,7 +146,7 @@ def check_page(page: PullResponse, *, asked: int, limit: int, relay_url: str) ->
             if blob.seq <= previous:
                 raise refuse(f"sent blob sequence {blob.seq} after {previous}")
             previous = blob.seq
-    if previous != asked and cursor != previous:
+    if previous != asked and cursor != previous and not (to_head and cursor > previous):
         raise refuse(f"sent cursor {cursor} after a last blob of sequence {previous}")
     if cursor == asked:
         raise refuse("sent blobs without moving the cursor (no progress)")

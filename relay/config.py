@@ -15,6 +15,11 @@ DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_RETENTION_DAYS: Final = 30  # PROTOCOL §12
 DEFAULT_RATE: Final = 100  # PROTOCOL §5: requests/second per key
 DEFAULT_PUSH_LANES: Final = 1  # concurrent push transactions per process (relay.push_groups)
+# PROTOCOL §7, §9, §11 (issue 14 item 5): a pull page stops adding blobs once its ciphertext
+# passes this many base64 characters (always at least one blob), so one pull of a vault of
+# large blobs cannot make the relay hold 1000 of them. Well below the client's 32 MiB
+# page budget (client.relay_client.PULL_PAGE_BUDGET_BYTES) even with one maximal blob over.
+DEFAULT_MAX_PAGE_BYTES: Final = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,7 @@ class RelayConfig:
     quota_bytes: int = 0  # 0 = unlimited
     max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
     tombstone_retention_days: int = DEFAULT_RETENTION_DAYS
     pool_min_size: int = 2
     pool_max_size: int = 10
@@ -37,6 +43,8 @@ class RelayConfig:
         for name in ("quota_devices", "quota_bytes", "tombstone_retention_days"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.max_page_bytes < 1:
+            raise ValueError("max_page_bytes must be >= 1")
         if self.push_lanes < 1:
             raise ValueError("push_lanes must be >= 1")
         if self.max_blob_bytes < DEFAULT_MAX_BLOB_BYTES:
@@ -74,6 +82,7 @@ def config_from_env(
         "quota_bytes": _env_int(source, "ENGRAM_RELAY_QUOTA_BYTES", 0),
         "max_blob_bytes": _env_int(source, "ENGRAM_RELAY_MAX_BLOB_BYTES", DEFAULT_MAX_BLOB_BYTES),
         "max_body_bytes": _env_int(source, "ENGRAM_RELAY_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+        "max_page_bytes": _env_int(source, "ENGRAM_RELAY_MAX_PAGE_BYTES", DEFAULT_MAX_PAGE_BYTES),
         "tombstone_retention_days": _env_int(
             source, "ENGRAM_RELAY_TOMBSTONE_RETENTION_DAYS", DEFAULT_RETENTION_DAYS
         ),

@@ -159,6 +159,9 @@ class RelayInfo(Struct, frozen=True):
     max_body_bytes: int
     features: list[str] = msgspec.field(default_factory=list)
     generation: str | UnsetType = UNSET  # PROTOCOL §17
+    # Additive (PROTOCOL §11, issue 14): a pull page stops adding blobs once its ciphertext
+    # passes this many base64 characters (always at least one blob, then `has_more`).
+    max_page_bytes: int | UnsetType = UNSET
 
 
 class ErrorBody(Struct, frozen=True):

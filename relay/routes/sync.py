@@ -82,7 +82,8 @@ async def pull(
     """Legacy `since` mode (§7) or the commit-ordered `cursor` mode (§9).
 
     `limit` defaults to 1000 and is capped at 1000; `limit=0` means the default,
-    so it can never answer an empty page that claims `has_more` forever.
+    so it can never answer an empty page that claims `has_more` forever. A page also
+    stops once its ciphertext passes `max_page_bytes` (at least one blob; §11).
     """
     state = relay_state(request)
     principal = await authorize(request, require_id(vault_id, "vault_id"))
@@ -90,7 +91,9 @@ async def pull(
     pool = state.require_pool()
     if cursor is not None:
         device = _device_for_progress(request, principal.device_id)
-        page = await store.pull_by_cursor(pool, vault_id, cursor, page_size, device)
+        page = await store.pull_by_cursor(
+            pool, vault_id, cursor, page_size, device, max_bytes=state.config.max_page_bytes
+        )
         state.metrics.pulls.labels("cursor").inc()
         state.metrics.blobs_pulled.inc(len(page.blobs))
         state.metrics.pull_lag.observe(page.lag)
@@ -107,7 +110,9 @@ async def pull(
             instant = parse_rfc3339(_SPACE_OFFSET.sub(r"+\1", since))
         except ValueError as exc:
             raise bad_request(f"since: {exc}", code="invalid_request", field="since") from None
-    blobs, has_more = await store.pull_since(pool, vault_id, instant, page_size)
+    blobs, has_more = await store.pull_since(
+        pool, vault_id, instant, page_size, max_bytes=state.config.max_page_bytes
+    )
     state.metrics.pulls.labels("since").inc()
     state.metrics.blobs_pulled.inc(len(blobs))
     return PullResponse(blobs=blobs, has_more=has_more, generation=state.generation)

@@ -59,6 +59,7 @@ async def info(request: Request[Any, Any, Any]) -> RelayInfo:
         max_pull_limit=MAX_PULL_LIMIT,
         max_body_bytes=config.max_body_bytes,
         features=FEATURES,
+        max_page_bytes=config.max_page_bytes,  # PROTOCOL §11, additive
         generation=state.generation,  # PROTOCOL §17
     )
 

@@ -11,12 +11,58 @@ from msgspec import UNSET
 from relay.errors import RelayError
 from shared_format.wire import SyncBlob
 
-# The cursor pull's keyset query on the (vault_id, seq) index. Public: the benchmark's
-# raw-database ceiling runs this very statement (bench/ceiling.py).
-PULL_PAGE = (
-    "SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,"
-    " deleted, seq FROM blobs WHERE vault_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
-)
+# Both pull modes cap a page by count and by bytes (PROTOCOL §7, §9, §11; issue 14 item
+# 5): of the limit+1 rows in keyset order ($3), a row is on the page while the ciphertext
+# before it stays below the byte budget ($4; `size_bytes` is the ciphertext's length, so
+# the sum detoasts nothing). The first row past the budget comes with a NULL ciphertext
+# and only says `has_more`; rows after it are not sent. So the relay holds at most the
+# budget plus one blob (the row past the limit comes whole only when the page is below
+# the budget), never 1000 large blobs.
+
+# The cursor pull (PROTOCOL §9) in ONE statement, hence one snapshot (§12; issue 14 item
+# 10): the vault's sequence and compaction horizon are read with the page, so a compaction
+# or a push committing meanwhile is wholly before the page or wholly after it. A vault
+# row and no blob beyond the cursor give one row of NULL blob columns; an unknown vault
+# none. Public: the benchmark's raw-database ceiling runs this very statement
+# (bench/ceiling.py).
+PULL_PAGE = """
+SELECT v.seq AS head, v.compacted_through AS horizon, p.*
+FROM vaults v LEFT JOIN (
+    SELECT vault_id, memory_id, device_id, vector_clock, hmac, created_at, deleted, seq,
+           CASE WHEN before < $4::bigint THEN ciphertext END AS ciphertext
+    FROM (
+        SELECT b.*, sum(size_bytes) OVER w - size_bytes AS before,
+               lag(size_bytes, 1, 0) OVER w AS previous
+        FROM (
+            SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,
+                   deleted, seq, size_bytes
+            FROM blobs WHERE vault_id = $1 AND seq > $2 ORDER BY seq LIMIT $3 + 1
+        ) b
+        WINDOW w AS (ORDER BY seq ROWS UNBOUNDED PRECEDING)
+    ) capped
+    WHERE before - previous < $4::bigint
+) p ON true
+WHERE v.vault_id = $1
+ORDER BY p.seq
+"""
+
+_PULL_SINCE = """
+SELECT vault_id, memory_id, device_id, vector_clock, hmac, created_at, deleted, seq,
+       CASE WHEN before < $4::bigint THEN ciphertext END AS ciphertext
+FROM (
+    SELECT b.*, sum(size_bytes) OVER w - size_bytes AS before,
+           lag(size_bytes, 1, 0) OVER w AS previous
+    FROM (
+        SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,
+               deleted, seq, size_bytes, created_at_ts
+        FROM blobs WHERE vault_id = $1 AND ($2::timestamptz IS NULL OR created_at_ts >= $2)
+        ORDER BY created_at_ts, seq LIMIT $3 + 1
+    ) b
+    WINDOW w AS (ORDER BY created_at_ts, seq ROWS UNBOUNDED PRECEDING)
+) capped
+WHERE before - previous < $4::bigint
+ORDER BY created_at_ts, seq
+"""
 
 
 def _to_blob(row: asyncpg.Record, *, with_seq: bool = False) -> SyncBlob:
@@ -56,28 +102,43 @@ def resync_required(cursor: int, horizon: int) -> RelayError:
     )
 
 
+def split_page(rows: list[asyncpg.Record], limit: int) -> tuple[list[asyncpg.Record], bool]:
+    """The page's rows (with their ciphertext, at most `limit`) and `has_more` (a row off
+    the page: past the byte budget or past the limit)."""
+    page = [r for r in rows if r["ciphertext"] is not None][:limit]
+    return page, len(page) < sum(1 for r in rows if r["seq"] is not None)
+
+
 async def pull_by_cursor(
-    pool: asyncpg.Pool, vault_id: str, cursor: int, limit: int, device_id: str | None
+    pool: asyncpg.Pool,
+    vault_id: str,
+    cursor: int,
+    limit: int,
+    device_id: str | None,
+    *,
+    max_bytes: int,
 ) -> Page:
-    """Blobs with seq > cursor in seq order (PROTOCOL §9); limit+1 rows decide has_more."""
+    """Blobs with seq > cursor in seq order (PROTOCOL §9), at most `limit` of them and
+    stopping once their ciphertext passes `max_bytes` (at least one blob)."""
     async with pool.acquire() as conn:
-        vault = await conn.fetchrow(
-            "SELECT seq, compacted_through FROM vaults WHERE vault_id = $1", vault_id
-        )
-        horizon = 0 if vault is None else int(vault["compacted_through"])
+        rows = await conn.fetch(PULL_PAGE, vault_id, cursor, limit, max_bytes)
+        if not rows:  # nobody pushed to this vault (PROTOCOL §5: an empty page)
+            head = horizon = 0
+        else:
+            head, horizon = int(rows[0]["head"]), int(rows[0]["horizon"])
         if 0 < cursor < horizon:
             raise resync_required(cursor, horizon)
-        rows = await conn.fetch(PULL_PAGE, vault_id, cursor, limit + 1)
-        # The vault row was read before the page: a push committing in between can put
-        # blobs above it on the page, and the head must never be below a seq sent. Never
-        # raised to the request's cursor, though: a head below it is how a device sees
-        # a restored relay (PROTOCOL §17).
-        head = 0 if vault is None else int(vault["seq"])
-        if rows:
-            head = max(head, int(rows[-1]["seq"]))
-        has_more = len(rows) > limit
-        rows = rows[:limit]
-        new_cursor = rows[-1]["seq"] if rows else cursor
+        rows, has_more = split_page(rows, limit)
+        # Read in the page's snapshot, the head is never below a seq sent; it is never
+        # raised to the request's cursor either: a head below it is how a device sees a
+        # restored relay (PROTOCOL §17).
+        new_cursor = int(rows[-1]["seq"]) if rows else cursor
+        if not has_more and new_cursor < horizon:
+            # PROTOCOL §9, §12 (issue 14 item 9): the page reached the end of the vault in
+            # this snapshot and only compacted tombstones lie above its last blob, so the
+            # device has seen everything through the head. A cursor below the horizon
+            # would earn it `resync_required` at its next pull, and so on forever.
+            new_cursor = head
         if device_id is not None:
             await conn.execute(
                 """
@@ -96,20 +157,14 @@ async def pull_by_cursor(
 
 
 async def pull_since(
-    pool: asyncpg.Pool, vault_id: str, since: datetime | None, limit: int
+    pool: asyncpg.Pool, vault_id: str, since: datetime | None, limit: int, *, max_bytes: int
 ) -> tuple[list[SyncBlob], bool]:
-    """Legacy pull (PROTOCOL §7): created_at >= since as instants, by (created_at, seq)."""
+    """Legacy pull (PROTOCOL §7): created_at >= since as instants, by (created_at, seq),
+    capped by count and by ciphertext bytes like the cursor pull."""
     async with pool.acquire() as conn:
-        rows = await conn.fetch(
-            "SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,"
-            " deleted FROM blobs WHERE vault_id = $1"
-            " AND ($2::timestamptz IS NULL OR created_at_ts >= $2)"
-            " ORDER BY created_at_ts, seq LIMIT $3",
-            vault_id,
-            since,
-            limit + 1,
-        )
-    return [_to_blob(r) for r in rows[:limit]], len(rows) > limit
+        rows = await conn.fetch(_PULL_SINCE, vault_id, since, limit, max_bytes)
+    page, has_more = split_page(rows, limit)
+    return [_to_blob(r) for r in page], has_more
 
 
 async def vault_stats(pool: asyncpg.Pool, vault_id: str) -> tuple[int, str | None]:

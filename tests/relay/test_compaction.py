@@ -9,14 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import httpx
 import pytest
 
 from relay.db.url import to_libpq_url
+from relay.errors import RelayError
 from relay.store.compaction import CompactionResult, compact_all, compact_vault
+from relay.store.sync import Page, pull_by_cursor
 from tests.relay.conftest import Relay
 from tests.relay.support import (
     Sealer,
@@ -289,3 +291,145 @@ def test_compact_all_covers_every_vault(relay: Relay) -> None:
             assert_error(pull(http, vault, cursor=1), 409, "resync_required")
             assert [b["memory_id"] for b in pull_ok(http, vault, cursor=0)["blobs"]] == ["keep"]
         assert pull(http, vaults[2], cursor=1).status_code == 200
+
+
+def _compacted_vault(relay: Relay, *, keep: bool) -> tuple[str, Device]:
+    """m1 (if `keep`), m2, m3 live, then m2 and m3 deleted: the vault's newest entries are
+    tombstones, compacted (every device aged out). Returns the vault and a new device."""
+    vault = new_vault_id("top")
+    sealer = Sealer(vault)
+    with client(relay) as http:
+        live = ["m1", "m2", "m3"] if keep else ["m2", "m3"]
+        push_ok(http, vault, [sealer.blob(m, 1) for m in live])
+        push_ok(http, vault, [sealer.blob(m, 2, deleted=True) for m in ("m2", "m3")])
+    age_tombstones(relay, vault)
+    relay.sql(
+        "UPDATE devices SET last_seen = now() - interval '40 days' WHERE vault_id = $1", vault
+    )
+    head = len(live) + 2
+    assert compact(relay, vault) == CompactionResult(vault, 2, head)
+    return vault, Device(new_device_id(), client(relay), header=True)
+
+
+@pytest.mark.parametrize("limit", [None, 1])
+def test_a_last_page_ends_at_the_compaction_horizon(relay: Relay, limit: int | None) -> None:
+    """Issue 14 item 9 (PROTOCOL §9, §12): with compacted tombstones above the last live
+    blob, the page that reaches the end answers the head, not the last blob's seq, so the
+    next sync is an ordinary empty pull instead of `resync_required` forever."""
+    vault, device = _compacted_vault(relay, keep=True)
+    with device.http:
+        response = device.pull(vault, 0, limit=limit)
+        assert response.status_code == 200, response.text
+        page = response.json()
+        assert versions(page["blobs"]) == [("m1", 1)]
+        assert (page["has_more"], page["cursor"], page["head"]) == (False, 5, 5)
+        again = device.pull(vault, page["cursor"])
+        assert again.status_code == 200, again.text
+        assert (again.json()["blobs"], again.json()["cursor"]) == ([], 5)
+    assert pulled_cursors(relay, vault)[device.device_id] == 5
+
+
+def test_a_vault_whose_every_entry_was_compacted(relay: Relay) -> None:
+    """A device at cursor 0 of a vault holding nothing but compacted tombstones is told
+    the head, with no blob (the client accepts exactly that on a last page)."""
+    vault, device = _compacted_vault(relay, keep=False)
+    with device.http:
+        page = device.pull(vault, 0).json()
+        assert (page["blobs"], page["has_more"], page["cursor"], page["head"]) == (
+            [],
+            False,
+            4,
+            4,
+        )
+        assert device.pull(vault, 4).status_code == 200
+
+
+class _Statements:
+    """A pool whose one connection runs `between` once, before the pull's statement
+    number `at` (counting from 0) or, if the pull issues fewer, after it: a compaction
+    committing at that exact point, driven step by step (no sleeps)."""
+
+    def __init__(self, conn: asyncpg.Connection, at: int, between: Any) -> None:
+        self.conn, self.at, self.between = conn, at, between
+        self.issued = 0
+        self.ran = False
+
+    async def _step(self) -> None:
+        if self.issued == self.at and not self.ran:
+            self.ran = True
+            await self.between()
+        self.issued += 1
+
+    async def fetch(self, *args: Any) -> Any:
+        await self._step()
+        return await self.conn.fetch(*args)
+
+    async def fetchrow(self, *args: Any) -> Any:
+        await self._step()
+        return await self.conn.fetchrow(*args)
+
+    async def fetchval(self, *args: Any) -> Any:
+        await self._step()
+        return await self.conn.fetchval(*args)
+
+    async def execute(self, *args: Any) -> Any:
+        await self._step()
+        return await self.conn.execute(*args)
+
+    def acquire(self) -> Any:
+        outer = self
+
+        class _Borrow:
+            async def __aenter__(self) -> _Statements:
+                return outer
+
+            async def __aexit__(self, *exc: object) -> None:
+                return None
+
+        return _Borrow()
+
+
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_compaction_committing_during_a_pull(relay: Relay, at: int) -> None:
+    """Issue 14 item 10 (PROTOCOL §12): a device at cursor 3 pulls while the tombstones of
+    m2 and m3 (seq 4, 5) are compacted between two statements of the pull. It must either
+    get the tombstones or `resync_required`, never a page that says nothing is left."""
+    vault = new_vault_id("race")
+    sealer = Sealer(vault)
+    device = new_device_id()
+    with client(relay) as http:
+        push_ok(http, vault, [sealer.blob(m, 1) for m in ("m1", "m2", "m3")])
+        assert pull_ok(http, vault, cursor=0)["cursor"] == 3
+        push_ok(http, vault, [sealer.blob(m, 2, deleted=True) for m in ("m2", "m3")])
+    age_tombstones(relay, vault)
+    relay.sql(
+        "UPDATE devices SET last_seen = now() - interval '40 days' WHERE vault_id = $1", vault
+    )
+    results: list[CompactionResult] = []
+
+    async def work(conn: asyncpg.Connection) -> Page | str:
+        other = await asyncpg.connect(to_libpq_url(relay.database_url))
+
+        async def between() -> None:
+            results.append(await compact_vault(other, vault, RETENTION))
+
+        pool = _Statements(conn, at, between)
+        try:
+            page = await pull_by_cursor(
+                cast(asyncpg.Pool, pool), vault, 3, 1000, device, max_bytes=2**20
+            )
+        except RelayError as exc:
+            return exc.code
+        finally:
+            if not pool.ran:
+                await between()
+            await other.close()
+        return page
+
+    answer = run_db(relay.database_url, work)
+    assert results == [CompactionResult(vault, 2, 5)]  # the compaction did run meanwhile
+    if isinstance(answer, str):
+        assert answer == "resync_required"
+    else:
+        assert [(b.memory_id, b.deleted) for b in answer.blobs] == [("m2", True), ("m3", True)]
+        assert answer.cursor == 5

@@ -47,7 +47,10 @@ LIES: dict[str, Callable[[Any], Any]] = {
     "cursor 2^70": _set(cursor=2**70),
     "cursor back": _set(cursor=1),
     "cursor past the vault's sequence": _set(cursor=50),
-    "jump ahead without blobs": _set(blobs=[], cursor=5, has_more=False),
+    # A jump to exactly the head on a last page is what an honest relay answers above
+    # compacted tombstones (issue 14 item 9), accepted; a jump anywhere else is not.
+    "jump ahead without blobs": _set(blobs=[], cursor=4, has_more=False),
+    "jump to the head without blobs, announcing more": _set(blobs=[], cursor=5, has_more=True),
     "cursor beyond the last blob": lambda v: v.update(cursor=v["cursor"] + 10, head=99),
     "blob sequence going back": lambda v: [b.update(seq=2) for b in v["blobs"]],
 }
@@ -70,6 +73,19 @@ def test_a_lying_cursor_is_refused_and_reported(scene: Scene, lie: str) -> None:
     assert report.cursor == 5
     with alpha.open() as session:
         assert session.state.last_error is None
+
+
+def test_a_jump_to_the_head_on_a_last_page_is_the_accepted_trade_off(scene: Scene) -> None:
+    """PROTOCOL §9, §12 (issue 14 item 9): a last page may end at exactly `head`, past its
+    last blob or with none, since that is the honest answer above compacted tombstones.
+    A relay lying that way can only make the device skip to the head (what a forged `seq`
+    on one real blob already could); the cursor never passes the head."""
+    alpha, _ = _ready(scene)
+    before = contents(alpha)
+    scene.proxy.on("GET", r"/pull$", rewrite_json(_set(blobs=[], cursor=5, has_more=False)))
+    report = alpha.sync()
+    assert (report.applied, report.cursor) == (0, 5)
+    assert contents(alpha) == before  # the two skipped memories are not there
 
 
 def test_a_page_without_sequence_numbers_must_still_move_the_cursor(scene: Scene) -> None:

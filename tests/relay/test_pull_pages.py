@@ -1,0 +1,146 @@
+"""Pull pages capped by bytes as well as by count (PROTOCOL §7, §9, §11; issue 14 item 5).
+
+A relay with a small page budget (10,000 base64 characters) over real HTTP: a page stops
+adding blobs once its ciphertext passes the budget, always carries at least one blob, and
+says `has_more` as usual; /v1/info advertises the budget. The statement itself is also
+run directly, to check that the row off the page comes without its ciphertext (the
+relay never holds more than the budget plus one blob).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import asyncpg
+import pytest
+from msgspec import UNSET
+
+from client.relay_client import PULL_PAGE_BUDGET_BYTES
+from relay.config import DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_PAGE_BYTES, config_from_env
+from relay.store.sync import PULL_PAGE, split_page
+from shared_format.wire import MAX_PULL_LIMIT, RelayInfo, decode_json
+from tests.relay.conftest import Relay
+from tests.relay.support import (
+    Sealer,
+    client,
+    module_relay,
+    new_vault_id,
+    pull_ok,
+    push_ok,
+    run_db,
+)
+
+BUDGET = 10_000
+CHARS = 4_000  # three blobs pass the budget: 0, 4000 and 8000 characters come before them
+
+
+@pytest.fixture(scope="module")
+def relay(postgres_url: str) -> Iterator[Relay]:
+    with module_relay(postgres_url, max_page_bytes=BUDGET) as served:
+        yield served
+
+
+def _sized_vault(relay: Relay, sizes: list[int]) -> str:
+    vault = new_vault_id("pages")
+    sealer = Sealer(vault)
+    with client(relay) as http:
+        push_ok(http, vault, [sealer.sized(f"m{i:02d}", 1, n) for i, n in enumerate(sizes)])
+    return vault
+
+
+def _pages(relay: Relay, vault: str, **params: Any) -> list[tuple[list[str], bool]]:
+    """(memory ids, has_more) of each page until has_more is false, in either mode."""
+    pages: list[tuple[list[str], bool]] = []
+    cursor_mode = "cursor" in params
+    with client(relay) as http:
+        for _ in range(100):
+            page = pull_ok(http, vault, **params)
+            ids = [b["memory_id"] for b in page["blobs"]]
+            pages.append((ids, page["has_more"]))
+            if not page["has_more"]:
+                return pages
+            if cursor_mode:
+                params["cursor"] = page["cursor"]
+            else:
+                params["since"] = page["blobs"][-1]["created_at"]
+    raise AssertionError("pull never finished")
+
+
+def test_a_cursor_page_stops_once_its_ciphertext_passes_the_budget(relay: Relay) -> None:
+    vault = _sized_vault(relay, [CHARS] * 10)
+    ids = [f"m{i:02d}" for i in range(10)]
+    assert _pages(relay, vault, cursor=0) == [
+        (ids[0:3], True),
+        (ids[3:6], True),
+        (ids[6:9], True),
+        (ids[9:], False),
+    ]
+    # The count limit still applies below the budget.
+    assert _pages(relay, vault, cursor=0, limit=2)[0] == (ids[0:2], True)
+
+
+def test_a_blob_larger_than_the_budget_still_travels_alone(relay: Relay) -> None:
+    vault = _sized_vault(relay, [3 * BUDGET, 40, 3 * BUDGET])
+    assert _pages(relay, vault, cursor=0) == [(["m00"], True), (["m01", "m02"], False)]
+
+
+def test_a_since_page_is_capped_the_same_way(relay: Relay) -> None:
+    vault = _sized_vault(relay, [CHARS] * 4)
+    with client(relay) as http:
+        first = pull_ok(http, vault)
+    assert [b["memory_id"] for b in first["blobs"]] == ["m00", "m01", "m02"]
+    assert first["has_more"] is True
+    # Paging by `since` re-sends the blob at the boundary instant (created_at >= since,
+    # PROTOCOL §7), so count distinct ids.
+    seen = {m for ids, _ in _pages(relay, vault, since="") for m in ids}
+    assert seen == {"m00", "m01", "m02", "m03"}
+
+
+def test_the_row_off_the_page_comes_without_its_ciphertext(relay: Relay) -> None:
+    vault = _sized_vault(relay, [CHARS] * 5)
+
+    async def read(conn: asyncpg.Connection) -> list[tuple[str, bool]]:
+        rows = await conn.fetch(PULL_PAGE, vault, 0, 1000, BUDGET)
+        return [(r["memory_id"], r["ciphertext"] is not None) for r in rows]
+
+    # Three on the page, one to say has_more (no ciphertext), m04 not read at all.
+    assert run_db(relay.database_url, read) == [
+        ("m00", True),
+        ("m01", True),
+        ("m02", True),
+        ("m03", False),
+    ]
+
+    async def by_count(conn: asyncpg.Connection) -> tuple[list[str], bool]:
+        page, has_more = split_page(await conn.fetch(PULL_PAGE, vault, 0, 2, 10**9), 2)
+        return [r["memory_id"] for r in page], has_more
+
+    # Below the budget the row past the limit is read whole, and only says has_more.
+    assert run_db(relay.database_url, by_count) == (["m00", "m01"], True)
+
+
+def test_info_advertises_the_page_budget(relay: Relay) -> None:
+    with client(relay, key=None) as http:
+        body = http.get("/v1/info").content
+    assert decode_json(body, RelayInfo).max_page_bytes == BUDGET
+    # An answer of an older relay, without the field, still decodes (additive, §11).
+    old = b'{"protocol":"engram-sync/5.1","max_blobs_per_push":1000,"max_blob_bytes":1048576,'
+    old += b'"max_pull_limit":1000,"max_body_bytes":67108864}'
+    assert decode_json(old, RelayInfo).max_page_bytes is UNSET
+
+
+def test_the_default_budget_keeps_honest_pages_within_the_client_cap() -> None:
+    # Budget, plus the one blob that passes it, plus the JSON of 1000 blobs' other fields
+    # (ids, hmac, created_at, seq: well under 1 KiB each) stays below the client's cap.
+    assert DEFAULT_MAX_PAGE_BYTES + DEFAULT_MAX_BLOB_BYTES + MAX_PULL_LIMIT * 1024 < (
+        PULL_PAGE_BUDGET_BYTES // 2
+    )
+
+
+def test_the_budget_is_set_by_the_environment() -> None:
+    env = {"ENGRAM_RELAY_MAX_PAGE_BYTES": "65536"}
+    assert config_from_env("postgresql://u@h/db", env).max_page_bytes == 65536
+    assert config_from_env("postgresql://u@h/db", {}).max_page_bytes == DEFAULT_MAX_PAGE_BYTES
+    with pytest.raises(ValueError, match="max_page_bytes"):
+        config_from_env("postgresql://u@h/db", {"ENGRAM_RELAY_MAX_PAGE_BYTES": "0"})
