@@ -233,6 +233,7 @@ class RelayClient:
         since: str | None = None,
         limit: int | None = None,
         max_bytes: int = PULL_PAGE_BUDGET_BYTES,
+        origin: int | None = None,
     ) -> PullResponse:
         """`GET /v1/vaults/{vault_id}/pull`: cursor mode (§9) when `cursor` is given,
         else the legacy `since` mode (§7). A stale cursor raises ResyncRequiredError; a
@@ -245,6 +246,8 @@ class RelayClient:
             params["since"] = since
         if limit is not None:
             params["limit"] = limit
+        if origin is not None:
+            params["origin"] = origin  # the cursor this pull began at (docs/pull-origin.md)
         path = f"{_vault(vault_id)}/pull"
         return self._call("GET", path, PullResponse, params=params, max_bytes=max_bytes)
 

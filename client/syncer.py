@@ -251,17 +251,24 @@ class Syncer:
         if self.state.full_pull:
             seen, report.resynced = {}, True
         cursor = 0 if seen is not None else self.state.cursor
+        origin = cursor
         limit = self.pull_page
         while True:
             try:
                 page = self.relay.pull(
-                    self.vault_id, cursor=cursor, limit=limit, max_bytes=self.page_budget
+                    self.vault_id,
+                    cursor=cursor,
+                    limit=limit,
+                    max_bytes=self.page_budget,
+                    # a pull that began at 0 tells the relay so: it has seen every blob
+                    # that survived compaction below its cursor (docs/pull-origin.md)
+                    origin=0 if origin == 0 and cursor > 0 else None,
                 )
             except ResyncRequiredError:
                 if seen is not None:
                     raise
                 seen, report.resynced = self._start_full_pull(), True  # PROTOCOL §9
-                cursor = 0
+                cursor = origin = 0
                 continue
             except AnswerTooLargeError:
                 if limit == 1:
@@ -270,7 +277,7 @@ class Syncer:
                 continue
             if seen is None and self._relay_restored(page, cursor):
                 seen, report.resynced, report.restored = self._start_full_pull(), True, True
-                cursor = 0
+                cursor = origin = 0
                 continue
             check_page(page, asked=cursor, limit=limit, relay_url=self.relay.base_url)
             highest = self._apply_page(page.blobs, report, seen)

@@ -78,12 +78,15 @@ async def pull(
     since: FromQuery[str | None] = None,
     limit: Annotated[int | None, QueryParameter(ge=0)] = None,
     cursor: Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)] = None,
+    origin: Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)] = None,
 ) -> PullResponse:
     """Legacy `since` mode (§7) or the commit-ordered `cursor` mode (§9).
 
     `limit` defaults to 1000 and is capped at 1000; `limit=0` means the default,
     so it can never answer an empty page that claims `has_more` forever. A page also
     stops once its ciphertext passes `max_page_bytes` (at least one blob; §11).
+    `origin` (additive, docs/pull-origin.md): the cursor this pull began at, against
+    which the compaction horizon is checked.
     """
     state = relay_state(request)
     principal = await authorize(request, require_id(vault_id, "vault_id"))
@@ -92,7 +95,13 @@ async def pull(
     if cursor is not None:
         device = _device_for_progress(request, principal.device_id)
         page = await store.pull_by_cursor(
-            pool, vault_id, cursor, page_size, device, max_bytes=state.config.max_page_bytes
+            pool,
+            vault_id,
+            cursor,
+            page_size,
+            device,
+            max_bytes=state.config.max_page_bytes,
+            origin=origin,
         )
         state.metrics.pulls.labels("cursor").inc()
         state.metrics.blobs_pulled.inc(len(page.blobs))

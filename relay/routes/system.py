@@ -13,7 +13,14 @@ from relay.state import relay_state
 from shared_format.wire import MAX_BLOBS_PER_PUSH, MAX_PULL_LIMIT, RelayInfo, SyncHealth
 
 PROTOCOL_VERSION = "engram-sync/5.1"
-FEATURES = ["cursor", "device_bound_keys", "tombstone_compaction", "ready", "generation"]
+FEATURES = [
+    "cursor",
+    "device_bound_keys",
+    "tombstone_compaction",
+    "ready",
+    "generation",
+    "pull-origin",
+]
 
 
 @get("/health", tags=["system"])

@@ -117,16 +117,24 @@ async def pull_by_cursor(
     device_id: str | None,
     *,
     max_bytes: int,
+    origin: int | None = None,
 ) -> Page:
     """Blobs with seq > cursor in seq order (PROTOCOL §9), at most `limit` of them and
-    stopping once their ciphertext passes `max_bytes` (at least one blob)."""
+    stopping once their ciphertext passes `max_bytes` (at least one blob).
+
+    `origin` is the cursor the device began this pull at (an additive parameter,
+    docs/pull-origin.md). The compaction horizon is checked against it: a pull that began
+    at 0 has seen every blob that survived below its cursor, so its later pages never get
+    `resync_required` (before, a new device's pull of a compacted vault failed on page 2
+    whenever the horizon lay above page 1)."""
     async with pool.acquire() as conn:
         rows = await conn.fetch(PULL_PAGE, vault_id, cursor, limit, max_bytes)
         if not rows:  # nobody pushed to this vault (PROTOCOL §5: an empty page)
             head = horizon = 0
         else:
             head, horizon = int(rows[0]["head"]), int(rows[0]["horizon"])
-        if 0 < cursor < horizon:
+        start = cursor if origin is None else min(origin, cursor)
+        if 0 < start < horizon:
             raise resync_required(cursor, horizon)
         rows, has_more = split_page(rows, limit)
         # Read in the page's snapshot, the head is never below a seq sent; it is never

@@ -77,3 +77,20 @@ def test_a_vault_whose_every_entry_was_compacted(tmp_path: Path, relay: Relay) -
     finally:
         alpha.restart()
         bravo.restart()
+
+
+def test_a_new_device_pulls_a_compacted_vault_over_many_pages(tmp_path: Path, relay: Relay) -> None:
+    """The horizon lies above the first page: later pages of a pull that began at 0 carry
+    `origin=0` and get no `resync_required` (docs/pull-origin.md)."""
+    alpha = make_device(tmp_path, relay, "alpha")
+    ids = _deleted_on(alpha, [f"memory {i}" for i in range(6)], drop=2)
+    assert _compact(relay) == CompactionResult(VAULT_ID, 2, 8)
+    bravo = make_device(tmp_path, relay, "bravo")
+    try:
+        first = bravo.sync(pull_page=1)
+        assert first.resynced is False
+        assert contents(bravo) == {i: f"memory {n}" for n, i in enumerate(ids[:4])}
+        assert first.cursor == 8  # the head: 6 memories, then 2 tombstones
+    finally:
+        alpha.restart()
+        bravo.restart()

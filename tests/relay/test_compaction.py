@@ -52,11 +52,15 @@ class Device:
     http: httpx.Client
     header: bool
 
-    def pull(self, vault: str, cursor: int, limit: int | None = None) -> httpx.Response:
+    def pull(
+        self, vault: str, cursor: int, limit: int | None = None, origin: int | None = None
+    ) -> httpx.Response:
         headers = {"X-Engram-Device": self.device_id} if self.header else {}
         params: dict[str, Any] = {"cursor": cursor}
         if limit is not None:
             params["limit"] = limit
+        if origin is not None:
+            params["origin"] = origin
         return self.http.get(f"/v1/vaults/{vault}/pull", params=params, headers=headers)
 
     def catch_up(self, vault: str, cursor: int = 0) -> int:
@@ -224,6 +228,13 @@ def test_a_stale_lagging_device_must_resync(relay: Relay, scenario: Scenario) ->
     assert s.c.pull(s.vault, 7).status_code == 200
     # A legacy (since) pull has no cursor and is never refused.
     assert len(pull_ok(s.c.http, s.vault)["blobs"]) == 3
+    # docs/pull-origin.md: a pull that began at 0 continues below the horizon page by page;
+    # an origin behind the horizon but above 0 is as stale as the cursor itself.
+    first = s.c.pull(s.vault, 0, limit=1).json()
+    assert first["cursor"] < 6
+    assert assert_error(s.c.pull(s.vault, first["cursor"], limit=1), 409, "resync_required")
+    assert s.c.pull(s.vault, first["cursor"], limit=1, origin=0).status_code == 200
+    assert_error(s.c.pull(s.vault, 7, origin=4), 409, "resync_required")
 
 
 def test_a_revoked_device_does_not_block(relay: Relay, scenario: Scenario) -> None:
