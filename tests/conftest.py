@@ -14,6 +14,7 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -67,15 +68,22 @@ def postgres_url() -> Iterator[str]:
             shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture
-def empty_database_url(postgres_url: str) -> Iterator[str]:
-    """A brand-new empty database (no migrations), dropped after the test."""
+@contextmanager
+def scratch_database(postgres_url: str) -> Iterator[str]:
+    """A brand-new empty database on the server of `postgres_url`, dropped on exit."""
     name = f"test_{secrets.token_hex(8)}"
     asyncio.run(_execute(postgres_url, f'CREATE DATABASE "{name}"'))
     try:
         yield database_url_for(postgres_url, name)
     finally:
         asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def empty_database_url(postgres_url: str) -> Iterator[str]:
+    """A brand-new empty database (no migrations), dropped after the test."""
+    with scratch_database(postgres_url) as url:
+        yield url
 
 
 @pytest.fixture

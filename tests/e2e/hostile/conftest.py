@@ -4,7 +4,6 @@ through the proxy, each test on a vault id of its own."""
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ import pytest
 
 from client.session import VaultSession
 from relay.db.migrate import upgrade_to_head
-from tests.conftest import _execute, database_url_for
+from tests.conftest import scratch_database
 from tests.e2e.conftest import PASSPHRASE, DeviceHandle
 from tests.e2e.hostile.proxy import HostileProxy
 from tests.relay.conftest import ADMIN_KEY, Relay, base_config
@@ -24,18 +23,14 @@ from tests.reliability.support import RelayProcess
 @pytest.fixture(scope="module")
 def relay_process(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
     """The real relay as a process, on a database of this module's own."""
-    name = f"test_{secrets.token_hex(8)}"
-    asyncio.run(_execute(postgres_url, f'CREATE DATABASE "{name}"'))
-    url = database_url_for(postgres_url, name)
-    upgrade_to_head(url)
-    log = tmp_path_factory.mktemp("relay") / "relay.log"
-    process = RelayProcess(url, log_path=log)
-    process.start()
-    try:
-        yield Relay(process.url, url, base_config(url))
-    finally:
-        process.stop()
-        asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with scratch_database(postgres_url) as url:
+        upgrade_to_head(url)
+        process = RelayProcess(url, log_path=tmp_path_factory.mktemp("relay") / "relay.log")
+        process.start()
+        try:
+            yield Relay(process.url, url, base_config(url))
+        finally:
+            process.stop()
 
 
 @pytest.fixture

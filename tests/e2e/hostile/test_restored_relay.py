@@ -8,20 +8,13 @@ faster cases lie about the generation or the vault's sequence through the proxy.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from client.session import VaultSession
-from relay.db.migrate import upgrade_to_head
-from tests.conftest import _execute, database_url_for
 from tests.deploy.test_backup_restore import relay_cli
 from tests.e2e.conftest import PASSPHRASE, DeviceHandle
 from tests.e2e.helpers import add, contents, edit
@@ -31,18 +24,6 @@ from tests.relay.conftest import ADMIN_KEY, Relay, base_config
 from tests.reliability.support import RelayProcess
 
 
-@pytest.fixture
-def own_database(postgres_url: str) -> Iterator[str]:
-    name = f"test_{secrets.token_hex(8)}"
-    asyncio.run(_execute(postgres_url, f'CREATE DATABASE "{name}"'))
-    url = database_url_for(postgres_url, name)
-    upgrade_to_head(url)
-    try:
-        yield url
-    finally:
-        asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
 def device(tmp_path: Path, url: str, database_url: str, name: str) -> DeviceHandle:
     path = tmp_path / name
     with VaultSession.open(path, PASSPHRASE, create=True) as session:
@@ -50,23 +31,26 @@ def device(tmp_path: Path, url: str, database_url: str, name: str) -> DeviceHand
     return DeviceHandle(name, path, Relay(url, database_url, base_config(database_url)))
 
 
-def relay_memories(database_url: str) -> int:
-    relay = Relay("", database_url, base_config(database_url))
-    (row,) = relay.sql("SELECT count(*) AS n FROM blobs WHERE NOT deleted")
+def live_blobs(relay: Relay, vault_id: str) -> int:
+    """Live blobs the relay holds for the vault."""
+    (row,) = relay.sql(
+        "SELECT count(*) AS n FROM blobs WHERE vault_id = $1 AND NOT deleted", vault_id
+    )
     return int(row["n"])
 
 
-def test_the_readme_restore_drill_loses_nothing(own_database: str, tmp_path: Path) -> None:
-    process = RelayProcess(own_database, log_path=tmp_path / "relay.log")
+def test_the_readme_restore_drill_loses_nothing(fresh_database_url: str, tmp_path: Path) -> None:
+    database = fresh_database_url
+    process = RelayProcess(database, log_path=tmp_path / "relay.log")
     process.start()
-    alpha = device(tmp_path, process.url, own_database, "alpha")
-    bravo = device(tmp_path, process.url, own_database, "bravo")
+    alpha = device(tmp_path, process.url, database, "alpha")
+    bravo = device(tmp_path, process.url, database, "bravo")
     try:
         before = [add(alpha, f"before backup {i}") for i in range(3)]
         alpha.sync()
         bravo.sync()
         backup = tmp_path / "relay.dump"
-        done = relay_cli("backup", "--output", str(backup), "--database-url", own_database)
+        done = relay_cli("backup", "--output", str(backup), "--database-url", database)
         assert done.returncode == 0, done.stderr.decode()
 
         after_alpha = [add(alpha, f"alpha after backup {i}") for i in range(4)]
@@ -79,10 +63,10 @@ def test_the_readme_restore_drill_loses_nothing(own_database: str, tmp_path: Pat
         expected = contents(alpha)
 
         process.stop()
-        done = relay_cli("restore", "--input", str(backup), "--yes", "--database-url", own_database)
+        done = relay_cli("restore", "--input", str(backup), "--yes", "--database-url", database)
         assert done.returncode == 0, done.stderr.decode()
         process.start()
-        assert relay_memories(own_database) == 3  # the backup's state
+        assert live_blobs(alpha.relay, "restore-drill") == 3  # the backup's state
 
         reports = [alpha.sync(), bravo.sync(), alpha.sync(), bravo.sync()]
         assert [r.restored for r in reports] == [True, True, False, False]  # told once
@@ -94,7 +78,7 @@ def test_the_readme_restore_drill_loses_nothing(own_database: str, tmp_path: Pat
         expected[late] = "after the restore"
         assert contents(alpha) == expected
         assert contents(bravo) == expected
-        assert relay_memories(own_database) == len(expected)
+        assert live_blobs(alpha.relay, "restore-drill") == len(expected)
         assert set(after_alpha) | set(after_bravo) <= set(contents(bravo))
         for handle in (alpha, bravo):
             with handle.open() as session:
@@ -180,11 +164,4 @@ def test_the_cli_says_once_that_the_relay_lost_changes(scene: Scene) -> None:
     assert "pulled everything again" not in second.stderr  # told once
     status = json.loads(run("status", "--json").stdout)
     assert status["last_error"] is None
-    assert relay_memories_of(scene) == 1
-
-
-def relay_memories_of(scene: Scene) -> int:
-    (row,) = scene.relay.sql(
-        "SELECT count(*) AS n FROM blobs WHERE vault_id = $1 AND NOT deleted", scene.vault_id
-    )
-    return int(row["n"])
+    assert live_blobs(scene.relay, scene.vault_id) == 1
