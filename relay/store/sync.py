@@ -19,48 +19,49 @@ from shared_format.wire import SyncBlob
 # budget plus one blob (the row past the limit comes whole only when the page is below
 # the budget), never 1000 large blobs.
 
+
+def _byte_capped(rows: str, order: str) -> str:
+    """`rows` (keyset order `order`, limit+1) cut at the byte budget $4 as described above:
+    the one window both pull modes share. Only constants of this module go in."""
+    return f"""
+    SELECT vault_id, memory_id, device_id, vector_clock, hmac, created_at, deleted, seq,
+           CASE WHEN before < $4::bigint THEN ciphertext END AS ciphertext
+    FROM (
+        SELECT b.*, sum(size_bytes) OVER w - size_bytes AS before,
+               lag(size_bytes, 1, 0) OVER w AS previous
+        FROM ({rows}) b
+        WINDOW w AS (ORDER BY {order} ROWS UNBOUNDED PRECEDING)
+    ) capped
+    WHERE before - previous < $4::bigint
+    """  # noqa: S608 - constants
+
+
+_CURSOR_ROWS = (
+    "SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,"
+    " deleted, seq, size_bytes"
+    " FROM blobs WHERE vault_id = $1 AND seq > $2 ORDER BY seq LIMIT $3 + 1"
+)
+_SINCE_ROWS = (
+    "SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,"
+    " deleted, seq, size_bytes, created_at_ts"
+    " FROM blobs WHERE vault_id = $1 AND ($2::timestamptz IS NULL OR created_at_ts >= $2)"
+    " ORDER BY created_at_ts, seq LIMIT $3 + 1"
+)
+
 # The cursor pull (PROTOCOL §9) in ONE statement, hence one snapshot (§12; issue 14 item
 # 10): the vault's sequence and compaction horizon are read with the page, so a compaction
 # or a push committing meanwhile is wholly before the page or wholly after it. A vault
 # row and no blob beyond the cursor give one row of NULL blob columns; an unknown vault
 # none. Public: the benchmark's raw-database ceiling runs this very statement
 # (bench/ceiling.py).
-PULL_PAGE = """
+PULL_PAGE = f"""
 SELECT v.seq AS head, v.compacted_through AS horizon, p.*
-FROM vaults v LEFT JOIN (
-    SELECT vault_id, memory_id, device_id, vector_clock, hmac, created_at, deleted, seq,
-           CASE WHEN before < $4::bigint THEN ciphertext END AS ciphertext
-    FROM (
-        SELECT b.*, sum(size_bytes) OVER w - size_bytes AS before,
-               lag(size_bytes, 1, 0) OVER w AS previous
-        FROM (
-            SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,
-                   deleted, seq, size_bytes
-            FROM blobs WHERE vault_id = $1 AND seq > $2 ORDER BY seq LIMIT $3 + 1
-        ) b
-        WINDOW w AS (ORDER BY seq ROWS UNBOUNDED PRECEDING)
-    ) capped
-    WHERE before - previous < $4::bigint
-) p ON true
+FROM vaults v LEFT JOIN ({_byte_capped(_CURSOR_ROWS, "seq")}) p ON true
 WHERE v.vault_id = $1
 ORDER BY p.seq
-"""
+"""  # noqa: S608 - constants
 
-_PULL_SINCE = """
-SELECT vault_id, memory_id, device_id, vector_clock, hmac, created_at, deleted, seq,
-       CASE WHEN before < $4::bigint THEN ciphertext END AS ciphertext
-FROM (
-    SELECT b.*, sum(size_bytes) OVER w - size_bytes AS before,
-           lag(size_bytes, 1, 0) OVER w AS previous
-    FROM (
-        SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,
-               deleted, seq, size_bytes, created_at_ts
-        FROM blobs WHERE vault_id = $1 AND ($2::timestamptz IS NULL OR created_at_ts >= $2)
-        ORDER BY created_at_ts, seq LIMIT $3 + 1
-    ) b
-    WINDOW w AS (ORDER BY created_at_ts, seq ROWS UNBOUNDED PRECEDING)
-) capped
-WHERE before - previous < $4::bigint
+_PULL_SINCE = f"""{_byte_capped(_SINCE_ROWS, "created_at_ts, seq")}
 ORDER BY created_at_ts, seq
 """
 
