@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
                         "(default 100000; 1000 with --quick)")  # fmt: skip
     parser.add_argument("--workers", type=int, help="relay worker processes, like `engram-relay "
                         "serve --workers` (default: one per core, at most 8)")  # fmt: skip
+    parser.add_argument("--pull-memory-blobs", type=int, help="1 MiB blobs of the vault the "
+                        "concurrent full pulls of the relay RSS target read (default 200; "
+                        "24 with --quick)")  # fmt: skip
     return parser
 
 
@@ -49,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             memories=args.memories,
             out=args.out,
             workers=args.workers,
+            pull_memory_blobs=args.pull_memory_blobs,
         )
     except ValueError as exc:
         print(f"python -m bench: {exc}", file=sys.stderr)

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from bench import ceiling, client_e2e
+from bench import ceiling, client_e2e, pull_memory
 from bench.corpus import Corpus
 from bench.database import BenchDatabase
 from bench.env import environment
@@ -220,6 +220,19 @@ class Run:
             raw[mode] = [ms for run in runs for ms in run.latencies_ms]
         return results, raw
 
+    # -- 8: relay RSS under concurrent full pulls of large blobs ----------------------------
+
+    def pull_memory(self) -> dict[str, Any]:
+        """CONCURRENT_PULLS devices pull a vault of 1 MiB blobs at once, every page."""
+        blobs = self.s.pull_memory_blobs
+        self.log(
+            f"relay RSS: {pull_memory.CONCURRENT_PULLS} concurrent full pulls of "
+            f"{blobs} blobs of 1 MiB"
+        )
+        return pull_memory.measure(
+            self.loop, self.conn, self.monitor, self.relay.url, self.relay.key, blobs
+        )
+
     # -- 6: client end to end ---------------------------------------------------------------
 
     def client_e2e(self) -> dict[str, Any]:
@@ -342,6 +355,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         latency, latencies = run.latency()
                         sections["latency"] = latency
                         sections["client_e2e"] = run.client_e2e()
+                        sections["pull_memory"] = run.pull_memory()
                     finally:
                         loop.run(conn.close())
                 time.sleep(1.0)  # idle a moment: "after" is the relay at rest

@@ -37,6 +37,7 @@ class Settings:
     sweep_sizes: tuple[int, ...]
     out: Path
     workers: int = 1  # relay worker processes (`engram-relay serve --workers`)
+    pull_memory_blobs: int = 200  # 1 MiB blobs of the concurrent full pulls (bench.pull_memory)
 
     @classmethod
     def build(
@@ -50,6 +51,7 @@ class Settings:
         memories: int | None = None,
         out: Path | None = None,
         workers: int | None = None,
+        pull_memory_blobs: int | None = None,
     ) -> Settings:
         """Defaults for a full run or a quick one; explicit values win."""
         n_ = n if n is not None else (2_000 if quick else 100_000)
@@ -66,6 +68,9 @@ class Settings:
             sweep_sizes=(100, 250, 500, 1000),
             out=out if out is not None else RESULTS_DIR,
             workers=workers if workers is not None else default_workers(),
+            pull_memory_blobs=pull_memory_blobs
+            if pull_memory_blobs is not None
+            else (24 if quick else 200),
         )
         settings.validate()
         return settings
@@ -84,6 +89,8 @@ class Settings:
             raise ValueError("--memories must be >= 1")
         if self.workers < 1:
             raise ValueError("--workers must be >= 1")
+        if self.pull_memory_blobs < 1:
+            raise ValueError("--pull-memory-blobs must be >= 1")
 
     def as_json(self) -> dict[str, Any]:
         """The settings for the report."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 P99_LIMIT_MS: Final = 25.0
+PULL_RSS_LIMIT_MB: Final = 300.0  # issue 14 item 5: RSS under 4 concurrent full pulls
 
 
 @dataclass(frozen=True)
@@ -85,4 +86,21 @@ def judge(sections: dict[str, Any]) -> list[dict[str, Any]]:
                 detail="and no errors" if errors == 0 else f"{errors:g} errors in a repeat",
             )
         )
+    targets.append(pull_memory_target(sections["pull_memory"]))
     return [t.as_json() for t in targets]
+
+
+def pull_memory_target(pulls: dict[str, Any]) -> Target:
+    """Relay RSS under concurrent full pulls of a vault of 1 MiB blobs (bench.pull_memory);
+    every pull must also have got every blob."""
+    return Target(
+        "relay_rss_concurrent_full_pulls",
+        f"relay RSS under {pulls['concurrent_pulls']} concurrent full pulls of "
+        f"{pulls['blobs']} blobs of 1 MiB (MiB, peak)",
+        pulls["rss_peak_mb"],
+        PULL_RSS_LIMIT_MB,
+        "<=",
+        extra_ok=pulls["blobs_per_pull"] == pulls["blobs"],
+        detail=f"{pulls['pages_per_pull']} pages of at most "
+        f"{pulls['max_page_bytes'] / 1024 / 1024:g} MiB per pull",
+    )

@@ -26,6 +26,7 @@ SECTIONS = (
     "client_e2e",
     "relay_memory",
     "cpu",
+    "pull_memory",
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -33,6 +34,7 @@ TARGETS = {
     "pull_cost_vs_vault_size",
     "push_p99_shared_vault",
     "push_p99_vault_per_device",
+    "relay_rss_concurrent_full_pulls",
 }
 
 
