@@ -13,9 +13,9 @@ from typing import NamedTuple
 
 from relay.errors import RelayError, bad_request
 from relay.ids import check_id
+from relay.instants import parse_storable
 from shared_format.b64 import Base64Error, b64decode_std
 from shared_format.blob import HMAC_LEN, MIN_CIPHERTEXT_BYTES
-from shared_format.timestamps import parse_rfc3339
 from shared_format.wire import SyncBlob
 
 
@@ -29,27 +29,36 @@ class CheckedBlob:
     size_bytes: int
 
 
-def _structure_problem(blob: SyncBlob) -> tuple[str | None, datetime | None]:
+class _Problem(NamedTuple):
+    field: str  # the blob's field at fault
+    reason: str
+
+
+def _structure_problem(blob: SyncBlob) -> _Problem | datetime:
+    """The first structural problem of the blob, else its created_at instant."""
     for name in ("vault_id", "memory_id", "device_id"):
         problem = check_id(getattr(blob, name), name)
         if problem:
-            return problem, None
+            return _Problem(name, problem)
     try:
         raw = b64decode_std(blob.ciphertext)
     except Base64Error as exc:
-        return f"ciphertext is not valid base64: {exc}", None
+        return _Problem("ciphertext", f"ciphertext is not valid base64: {exc}")
     if len(raw) < MIN_CIPHERTEXT_BYTES:
-        return f"ciphertext decodes to {len(raw)} bytes, fewer than {MIN_CIPHERTEXT_BYTES}", None
+        return _Problem(
+            "ciphertext",
+            f"ciphertext decodes to {len(raw)} bytes, fewer than {MIN_CIPHERTEXT_BYTES}",
+        )
     try:
         mac = b64decode_std(blob.hmac)
     except Base64Error as exc:
-        return f"hmac is not valid base64: {exc}", None
+        return _Problem("hmac", f"hmac is not valid base64: {exc}")
     if len(mac) != HMAC_LEN:
-        return f"hmac decodes to {len(mac)} bytes, not {HMAC_LEN}", None
+        return _Problem("hmac", f"hmac decodes to {len(mac)} bytes, not {HMAC_LEN}")
     try:
-        return None, parse_rfc3339(blob.created_at)
+        return parse_storable(blob.created_at)  # RFC 3339, and within the database's range
     except ValueError as exc:
-        return f"created_at: {exc}", None
+        return _Problem("created_at", f"created_at: {exc}")
 
 
 def check_structure(blobs: list[SyncBlob], max_blobs: int) -> list[CheckedBlob]:
@@ -62,15 +71,20 @@ def check_structure(blobs: list[SyncBlob], max_blobs: int) -> list[CheckedBlob]:
         )
     checked: list[CheckedBlob] = []
     for index, blob in enumerate(blobs):
-        problem, instant = _structure_problem(blob)
-        if problem is not None or instant is None:
+        found = _structure_problem(blob)
+        if isinstance(found, _Problem):
             raise RelayError(
                 400,
                 "invalid_blob",
-                f"blob {index}: {problem}; nothing was written",
-                extra={"index": index, "reason": problem},
+                f"blob {index}: {found.reason}; nothing was written",
+                # `field` is additive: the JSON path of the value at fault.
+                extra={
+                    "index": index,
+                    "reason": found.reason,
+                    "field": f"blobs[{index}].{found.field}",
+                },
             )
-        checked.append(CheckedBlob(index, blob, instant, len(blob.ciphertext)))
+        checked.append(CheckedBlob(index, blob, found, len(blob.ciphertext)))
     return checked
 
 

@@ -12,11 +12,11 @@ from relay.auth import authorize
 from relay.bodies import BODY_OPT, decode_body
 from relay.errors import bad_request
 from relay.ids import require_id
+from relay.instants import parse_storable
 from relay.push_rules import check_structure
 from relay.state import relay_state
 from relay.store import sync as store
 from relay.store.push import PushJob
-from shared_format.timestamps import parse_rfc3339
 from shared_format.wire import (
     DEFAULT_PULL_LIMIT,
     MAX_BLOBS_PER_PUSH,
@@ -116,7 +116,7 @@ async def pull(
     instant = None
     if since:
         try:
-            instant = parse_rfc3339(_SPACE_OFFSET.sub(r"+\1", since))
+            instant = parse_storable(_SPACE_OFFSET.sub(r"+\1", since))
         except ValueError as exc:
             raise bad_request(f"since: {exc}", code="invalid_request", field="since") from None
     blobs, has_more = await store.pull_since(
