@@ -393,7 +393,8 @@ def open_vault(session: VaultSession, password: str) -> str:
 
     The keys are checked against a blob of the vault first when it has any. When
     the vault already exists on the relay, this device's API key (an admin key
-    for the vault) proves the right to adopt it (`X-Engram-Vault-Key`).
+    for the vault) proves the right to adopt it (`X-Engram-Vault-Key`), which the relay
+    records as a grant (PROTOCOL §13).
     """
     vault_id, server_url = _linked(session)
     _same_relay(require_account(session.path), server_url)
@@ -408,12 +409,14 @@ def open_vault(session: VaultSession, password: str) -> str:
             with relay_errors(**messages):
                 relay.put_vault_wrap(vault_id, wrapped_k, unlocked.secret)
         except RelayError as exc:
-            if exc.code != "vault_claimed":
+            if exc.code not in ("vault_owned", "vault_claimed"):  # §13; older relays: 409
                 raise
             with relay_errors(
                 forbidden=f"vault {vault_id} already exists on the relay and this device's API "
                 "key is not an admin key for it: link with an admin key, or ask its admin",
                 vault_claimed=f"vault {vault_id} is held by another account",
+                vault_owned=f"vault {vault_id} is owned by the operator or another account: "
+                "ask an admin of it for a grant",
                 **messages,
             ):
                 relay.put_vault_wrap(

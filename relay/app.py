@@ -24,7 +24,7 @@ from relay.errors import EXCEPTION_HANDLERS, RelayError
 from relay.metrics import RelayMetrics
 from relay.push_groups import PushGroups
 from relay.request_context import request_id_middleware
-from relay.routes import accounts, devices, handoff, pairing, sync, system
+from relay.routes import accounts, devices, grants, handoff, pairing, sync, system
 from relay.state import RelayState
 from relay.store.meta import read_generation
 from relay.store.push import PushJob, PushLimits, PushResult, Quota, push_group
@@ -192,6 +192,7 @@ def create_app(config: RelayConfig) -> Litestar:
             *accounts.ROUTES,  # PROTOCOL §13
             *pairing.ROUTES,
             *handoff.ROUTES,  # PROTOCOL §14
+            *grants.ROUTES,  # PROTOCOL §13 vault ownership
         ],
         lifespan=[lifespan],
         on_app_init=[on_app_init],

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from relay import ops
+from relay import cli_vaults, ops
 from relay.cli_options import DatabaseUrl, DataDir
 from relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
 from relay.db.url import to_libpq_url
@@ -37,6 +37,7 @@ keys_app = typer.Typer(help="Mint, list and revoke API keys.", no_args_is_help=T
 devices_app = typer.Typer(help="List and revoke a vault's devices.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 app.add_typer(devices_app, name="devices")
+app.add_typer(cli_vaults.vaults_app, name="vaults")
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
@@ -112,6 +113,10 @@ def serve(
     try:
         with database(database_url, relay_dir, migrate=True) as url:
             config = config_from_env(url, quota_devices=quota_devices, quota_bytes=quota_bytes)
+            # PROTOCOL §13: static keys claim their vaults; one an account owns stops start-up.
+            refused = asyncio.run(cli_vaults.claim_static_vaults(url, config.static_keys))
+            if refused:
+                raise CliError("; ".join(refused))
             first_key = _first_admin_key(url, has_static=bool(config.static_keys))
             base = f"http://{host}:{port}"
             out.print(f"Engram Sync relay listening on [bold]{base}[/bold]")
@@ -168,20 +173,33 @@ def keys_create(
     ] = None,
     rate: Annotated[int, typer.Option("--rate", help="Requests per second.", min=1)] = 100,
     label: Annotated[str | None, typer.Option("--label", help="A note for `keys list`.")] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Mint even into a vault an account owns.")
+    ] = False,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Mint a key for one vault; it is printed once and stored only as a hash."""
+    """Mint a key for one vault; it is printed once and stored only as a hash.
+
+    A vault nobody has used becomes the operator's; one an account owns is refused
+    unless --force (PROTOCOL §13)."""
     _check_vault(vault)
     if device is not None and check_id(device, "device id"):
         raise CliError(f"invalid device id: {check_id(device, 'device id')}")
-    key_id, key = _run_db(
-        database_url,
-        data_dir,
-        lambda c: key_store.create_key(
-            c, vault_id=vault, is_admin=admin, device_id=device, rate=rate, label=label
-        ),
-    )
+    try:
+        key_id, key, owner = _run_db(
+            database_url,
+            data_dir,
+            lambda c: cli_vaults.mint_operator_key(
+                c, vault_id=vault, force=force, is_admin=admin, device_id=device, rate=rate,
+                label=label,
+            ),
+        )  # fmt: skip
+    except cli_vaults.AccountOwnedError as exc:
+        raise CliError(str(exc)) from None
+    if owner.account_id is not None:
+        err.print(f"note: vault {vault} stays owned by account "
+                  f"{cli_vaults.account_prefix(owner.account_id)} (--force)")  # fmt: skip
     err.print(f"key {key_id} for vault {vault}{' (admin)' if admin else ''} — shown once:")
     out.print(key)
 
@@ -335,10 +353,15 @@ def pair(
     label: Annotated[
         str | None, typer.Option("--label", help="Default label of the paired device.")
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Pair even into a vault an account owns.")
+    ] = False,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Print a one-time pairing code (10 minutes); a new device redeems it for its own key."""
+    """Print a one-time pairing code (10 minutes); a new device redeems it for its own key.
+
+    Like `keys create`, a vault an account owns is refused unless --force (PROTOCOL §13)."""
     from relay.store.pairing import TooManyCodesError, create_code
 
     _check_vault(vault)
@@ -349,10 +372,14 @@ def pair(
         async def go() -> tuple[str, str]:
             pool = await asyncpg.create_pool(to_libpq_url(url), min_size=1, max_size=1)
             try:
+                async with pool.acquire() as conn:
+                    await cli_vaults.operator_claim(conn, vault, force=force)
                 issued = await create_code(
                     pool, vault, label=label, device_bound=True, created_by="cli"
                 )
                 return issued.code, issued.expires_at.isoformat(timespec="seconds")
+            except cli_vaults.AccountOwnedError as exc:
+                raise CliError(str(exc).replace("a key", "a pairing code")) from None
             except TooManyCodesError:
                 raise CliError(
                     f"vault {vault} already has 5 unused pairing codes; wait for them to expire"

@@ -22,6 +22,7 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from relay.store.devices import DeviceQuotaError, LabelLockedError
 from relay.store.handoff import TooManyRequestsError
+from relay.store.owners import VaultOwnedError
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,19 @@ def _label_locked(_: Request[Any, Any, Any], exc: LabelLockedError) -> Response[
             f"device {exc} already has another label; only a key bound to that device or "
             "an admin key of the vault may change it",
             code="label_locked",
+        ),
+    )
+
+
+def _vault_owned(_: Request[Any, Any, Any], exc: VaultOwnedError) -> Response[Any]:
+    # PROTOCOL §13: one answer whether the operator or another account owns the id.
+    return _relay_error(
+        _,
+        forbidden(
+            f"vault {exc.vault_id} is already in use on this relay; ask an admin of it to "
+            f"grant this account (POST /v1/vaults/{exc.vault_id}/grants), or choose another "
+            "vault id",
+            code="vault_owned",
         ),
     )
 
@@ -212,6 +226,7 @@ EXCEPTION_HANDLERS: Final = {
     DeviceQuotaError: _device_quota,
     LabelLockedError: _label_locked,
     TooManyRequestsError: _too_many_handoffs,
+    VaultOwnedError: _vault_owned,
     ValidationException: _validation_error,
     HTTPException: _http_error,
     Exception: _internal_error,

@@ -51,6 +51,8 @@ class Principal:
 
     `vaults is None` means every vault; `admin_vaults is None` means admin on
     every vault the key reaches. `device_id` binds the key to one device (§10).
+    `account_id` is the account a minted key belongs to; None for operator keys
+    (static keys, `engram-relay keys create`, codes the operator issued).
     """
 
     key_id: str
@@ -59,6 +61,7 @@ class Principal:
     vaults: frozenset[str] | None
     admin_vaults: frozenset[str] | None
     device_id: str | None = None
+    account_id: str | None = None
 
     def can_access(self, vault_id: str) -> bool:
         """True when the key is valid for this vault."""

@@ -558,3 +558,37 @@ class HandoffCancelled(Struct, frozen=True):
     request_id: str
     vault_id: str
     deleted: bool = True
+
+
+# --- Vault grants (our addition to PROTOCOL §13 "Vault ownership"; docs/vault-ownership.md) ---
+
+
+class GrantRequest(Struct, frozen=True):
+    """Body of `POST /v1/vaults/{vault_id}/grants`: the account, by email or by id."""
+
+    email: str | None = None
+    account_id: str | None = None
+
+
+class VaultGrantInfo(Struct, frozen=True):
+    """An account an admin of the vault let in (it may mint keys and store a wrap there)."""
+
+    vault_id: str
+    account_id: str
+    email: str
+    granted_at: str
+
+
+class VaultGrantList(Struct, frozen=True):
+    """Answer to `GET /v1/vaults/{vault_id}/grants`, oldest first."""
+
+    vault_id: str
+    grants: list[VaultGrantInfo]
+
+
+class VaultGrantRevoked(Struct, frozen=True):
+    """Answer to `DELETE /v1/vaults/{vault_id}/grants/{account_id}` (idempotent)."""
+
+    vault_id: str
+    account_id: str
+    revoked: bool

@@ -24,7 +24,6 @@ from litestar.params import FromPath
 from relay import passwords
 from relay.auth import authenticate_session
 from relay.bodies import BODY_OPT, decode_body
-from relay.client_address import client_address, forwarded_for, limit_key
 from relay.errors import RelayError, bad_request, forbidden
 from relay.ids import require_id
 from relay.keys import hash_key
@@ -33,6 +32,7 @@ from relay.ratelimit import RateLimiter
 from relay.state import relay_state
 from relay.store import accounts as store
 from relay.store import keys as key_store
+from relay.store import owners
 from relay.store.accounts import AccountSession
 from shared_format.b64 import Base64Error, b64decode_std
 from shared_format.timestamps import format_rfc3339
@@ -71,9 +71,6 @@ ADOPT_HEADER: Final = "x-engram-vault-key"
 # Per-IP token buckets: requests per minute, burst equal to the rate.
 SIGNUP_PER_MINUTE: Final = 10
 SIGNIN_PER_MINUTE: Final = 30
-# Sign-ins per email, whether or not an account has it (so the limit reveals nothing), in a
-# bucket of its own: a flood against one account never limits another (issue 14 item 7).
-SIGNIN_PER_ACCOUNT_PER_MINUTE: Final = 10
 RECOVER_PER_MINUTE: Final = 10
 REDEEM_PER_MINUTE: Final = 30
 # Password confirmations per account (a stolen session must not become a guessing oracle).
@@ -88,14 +85,8 @@ _DUMMY_VERIFIER: Final = bytes(32)
 
 
 def client_ip(request: Request[Any, Any, Any]) -> str:
-    """What the per-IP limits count: the client address (X-Forwarded-For believed only from
-    ENGRAM_RELAY_TRUSTED_PROXIES), an IPv6 one as its /64 (relay/client_address.py)."""
-    address = client_address(
-        request.client.host if request.client else None,
-        forwarded_for(request.scope["headers"]),
-        relay_state(request).config.trusted_proxies,
-    )
-    return limit_key(address)
+    """The peer address (uvicorn applies X-Forwarded-For only from trusted proxies)."""
+    return request.client.host if request.client else "unknown"
 
 
 def _minute_limiter(request: Request[Any, Any, Any]) -> RateLimiter:
@@ -168,11 +159,6 @@ def _email(text: str) -> str:
     return email
 
 
-def _email_key(email: str) -> str:
-    """A bounded bucket key for a normalised email (a digest: any length, never logged)."""
-    return hashlib.sha256(email.encode()).hexdigest()[:32]
-
-
 def _new_password(password: str, field: str) -> str:
     problem = passwords.password_problem(password)
     if problem:
@@ -241,7 +227,6 @@ async def signin(request: Request[Any, Any, Any]) -> SessionIssued:
     limit_per_minute(request, f"signin:{client_ip(request)}", SIGNIN_PER_MINUTE)
     data = await decode_body(request, SigninRequest)
     email = data.email.strip().lower()
-    limit_per_minute(request, f"signin-email:{_email_key(email)}", SIGNIN_PER_ACCOUNT_PER_MINUTE)
     pool = relay_state(request).require_pool()
     login = await store.find_login(pool, email)
     # Unknown email: verify against a dummy hash, so it costs what a wrong password costs.
@@ -361,10 +346,12 @@ async def get_account(request: Request[Any, Any, Any]) -> AccountInfo:
 
 @post("/account/keys", status_code=200, tags=["accounts"], opt={BODY_OPT: MintAccountKeyRequest})
 async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
-    """Mint a key for a vault the account owns (holds a wrap for); shown once.
+    """Mint a key for a vault the account owns or was granted; shown once.
 
-    Admin on that vault unless `admin: false` (the account owns the vault, so it
-    may revoke devices and seal handoffs); bound to `device_id` if given (§10).
+    PROTOCOL §13: the first key for an unused vault id claims it for the account; a
+    vault the operator or another account owns is 403 `vault_owned`. Admin on that
+    vault unless `admin: false` (so it may revoke devices and seal handoffs); bound to
+    `device_id` if given (§10).
     """
     session = await authenticate_session(request)
     data = await decode_body(request, MintAccountKeyRequest)
@@ -372,22 +359,19 @@ async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
     device_id = None if data.device_id is None else require_id(data.device_id, "device_id")
     label = check_label(data.label)
     pool = relay_state(request).require_pool()
-    if not await store.owns_vault(pool, session.account_id, vault_id):
-        raise forbidden(
-            f"this account holds no wrap for vault {vault_id}: store one with "
-            f"PUT /account/vaults/{vault_id}/wrap first",
-            code="not_vault_owner",
+    async with pool.acquire() as conn, conn.transaction():
+        # The claim and the key are one transaction: a refusal below rolls the claim back.
+        await owners.claim_for_account(conn, session.account_id, vault_id)
+        if device_id is not None and await store.device_revoked(conn, vault_id, device_id):
+            raise forbidden(f"device {device_id} was revoked for this vault", code="device_revoked")
+        key_id, key = await store.insert_key(
+            conn,
+            vault_id=vault_id,
+            is_admin=data.admin,
+            device_id=device_id,
+            account_id=session.account_id,
+            label=label,
         )
-    if device_id is not None and await store.device_revoked(pool, vault_id, device_id):
-        raise forbidden(f"device {device_id} was revoked for this vault", code="device_revoked")
-    key_id, key = await store.insert_key(
-        pool,
-        vault_id=vault_id,
-        is_admin=data.admin,
-        device_id=device_id,
-        account_id=session.account_id,
-        label=label,
-    )
     log.info("account key minted", extra={"account_id": session.account_id, "key_id": key_id})
     return MintedAccountKey(
         id=key_id,
@@ -497,11 +481,12 @@ async def get_vault_wrap(request: Request[Any, Any, Any], vault_id: FromPath[str
     return VaultWrap(vault_id=vault_id, wrapped_k=found[0], updated_at=format_rfc3339(found[1]))
 
 
-async def _adopting(request: Request[Any, Any, Any], vault_id: str) -> bool:
-    """True when `X-Engram-Vault-Key` carries an admin key for the vault (to adopt it)."""
+async def _adopting(request: Request[Any, Any, Any], vault_id: str) -> str | None:
+    """The grantor ("key:<id>") when `X-Engram-Vault-Key` carries an admin key for the
+    vault, None without the header; 403 for any other key."""
     key = request.headers.get(ADOPT_HEADER, "").strip()
     if not key:
-        return False
+        return None
     state = relay_state(request)
     principal = state.static_keys.get(hash_key(key))
     if principal is None:
@@ -513,37 +498,30 @@ async def _adopting(request: Request[Any, Any, Any], vault_id: str) -> bool:
         principal = found.principal
     if not principal.is_admin_for(vault_id):
         raise forbidden("X-Engram-Vault-Key is not a valid admin key for this vault")
-    return True
+    return "key:" + principal.key_id
 
 
 @put("/account/vaults/{vault_id:str}/wrap", tags=["accounts"], opt={BODY_OPT: VaultWrapWrite})
 async def put_vault_wrap(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> VaultWrap:
-    """Store the wrap of K under A (current `password` required); the account then owns v.
+    """Store the wrap of K under A (current `password` required).
 
-    A vault someone else has a stake in (another account's wrap, keys or data)
-    is 409 `vault_claimed`, unless `X-Engram-Vault-Key` carries an admin key for it.
+    PROTOCOL §13: the first wrap for an unused vault id claims it for the account; a
+    vault the operator or another account owns is 403 `vault_owned`, unless the account
+    was granted it or `X-Engram-Vault-Key` carries an admin key for it (which grants it).
     """
     session = await authenticate_session(request)
     require_id(vault_id, "vault_id")
     data = await decode_body(request, VaultWrapWrite)
     wrapped_k = _wrap(data.wrapped_k, "wrapped_k")
-    adopt = await _adopting(request, vault_id)
+    adopted_by = await _adopting(request, vault_id)
     await _confirm_password(request, session, data.password)
-    try:
-        updated = await store.put_vault_wrap(
-            relay_state(request).require_pool(),
-            session.account_id,
-            vault_id,
-            wrapped_k,
-            adopt=adopt,
-        )
-    except store.VaultClaimedError:
-        raise RelayError(
-            409,
-            "vault_claimed",
-            f"vault {vault_id} already has another owner, keys or data; to adopt it, send an "
-            "admin key for it in the X-Engram-Vault-Key header",
-        ) from None
+    updated = await store.put_vault_wrap(
+        relay_state(request).require_pool(),
+        session.account_id,
+        vault_id,
+        wrapped_k,
+        adopted_by=adopted_by,
+    )
     return VaultWrap(vault_id=vault_id, wrapped_k=wrapped_k, updated_at=format_rfc3339(updated))
 
 

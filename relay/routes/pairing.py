@@ -1,8 +1,8 @@
 """Pairing codes: an admin issues a short code, a new device redeems it for its own key.
 
 `POST /v1/vaults/{v}/pairing-codes` accepts an admin key for v or — the one
-vault route that takes a session — the session of an account that owns v (holds
-a wrap for it). `POST /pair/redeem` needs no auth: the code is the credential,
+vault route that takes a session — the session of an account that owns v or was
+granted it (PROTOCOL §13). `POST /pair/redeem` needs no auth: the code is the credential,
 so it is single use, lives 10 minutes, and redeeming is rate limited per IP.
 Unknown, used and expired codes get the same 410 `code_invalid`.
 """
@@ -23,6 +23,7 @@ from relay.routes.accounts import REDEEM_PER_MINUTE, check_label, client_ip
 from relay.routes.accounts import limit_per_minute as limit
 from relay.state import relay_state
 from relay.store import accounts as account_store
+from relay.store import owners
 from relay.store import pairing as store
 from shared_format.pairing import PairingCodeError, normalize_pairing_code
 from shared_format.timestamps import format_rfc3339
@@ -43,11 +44,14 @@ async def _creator(request: Request[Any, Any, Any], vault_id: str) -> str:
         pool = relay_state(request).require_pool()
         if not await account_store.owns_vault(pool, session.account_id, vault_id):
             raise forbidden(
-                f"this account holds no wrap for vault {vault_id}, so it cannot pair devices to it",
+                f"this account neither owns vault {vault_id} nor was granted it, so it cannot "
+                "pair devices to it",
                 code="not_vault_owner",
             )
         return store.ACCOUNT_CREATOR + session.account_id
     principal = await authorize(request, vault_id, admin=True)
+    if principal.account_id is None:  # PROTOCOL §13: an operator key's code is operator use
+        await owners.claim_operator(relay_state(request).require_pool(), [vault_id])
     return store.KEY_CREATOR + principal.key_id
 
 

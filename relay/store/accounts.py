@@ -3,13 +3,11 @@
 The relay keeps only: the login hash, SHA-256 of session tokens, opaque wraps
 and salts, SHA-256 of the recovery proof, and SHA-256 of minted keys.
 
-Vault ownership: an account that holds a wrap for a vault owns it (keys it mints
-there are admin by default, it may issue pairing codes). A vault is claimed by
-the first wrap only while nobody else has a stake in it: no other account wraps
-it, no key minted outside this account reaches it, and it has no data unless
-this account has keys there. Otherwise the claim needs an admin key for the
-vault (`adopt=True`), so storing a wrap can never grant access to someone
-else's vault.
+Vault ownership (PROTOCOL §13, relay/store/owners.py): an account's first key or
+wrap for an unused vault id claims it; a vault the operator or another account
+owns needs a grant by an admin of it (storing a wrap with an admin key of the
+vault records one), so storing a wrap or minting a key can never grant access to
+someone else's vault.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from typing import Final, TypeAlias
 import asyncpg
 
 from relay.keys import hash_key, key_prefix, mint_key, new_key_id
+from relay.store import owners
 from shared_format.b64 import b64url_encode
 
 SESSION_PREFIX: Final = "ses_"
@@ -30,10 +29,6 @@ SESSION_TTL: Final = timedelta(days=30)
 DEFAULT_ACCOUNT_KEY_RATE: Final = 100
 
 Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
-
-
-class VaultClaimedError(Exception):
-    """Another account or key already has a stake in this vault."""
 
 
 @dataclass(frozen=True)
@@ -249,7 +244,7 @@ async def recovery_record(conn: Conn, email: str) -> RecoveryRecord | None:
 
 
 async def vault_ids(conn: Conn, account_id: str) -> list[str]:
-    """Vaults the account holds a wrap for (it owns them)."""
+    """Vaults the account holds a wrap for."""
     rows = await conn.fetch(
         "SELECT vault_id FROM vault_wraps WHERE account_id = $1 ORDER BY vault_id", account_id
     )
@@ -257,13 +252,8 @@ async def vault_ids(conn: Conn, account_id: str) -> list[str]:
 
 
 async def owns_vault(conn: Conn, account_id: str, vault_id: str) -> bool:
-    """True when the account holds a wrap for the vault."""
-    found: bool = await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM vault_wraps WHERE account_id = $1 AND vault_id = $2)",
-        account_id,
-        vault_id,
-    )
-    return found
+    """True when the account owns the vault or was granted it (PROTOCOL §13)."""
+    return await owners.may_use(conn, account_id, vault_id)
 
 
 async def vault_wrap(conn: Conn, account_id: str, vault_id: str) -> tuple[str, datetime] | None:
@@ -277,30 +267,24 @@ async def vault_wrap(conn: Conn, account_id: str, vault_id: str) -> tuple[str, d
 
 
 async def put_vault_wrap(
-    pool: asyncpg.Pool, account_id: str, vault_id: str, wrapped_k: str, *, adopt: bool
+    pool: asyncpg.Pool,
+    account_id: str,
+    vault_id: str,
+    wrapped_k: str,
+    *,
+    adopted_by: str | None = None,
 ) -> datetime:
-    """Store or replace a vault wrap, claiming the vault if new; VaultClaimedError if taken."""
+    """Store or replace a vault wrap; the first use of the id claims it (PROTOCOL §13).
+
+    A vault the operator or another account owns needs a grant, or `adopted_by`
+    ("key:<id>" of an admin key of the vault), which is recorded as a grant;
+    owners.VaultOwnedError otherwise. The claim and the write share one transaction.
+    """
     async with pool.acquire() as conn, conn.transaction():
-        # Serialise claims of one vault id (two accounts racing for a fresh vault).
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('engram-vault-owner:' || $1, 0))",
-            vault_id,
-        )
-        if not adopt and not await owns_vault(conn, account_id, vault_id):
-            taken: bool = await conn.fetchval(
-                """
-                SELECT EXISTS (SELECT 1 FROM vault_wraps WHERE vault_id = $2 AND account_id <> $1)
-                    OR EXISTS (SELECT 1 FROM api_keys WHERE vault_id = $2
-                               AND account_id IS DISTINCT FROM $1)
-                    OR (EXISTS (SELECT 1 FROM vaults WHERE vault_id = $2)
-                        AND NOT EXISTS (SELECT 1 FROM api_keys WHERE vault_id = $2
-                                        AND account_id = $1))
-                """,
-                account_id,
-                vault_id,
-            )
-            if taken:
-                raise VaultClaimedError(vault_id)
+        if adopted_by is None:
+            await owners.claim_for_account(conn, account_id, vault_id)
+        elif (await owners.claim(conn, vault_id, account_id)).account_id != account_id:
+            await owners.grant(conn, vault_id, account_id, adopted_by)
         updated: datetime = await conn.fetchval(
             "INSERT INTO vault_wraps (account_id, vault_id, wrapped_k) VALUES ($1, $2, $3)"
             " ON CONFLICT (account_id, vault_id) DO UPDATE"
@@ -313,7 +297,8 @@ async def put_vault_wrap(
 
 
 async def delete_vault_wrap(conn: Conn, account_id: str, vault_id: str) -> bool:
-    """Forget a vault wrap (and with it the ownership); False when there was none."""
+    """Forget a vault wrap; False when there was none. Ownership and grants stay (an id
+    set free could be squatted)."""
     status: str = await conn.execute(
         "DELETE FROM vault_wraps WHERE account_id = $1 AND vault_id = $2", account_id, vault_id
     )

@@ -43,11 +43,16 @@ async def create_key(
     rate: int = 100,
     label: str | None = None,
 ) -> tuple[str, str]:
-    """Mint and store a key; returns (key id, the key text — shown once, never stored)."""
+    """Mint and store an operator key; returns (key id, the key text — shown once, never
+    stored). A key for a vault nobody has used claims it for the operator (PROTOCOL §13),
+    in the same statement; a vault an account owns stays the account's (the CLI asks
+    for --force first, relay.cli_vaults)."""
     key = mint_key()
     key_id = new_key_id()
     await conn.execute(
-        "INSERT INTO api_keys (id, key_hash, prefix, vault_id, is_admin, device_id,"
+        "WITH claim AS (INSERT INTO vault_owners (vault_id, owner) SELECT $4, 'operator'"
+        " WHERE $4::text IS NOT NULL ON CONFLICT (vault_id) DO NOTHING)"
+        " INSERT INTO api_keys (id, key_hash, prefix, vault_id, is_admin, device_id,"
         " rate_per_sec, label) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         key_id,
         hash_key(key),
@@ -67,6 +72,7 @@ async def lookup(pool: asyncpg.Pool, key: str) -> KeyLookup | None:
         row = await conn.fetchrow(
             """
             SELECT k.id, k.prefix, k.vault_id, k.is_admin, k.device_id, k.rate_per_sec,
+                   k.account_id,
                    k.revoked_at IS NOT NULL AS revoked,
                    coalesce(d.revoked_at IS NOT NULL, false) AS device_revoked
             FROM api_keys k
@@ -85,6 +91,7 @@ async def lookup(pool: asyncpg.Pool, key: str) -> KeyLookup | None:
         vaults=vaults,
         admin_vaults=(None if row["is_admin"] else frozenset()),
         device_id=row["device_id"],
+        account_id=row["account_id"],
     )
     return KeyLookup(principal, row["revoked"], row["device_revoked"])
 

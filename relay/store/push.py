@@ -195,8 +195,13 @@ async def push_group(
             # First push to a vault: its row is created on its own and committed, outside
             # the locking transaction, so no transaction ever holds a row it inserted while
             # it waits for another vault's lock (which could deadlock two groups).
+            # PROTOCOL §13: a vault nobody owns at its first push was reached by an operator
+            # key (an account's keys exist only for vaults it owns or was granted), so this
+            # first push claims it for the operator.
             await conn.execute(
-                "INSERT INTO vaults (vault_id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING",
+                "WITH claim AS (INSERT INTO vault_owners (vault_id, owner)"
+                " SELECT unnest($1::text[]), 'operator' ON CONFLICT DO NOTHING)"
+                " INSERT INTO vaults (vault_id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING",
                 missing,
             )
 

@@ -181,7 +181,7 @@ def test_account_keys_only_for_owned_vaults(served: Relay) -> None:
     alice, mallory = signup(served), signup(served)
     vault_id = own_vault(served, alice.token)
     with mallory.client(served) as c:
-        assert_error(c.post("/account/keys", json={"vault_id": vault_id}), 403, "not_vault_owner")
+        assert_error(c.post("/account/keys", json={"vault_id": vault_id}), 403, "vault_owned")
         # nor can mallory revoke alice's key
     with alice.client(served) as c:
         key_id = c.post("/account/keys", json={"vault_id": vault_id}).json()["id"]

@@ -249,7 +249,7 @@ def test_vault_ownership_claims_and_adoption(served: Relay) -> None:
         assert c.put(f"/account/vaults/{fresh}/wrap", json=body).status_code == 200
         assert c.put(f"/account/vaults/{fresh}/wrap", json=body).status_code == 200  # update
     with bob.client(served) as c:
-        assert_error(c.put(f"/account/vaults/{fresh}/wrap", json=body), 409, "vault_claimed")
+        assert_error(c.put(f"/account/vaults/{fresh}/wrap", json=body), 403, "vault_owned")
 
     # A vault with data pushed by other keys is not up for grabs either ...
     legacy = new_vault_id("legacy")
@@ -258,7 +258,7 @@ def test_vault_ownership_claims_and_adoption(served: Relay) -> None:
     member_key = served.mint(legacy)
     admin_key = served.mint(legacy, admin=True)
     with bob.client(served) as c:
-        assert_error(c.put(f"/account/vaults/{legacy}/wrap", json=body), 409, "vault_claimed")
+        assert_error(c.put(f"/account/vaults/{legacy}/wrap", json=body), 403, "vault_owned")
         # ... unless an admin key for it vouches (adoption); a member key does not.
         weak = c.put(
             f"/account/vaults/{legacy}/wrap", json=body, headers={"X-Engram-Vault-Key": member_key}

@@ -1,0 +1,83 @@
+"""Vault grants: an admin of a vault lets an account in (PROTOCOL §13 "Vault ownership").
+
+A granted account may mint keys for the vault (`POST /account/keys`) and store its
+wrap there (`PUT /account/vaults/{v}/wrap`), as its owner may. Every route here needs
+an admin key for the vault. Removing a grant stops new keys and wraps; keys already
+minted stay valid (revoke them or their devices). docs/vault-ownership.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+from litestar import Request, delete, get, post
+from litestar.params import FromPath
+
+from relay.auth import authorize
+from relay.bodies import BODY_OPT, decode_body
+from relay.errors import RelayError, bad_request
+from relay.ids import require_id
+from relay.state import relay_state
+from relay.store import owners
+from shared_format.timestamps import format_rfc3339
+from shared_format.wire import GrantRequest, VaultGrantInfo, VaultGrantList, VaultGrantRevoked
+
+log = logging.getLogger(__name__)
+
+
+@post(
+    "/v1/vaults/{vault_id:str}/grants",
+    status_code=200,
+    tags=["grants"],
+    opt={BODY_OPT: GrantRequest},
+)
+async def create_grant(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> VaultGrantInfo:
+    """Grant the account with `email` (or `account_id`) this vault (admin; idempotent).
+
+    404 `no_account` when no account has that email or id.
+    """
+    principal = await authorize(request, require_id(vault_id, "vault_id"), admin=True)
+    data = await decode_body(request, GrantRequest)
+    if (data.email is None) == (data.account_id is None):
+        raise bad_request(
+            "give the account as exactly one of `email` or `account_id`", code="invalid_request"
+        )
+    who = data.email if data.email is not None else data.account_id
+    assert who is not None
+    async with relay_state(request).require_pool().acquire() as conn, conn.transaction():
+        found = await owners.account_by_email_or_id(conn, who)
+        if found is None:
+            raise RelayError(404, "no_account", "no account has this email or id on this relay")
+        if principal.account_id is None:  # an operator key's grant is operator use
+            await owners.claim_operator(conn, [vault_id])
+        granted_at = await owners.grant(conn, vault_id, found[0], "key:" + principal.key_id)
+    log.info("vault granted", extra={"vault_id": vault_id, "account_id": found[0]})
+    return VaultGrantInfo(vault_id, found[0], found[1], format_rfc3339(granted_at))
+
+
+@get("/v1/vaults/{vault_id:str}/grants", tags=["grants"])
+async def list_grants(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> VaultGrantList:
+    """The accounts granted this vault, oldest first (admin)."""
+    await authorize(request, require_id(vault_id, "vault_id"), admin=True)
+    rows = await owners.grants(relay_state(request).require_pool(), vault_id)
+    return VaultGrantList(
+        vault_id,
+        [VaultGrantInfo(g.vault_id, g.account_id, g.email, format_rfc3339(g.granted_at))
+         for g in rows],
+    )  # fmt: skip
+
+
+@delete("/v1/vaults/{vault_id:str}/grants/{account_id:str}", status_code=200, tags=["grants"])
+async def revoke_grant(
+    request: Request[Any, Any, Any], vault_id: FromPath[str], account_id: FromPath[str]
+) -> VaultGrantRevoked:
+    """Remove a grant (admin; idempotent: `revoked` false when there was none)."""
+    await authorize(request, require_id(vault_id, "vault_id"), admin=True)
+    removed = await owners.revoke_grant(relay_state(request).require_pool(), vault_id, account_id)
+    if removed:
+        log.info("vault grant removed", extra={"vault_id": vault_id, "account_id": account_id})
+    return VaultGrantRevoked(vault_id, account_id, removed)
+
+
+ROUTES: Final = [create_grant, list_grants, revoke_grant]
