@@ -17,9 +17,26 @@ ancestor of the data dir and of the binaries, so missing ``o+x`` bits are added
 there (logged as warnings; the wheel itself would add ``g+rx,o+rx`` all the way
 up). A data dir inside root's home is refused, since it would open ``/root``.
 
-Authentication is ``trust`` on 127.0.0.1 only (no Unix socket): any local user
-of the machine can connect. Use ``DATABASE_URL`` with a real server where that
-matters.
+Authentication (issue 14 item 2): the server listens on 127.0.0.1 only (no Unix
+socket) and asks every client for the superuser's password (``scram-sha-256``). The
+password is generated at ``initdb`` (256 bits, ``secrets.token_urlsafe``), stored in
+``<data dir>/engram-relay.password`` (mode 0600, owned by the server's OS user, in the
+0700 data dir; root reads it too) and put in the URLs this class returns
+(``postgresql://postgres:PASSWORD@127.0.0.1:PORT/db``). Other local users can reach
+the port but not the password. ``pg_hba.conf`` is ours: it is rewritten on every start
+when it differs, so a data dir made by an older relay with ``trust`` is locked down on
+its next start -- a stopped server gets its password in single-user mode (no network)
+before it starts; a running one (left by a killed relay) through its still-trusting
+port, then ``pg_ctl reload``, and we wait until a password-less login is refused.
+
+Why a password over TCP rather than a Unix socket in a 0700 directory: every consumer
+of the URL already takes ``user:password@host:port`` as it is -- asyncpg, SQLAlchemy
+with psycopg (alembic), pg_dump/pg_restore (``relay.ops`` moves the password to
+``PGPASSWORD``), the tests' ``database_url_for`` and TCP proxies, the bench -- and
+``relay.db.url.redact_url`` already hides it in every log line. A socket would need
+``?host=/dir`` URLs everywhere, a short enough path (107 bytes) and TCP-less tools.
+The password never goes on a command line (``/proc/PID/cmdline`` is world-readable):
+psql gets it as ``PGPASSWORD``, the server's ``ALTER ROLE`` reads it from stdin.
 """
 
 from __future__ import annotations
@@ -30,6 +47,7 @@ import functools
 import logging
 import os
 import re
+import secrets
 import socket
 import stat
 import subprocess
@@ -42,10 +60,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import quote
 
 __all__ = [
     "DEFAULT_DATABASE",
     "LOOPBACK_HOST",
+    "PASSWORD_FILE",
     "SUPERUSER",
     "SYSTEM_USER",
     "EmbeddedPostgres",
@@ -72,6 +92,15 @@ _PORT_RETRIES = 3
 # Processes using the server through `attach` (one file per pid); see `EmbeddedPostgres.attach`.
 _USERS_DIR = "engram-relay.users"
 _LOG_TAIL_LINES = 25
+#: The superuser's password, in the data dir (mode 0600).
+PASSWORD_FILE = "engram-relay.password"  # noqa: S105 - a file name
+# Our pg_hba.conf: loopback TCP with a password, nothing else (no socket, no trust).
+_HBA = """\
+# Written by engram-relay (relay/db/embedded.py), rewritten on start if changed.
+# TCP on 127.0.0.1 only, and every login needs the password (scram-sha-256).
+# TYPE  DATABASE  USER  ADDRESS       METHOD
+host    all       all   127.0.0.1/32  scram-sha-256
+"""
 
 
 class EmbeddedPostgresError(RuntimeError):
@@ -326,6 +355,7 @@ class EmbeddedPostgres:
         self.timeout = timeout
         self._requested_port = port
         self._port: int | None = None
+        self._password: str | None = None
         self._account: _Account | None = None
         self._managed = False  # attached as a user of the registry (stops it on detach)
 
@@ -340,12 +370,24 @@ class EmbeddedPostgres:
 
     @property
     def url(self) -> str:
-        """URL of the relay database, e.g. ``postgresql://postgres@127.0.0.1:5433/engram_relay``."""
+        """URL of the relay database, with the password: log it via ``redact_url`` only.
+
+        E.g. ``postgresql://postgres:PASSWORD@127.0.0.1:5433/engram_relay``.
+        """
         return self.url_for(self.database)
 
     def url_for(self, database: str) -> str:
-        """URL of another database on this server (e.g. ``postgres``)."""
-        return f"postgresql://{SUPERUSER}@{LOOPBACK_HOST}:{self.port}/{database}"
+        """URL of another database on this server (e.g. ``postgres``), with the password."""
+        port = self.port
+        if self._password is None:  # pragma: no cover - set together with the port
+            raise EmbeddedPostgresError("the embedded PostgreSQL has not been started")
+        password = quote(self._password, safe="")
+        return f"postgresql://{SUPERUSER}:{password}@{LOOPBACK_HOST}:{port}/{database}"
+
+    @property
+    def password_file(self) -> Path:
+        """The file holding the superuser's password (mode 0600, in the data dir)."""
+        return self.data_dir / PASSWORD_FILE
 
     @property
     def log_file(self) -> Path:
@@ -362,7 +404,9 @@ class EmbeddedPostgres:
             running = self._running_postmaster(account)
             if running is not None:
                 self._adopt(running)
+                self._password = self._lock_down(account, running)
             else:
+                self._password = self._lock_down(account, None)
                 self._start_server(account)
         self._ensure_database()
         _event(
@@ -404,10 +448,12 @@ class EmbeddedPostgres:
             if running is None:
                 for entry in live + dead:  # a server that is down has no users
                     entry.unlink(missing_ok=True)
+                self._password = self._lock_down(account, None)
                 self._start_server(account)
                 self._managed = True
             else:
                 self._adopt(running)
+                self._password = self._lock_down(account, running)
                 self._managed = bool(live or dead)
                 for entry in dead:
                     entry.unlink(missing_ok=True)
@@ -559,24 +605,42 @@ class EmbeddedPostgres:
     # -- running the tools --
 
     def _run(
-        self, account: _Account | None, argv: Sequence[str], *, timeout: float | None = None
+        self,
+        account: _Account | None,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        stdin_text: str | None = None,
+        password: str | None = None,
     ) -> _Result:
         """Run a server tool, as ``account`` when given; output goes via temp files.
 
         Pipes are avoided on purpose: a server started by ``pg_ctl`` could inherit
-        them and keep ``communicate()`` waiting.
+        them and keep ``communicate()`` waiting. ``stdin_text`` (which may hold the
+        password) goes through an unlinked 0600 temp file, ``password`` as ``PGPASSWORD``:
+        neither is on the command line.
         """
         kwargs: dict[str, Any] = {}
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_MESSAGES"] = "C"
+        if password is not None:
+            env["PGPASSWORD"] = password
         if account is not None:
             kwargs.update(user=account.uid, group=account.gid, extra_groups=[], umask=0o077)
             env.update(HOME=account.home, USER=account.name, LOGNAME=account.name)
-        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        with (
+            tempfile.TemporaryFile("w+") as out,
+            tempfile.TemporaryFile("w+") as err,
+            tempfile.TemporaryFile("w+") as stdin,
+        ):
+            if stdin_text is not None:
+                stdin.write(stdin_text)
+                stdin.flush()
+                stdin.seek(0)
             try:
                 proc = subprocess.run(  # noqa: S603 - fixed binaries, no shell
                     list(argv),
-                    stdin=subprocess.DEVNULL,
+                    stdin=stdin if stdin_text is not None else subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
                     text=True,
@@ -606,25 +670,40 @@ class EmbeddedPostgres:
             )
         _event(logging.INFO, "initialising embedded postgres", data_dir=self.data_dir)
         started = time.monotonic()
-        result = self._run(
-            account,
-            [
-                str(_bin_dir() / "initdb"),
-                "-D",
-                str(self.data_dir),
-                "-U",
-                SUPERUSER,
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--locale=C",
-                "--no-instructions",
-            ],
-            timeout=max(self.timeout, 120.0),
-        )
+        password = secrets.token_urlsafe(32)
+        # initdb reads the password from a file: a private temp file the server's OS
+        # user may read, removed right after.
+        fd, pwfile = tempfile.mkstemp(prefix="engram-relay-initdb-")
+        try:
+            with os.fdopen(fd, "w") as handle:
+                if account is not None:
+                    os.fchown(handle.fileno(), account.uid, account.gid)
+                handle.write(password + "\n")
+            result = self._run(
+                account,
+                [
+                    str(_bin_dir() / "initdb"),
+                    "-D",
+                    str(self.data_dir),
+                    "-U",
+                    SUPERUSER,
+                    "--auth=scram-sha-256",
+                    f"--pwfile={pwfile}",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--no-instructions",
+                ],
+                timeout=max(self.timeout, 120.0),
+            )
+        finally:
+            os.unlink(pwfile)
         if result.returncode != 0:
             raise EmbeddedPostgresError(
                 f"initdb failed for {self.data_dir}:\n{result.stderr.strip() or result.stdout}"
             )
+        # A crash before these two lines leaves a data dir _lock_down repairs on next start.
+        self._write_private(self.data_dir / "pg_hba.conf", _HBA, account)
+        self._write_private(self.password_file, password + "\n", account)
         _event(
             logging.INFO,
             "embedded postgres initialised",
@@ -730,16 +809,151 @@ class EmbeddedPostgres:
         _event(logging.INFO, "created database", database=self.database, port=self.port)
 
     def _psql(self, sql: str) -> str:
-        conninfo = (
-            f"host={LOOPBACK_HOST} port={self.port} user={SUPERUSER} "
-            "dbname=postgres connect_timeout=10"
-        )
-        argv = [str(_bin_dir() / "psql"), "-X", "-q", "-t", "-A"]
-        argv += ["-v", "ON_ERROR_STOP=1", "-d", conninfo, "-c", sql]
-        result = self._run(None, argv, timeout=60.0)
+        result = self._psql_run(["-c", sql], password=self._password)
         if result.returncode != 0:
             raise EmbeddedPostgresError(
                 f"query on the embedded PostgreSQL (port {self.port}) failed: "
                 f"{result.stderr.strip()}"
             )
         return result.stdout
+
+    def _psql_run(
+        self, args: Sequence[str], *, password: str | None, stdin_text: str | None = None
+    ) -> _Result:
+        """Run the bundled psql on the ``postgres`` database (``-w``: never prompt)."""
+        conninfo = (
+            f"host={LOOPBACK_HOST} port={self.port} user={SUPERUSER} "
+            "dbname=postgres connect_timeout=10"
+        )
+        argv = [str(_bin_dir() / "psql"), "-X", "-q", "-t", "-A", "-w"]
+        argv += ["-v", "ON_ERROR_STOP=1", "-d", conninfo, *args]
+        return self._run(None, argv, timeout=60.0, stdin_text=stdin_text, password=password)
+
+    # -- authentication (see the module docstring) --
+
+    def _write_private(self, path: Path, text: str, account: _Account | None) -> None:
+        """Write ``text`` to ``path`` atomically: mode 0600, owned by the server's OS user."""
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fd = os.open(tmp, flags, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            if account is not None:
+                os.fchown(handle.fileno(), account.uid, account.gid)
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+
+    def _read_password(self) -> str | None:
+        """The stored password, or None when there is none (an older data dir)."""
+        try:
+            st = self.password_file.lstat()
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise EmbeddedPostgresError(
+                f"{self.password_file} is not a regular file; remove it and start again "
+                "(a new password is then set)"
+            )
+        if st.st_mode & 0o077:
+            self.password_file.chmod(0o600)
+            _event(logging.WARNING, "made the password file private", path=self.password_file)
+        password = self.password_file.read_text().strip()
+        return password or None
+
+    def _hba_locked(self) -> bool:
+        try:
+            return (self.data_dir / "pg_hba.conf").read_text() == _HBA
+        except FileNotFoundError:
+            return False
+
+    def _lock_down(self, account: _Account | None, running: _Postmaster | None) -> str:
+        """Make sure only the password opens the server; return the password.
+
+        Nothing to do on a data dir this module made. One made with ``trust`` (or whose
+        password file is gone) gets a password and our ``pg_hba.conf`` (caller holds the
+        lock; ``running`` is the server already up, with its port adopted, or None).
+        """
+        password = self._read_password()
+        locked = self._hba_locked()
+        if password is not None and locked:
+            return password
+        if password is None and locked and running is not None:
+            raise EmbeddedPostgresError(
+                f"the embedded PostgreSQL in {self.data_dir} is running but its password "
+                f"file {self.password_file} is missing: stop it (stop the relay, or "
+                f"`pg_ctl -D {self.data_dir} stop`) and start again to set a new password"
+            )
+        _event(
+            logging.WARNING,
+            "locking down embedded postgres: password required, trust removed",
+            data_dir=self.data_dir,
+            running=running is not None,
+        )
+        if password is None:
+            password = secrets.token_urlsafe(32)
+            self._write_private(self.password_file, password + "\n", account)
+        literal = password.replace("'", "''")
+        sql = (
+            "SET password_encryption = 'scram-sha-256';\n"
+            f"ALTER ROLE {SUPERUSER} PASSWORD '{literal}';\n"
+        )
+        if running is None:
+            self._set_password_offline(account, sql, password)
+            self._write_private(self.data_dir / "pg_hba.conf", _HBA, account)
+        else:
+            # The running server still trusts its port (or takes the stored password).
+            result = self._psql_run(["-f", "-"], password=password, stdin_text=sql)
+            if result.returncode != 0:
+                raise EmbeddedPostgresError(
+                    f"could not set the password of the running embedded PostgreSQL in "
+                    f"{self.data_dir}: {_scrub(result.stderr, password)}"
+                )
+            self._write_private(self.data_dir / "pg_hba.conf", _HBA, account)
+            self._reload_until_locked(account)
+        _event(logging.INFO, "embedded postgres locked down", data_dir=self.data_dir)
+        return password
+
+    def _set_password_offline(self, account: _Account | None, sql: str, password: str) -> None:
+        """Run ``sql`` in single-user mode: the server is down and no port is open."""
+        argv = [str(_bin_dir() / "postgres"), "--single", "-D", str(self.data_dir), "postgres"]
+        result = self._run(account, argv, stdin_text=sql)
+        # It exits 0 after a failed statement: its ERROR lines tell.
+        output = _scrub(result.stdout + result.stderr, password)
+        errors = [line for line in output.splitlines() if "ERROR:" in line or "FATAL:" in line]
+        if result.returncode != 0 or errors:
+            raise EmbeddedPostgresError(
+                f"could not set the password of the embedded PostgreSQL in {self.data_dir} "
+                f"(single-user mode): {' '.join(errors) or output.strip()[-2000:]}"
+            )
+
+    def _reload_until_locked(self, account: _Account | None) -> None:
+        """``pg_ctl reload``, then wait until a login without the password is refused."""
+        result = self._pg_ctl(account, ["reload"])
+        if result.returncode != 0:
+            raise EmbeddedPostgresError(
+                f"could not reload the embedded PostgreSQL in {self.data_dir}: "
+                f"{result.stderr.strip()}"
+            )
+        deadline = time.monotonic() + self.timeout
+        while True:
+            probe = self._psql_run(["-c", "SELECT 1"], password=None)
+            if probe.returncode != 0 and "password" in probe.stderr:
+                return  # "no password supplied": the new pg_hba.conf is in force
+            if probe.returncode != 0:
+                raise EmbeddedPostgresError(
+                    f"the embedded PostgreSQL on port {self.port} failed after a reload: "
+                    f"{probe.stderr.strip()}"
+                )
+            if time.monotonic() > deadline:
+                raise EmbeddedPostgresError(
+                    f"the embedded PostgreSQL in {self.data_dir} still lets a login without "
+                    f"a password in after {self.timeout:.0f}s; stop it and start again"
+                )
+            time.sleep(0.05)
+
+
+def _scrub(text: str, secret: str) -> str:
+    """``text`` (a tool's output) with ``secret`` hidden, safe for an error message."""
+    return text.replace(secret, "***")

@@ -22,7 +22,8 @@ from relay.db.embedded import (
 )
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
-URL_RE = re.compile(r"^postgresql://postgres@127\.0\.0\.1:(\d+)/engram_relay$")
+# The password is generated (secrets.token_urlsafe): see test_db_embedded_auth.py.
+URL_RE = re.compile(r"^postgresql://postgres:[A-Za-z0-9_-]{40,}@127\.0\.0\.1:(\d+)/engram_relay$")
 
 
 @pytest.fixture
@@ -85,7 +86,8 @@ def test_given_port_and_reuse_of_a_running_server(server: EmbeddedPostgres) -> N
         port = sock.getsockname()[1]
     pinned = EmbeddedPostgres(server.data_dir, port=port)
     url = pinned.start()
-    assert url == f"postgresql://postgres@127.0.0.1:{port}/engram_relay"
+    assert URL_RE.match(url)
+    assert url.endswith(f"@127.0.0.1:{port}/engram_relay")
     # A second handle on the same data dir adopts the running server.
     assert server.start() == url
     assert server.port == port
