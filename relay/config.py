@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from relay.client_address import ENV_TRUSTED_PROXIES, Network, parse_trusted_proxies
 from relay.keys import StaticKey, parse_static_keys
 
 DEFAULT_PORT: Final = 8788
@@ -38,6 +39,8 @@ class RelayConfig:
     push_lanes: int = DEFAULT_PUSH_LANES
     health_refresh_secs: float = 10.0
     static_keys: tuple[StaticKey, ...] = field(default=(), repr=False)
+    # Proxy hops whose X-Forwarded-For is believed (relay.client_address); none by default.
+    trusted_proxies: tuple[Network, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("quota_devices", "quota_bytes", "tombstone_retention_days"):
@@ -93,5 +96,6 @@ def config_from_env(
     return RelayConfig(
         database_url=database_url,
         static_keys=tuple(parse_static_keys(source.get("SYNC_API_KEYS", ""))),
+        trusted_proxies=parse_trusted_proxies(source.get(ENV_TRUSTED_PROXIES, "")),
         **values,
     )

@@ -5,24 +5,41 @@ leaked login hash gives no wrap-key material. Hashing runs in a small pool of
 worker threads (never on the event loop), which also bounds its memory. Verifying an
 unknown account costs the same as a wrong password: it verifies against a
 dummy hash. Nothing here logs or echoes a password.
+
+Admission (issue 14 item 7): at most `MAX_CONCURRENT_HASHES` hashes run at once, half the
+cores at most, so requests that hash nothing (sync) keep a core; at most
+`MAX_WAITING_HASHES` more wait for a worker. Past that a request is answered 503 `busy`
+with Retry-After at once, instead of joining a queue without bound (measured: 300
+concurrent wrong sign-ins stalled a device's pull for seconds; RELIABILITY.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
-from concurrent.futures import ThreadPoolExecutor
-from typing import Final
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Final, TypeVar
 
 from argon2 import PasswordHasher, Type
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+
+from relay.errors import RelayError
+
+T = TypeVar("T")
 
 LOGIN_MEMORY_KIB: Final = 19456
 LOGIN_TIME_COST: Final = 2
 LOGIN_PARALLELISM: Final = 1
 MIN_PASSWORD_CHARS: Final = 10
 MAX_PASSWORD_CHARS: Final = 1024  # bounds the hashing work per request
-MAX_CONCURRENT_HASHES: Final = 4  # 19 MiB each
+# 19 MiB each; half the cores (at least one, at most four) so the event loop keeps a core.
+MAX_CONCURRENT_HASHES: Final = max(1, min(4, (os.cpu_count() or 2) // 2))
+MAX_WAITING_HASHES: Final = 8 * MAX_CONCURRENT_HASHES
+BUSY_RETRY_AFTER_S: Final = 1
 
 _HASHER: Final = PasswordHasher(
     time_cost=LOGIN_TIME_COST,
@@ -38,6 +55,84 @@ _HASHER: Final = PasswordHasher(
 _WORKERS: Final = ThreadPoolExecutor(MAX_CONCURRENT_HASHES, thread_name_prefix="login-hash")
 # A hash of a random password nobody knows, verified for unknown accounts.
 _DUMMY_HASH: Final = _HASHER.hash(secrets.token_urlsafe(32))
+
+
+@dataclass
+class HashStats:
+    """Counters of the admission gate (for tests and the benchmark)."""
+
+    admitted: int = 0  # running or waiting for a worker now
+    peak_admitted: int = 0
+    running: int = 0  # hashing in a worker thread now
+    peak_running: int = 0
+    refused: int = 0  # answered `busy`
+
+
+class _Gate:
+    """Admits a hash when fewer than `capacity` are running or waiting."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.stats = HashStats()
+        self._lock = threading.Lock()
+
+    def admit(self) -> bool:
+        with self._lock:
+            if self.stats.admitted >= self.capacity:
+                self.stats.refused += 1
+                return False
+            self.stats.admitted += 1
+            self.stats.peak_admitted = max(self.stats.peak_admitted, self.stats.admitted)
+            return True
+
+    def release(self, _: object = None) -> None:
+        with self._lock:
+            self.stats.admitted -= 1
+
+    def run(self, work: Callable[[], T]) -> T:
+        """`work()` in a worker thread, counted as running."""
+        with self._lock:
+            self.stats.running += 1
+            self.stats.peak_running = max(self.stats.peak_running, self.stats.running)
+        try:
+            return work()
+        finally:
+            with self._lock:
+                self.stats.running -= 1
+
+
+_GATE: Final = _Gate(MAX_CONCURRENT_HASHES + MAX_WAITING_HASHES)
+
+
+def hash_stats() -> HashStats:
+    """A copy of the gate's counters."""
+    with _GATE._lock:
+        return HashStats(**vars(_GATE.stats))
+
+
+def reset_peak() -> None:
+    """Start counting the peaks and `refused` afresh (tests, benchmarks)."""
+    with _GATE._lock:
+        _GATE.stats.peak_running = _GATE.stats.running
+        _GATE.stats.peak_admitted = _GATE.stats.admitted
+        _GATE.stats.refused = 0
+
+
+async def run_in_pool(work: Callable[[], T]) -> T:
+    """`work()` in the hashing pool (counted like a hash), or 503 `busy` when its queue is
+    full."""
+    if not _GATE.admit():
+        raise RelayError(
+            503,
+            "busy",
+            "the relay is checking too many passwords at once; retry in a moment",
+            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+        )
+    future: Future[T] = _WORKERS.submit(_GATE.run, work)
+    # Released when the work is done or cancelled before it started, not when the
+    # request gives up waiting: a hash already running still holds its place.
+    future.add_done_callback(_GATE.release)
+    return await asyncio.wrap_future(future)
 
 
 def password_problem(password: str) -> str | None:
@@ -58,7 +153,7 @@ def _verify_sync(stored: str | None, password: str) -> bool:
 
 async def hash_password(password: str) -> str:
     """The PHC string of a new login hash (in a worker thread)."""
-    return await asyncio.get_running_loop().run_in_executor(_WORKERS, _HASHER.hash, password)
+    return await run_in_pool(lambda: _HASHER.hash(password))
 
 
 async def verify_password(stored: str | None, password: str) -> bool:
@@ -66,8 +161,7 @@ async def verify_password(stored: str | None, password: str) -> bool:
     if len(password) > MAX_PASSWORD_CHARS:
         password = password[:MAX_PASSWORD_CHARS]  # same work, can never match a longer one
         stored = None
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_WORKERS, _verify_sync, stored, password)
+    return await run_in_pool(lambda: _verify_sync(stored, password))
 
 
 def needs_rehash(stored: str) -> bool:

@@ -224,6 +224,10 @@ def _uvicorn_config(
         workers=workers,
         log_config=None,
         access_log=False,  # the relay logs its own access lines (relay.access)
+        # Off: uvicorn would rewrite the peer address from X-Forwarded-For for any peer in
+        # FORWARDED_ALLOW_IPS (default 127.0.0.1). The app reads the header itself, from
+        # ENGRAM_RELAY_TRUSTED_PROXIES only (relay.client_address).
+        proxy_headers=False,
         timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=10,
     )

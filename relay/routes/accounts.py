@@ -24,6 +24,7 @@ from litestar.params import FromPath
 from relay import passwords
 from relay.auth import authenticate_session
 from relay.bodies import BODY_OPT, decode_body
+from relay.client_address import client_address, forwarded_for, limit_key
 from relay.errors import RelayError, bad_request, forbidden
 from relay.ids import require_id
 from relay.keys import hash_key
@@ -71,6 +72,9 @@ ADOPT_HEADER: Final = "x-engram-vault-key"
 # Per-IP token buckets: requests per minute, burst equal to the rate.
 SIGNUP_PER_MINUTE: Final = 10
 SIGNIN_PER_MINUTE: Final = 30
+# Sign-ins per email, whether or not an account has it (so the limit reveals nothing), in a
+# bucket of its own: a flood against one account never limits another (issue 14 item 7).
+SIGNIN_PER_ACCOUNT_PER_MINUTE: Final = 10
 RECOVER_PER_MINUTE: Final = 10
 REDEEM_PER_MINUTE: Final = 30
 # Password confirmations per account (a stolen session must not become a guessing oracle).
@@ -85,8 +89,14 @@ _DUMMY_VERIFIER: Final = bytes(32)
 
 
 def client_ip(request: Request[Any, Any, Any]) -> str:
-    """The peer address (uvicorn applies X-Forwarded-For only from trusted proxies)."""
-    return request.client.host if request.client else "unknown"
+    """What the per-IP limits count: the client address (X-Forwarded-For believed only from
+    ENGRAM_RELAY_TRUSTED_PROXIES), an IPv6 one as its /64 (relay/client_address.py)."""
+    address = client_address(
+        request.client.host if request.client else None,
+        forwarded_for(request.scope["headers"]),
+        relay_state(request).config.trusted_proxies,
+    )
+    return limit_key(address)
 
 
 def _minute_limiter(request: Request[Any, Any, Any]) -> RateLimiter:
@@ -159,6 +169,11 @@ def _email(text: str) -> str:
     return email
 
 
+def _email_key(email: str) -> str:
+    """A bounded bucket key for a normalised email (a digest: any length, never logged)."""
+    return hashlib.sha256(email.encode()).hexdigest()[:32]
+
+
 def _new_password(password: str, field: str) -> str:
     problem = passwords.password_problem(password)
     if problem:
@@ -227,6 +242,7 @@ async def signin(request: Request[Any, Any, Any]) -> SessionIssued:
     limit_per_minute(request, f"signin:{client_ip(request)}", SIGNIN_PER_MINUTE)
     data = await decode_body(request, SigninRequest)
     email = data.email.strip().lower()
+    limit_per_minute(request, f"signin-email:{_email_key(email)}", SIGNIN_PER_ACCOUNT_PER_MINUTE)
     pool = relay_state(request).require_pool()
     login = await store.find_login(pool, email)
     # Unknown email: verify against a dummy hash, so it costs what a wrong password costs.

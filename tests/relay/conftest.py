@@ -39,7 +39,11 @@ class RelayThread:
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(
             uvicorn.Config(
-                create_app(config), host="127.0.0.1", port=self.port, log_level="warning"
+                create_app(config),
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                proxy_headers=False,  # as relay.serving serves it (relay.client_address)
             )
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
