@@ -16,7 +16,7 @@ from litestar.enums import ScopeType
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from relay import __version__
+from relay import __version__, maintenance
 from relay.bodies import document_api
 from relay.config import RelayConfig
 from relay.db.pool import create_pool
@@ -126,6 +126,7 @@ async def _refresh_health(state: RelayState) -> None:
             state.metrics.vaults.set(state.health.vaults)
             state.metrics.live_blobs.set(state.health.total_blobs)
             state.metrics.tombstones.set(int(row["tombstones"]))
+            state.metrics.refresh_pool()  # with --workers N, each worker's pool (relay.metrics)
         except Exception as exc:  # the database may be down; /ready reports that
             log.warning("health refresh failed: %s", type(exc).__name__)
         await asyncio.sleep(state.config.health_refresh_secs)
@@ -164,9 +165,11 @@ def create_app(config: RelayConfig) -> Litestar:
             lambda: (pool.get_size(), pool.get_idle_size(), pool.get_max_size())
         )
         refresher = asyncio.create_task(_refresh_health(state))
+        maintainer = maintenance.start(state)  # issue 14 item 17: compaction without `gc`
         try:
             yield
         finally:
+            await maintenance.stop(maintainer)
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await refresher

@@ -23,7 +23,7 @@ from relay.ids import check_id
 from relay.logs import configure_logging
 from relay.runtime import database, default_relay_dir, save_admin_key
 from relay.serving import PortInUseError, export_for_workers, open_listeners, serve_app
-from relay.store import compaction, devices
+from relay.store import devices
 from relay.store import keys as key_store
 from shared_format.wire import DeviceEntry
 
@@ -328,23 +328,20 @@ def gc(
 ) -> None:
     """Compact tombstones now (only those every active device has pulled past), and erase
     expired handoff seals, pairing codes and sessions."""
-    from relay.store.handoff import purge_expired
+    from relay.maintenance import Sweep, sweep
 
     with database(database_url, data_dir, migrate=True) as url:
 
-        async def go() -> tuple[list[compaction.CompactionResult], dict[str, int]]:
-            pool = await asyncpg.create_pool(to_libpq_url(url), min_size=1, max_size=1)
-            try:
-                results = await compaction.compact_all(pool, timedelta(days=retention_days))
-                async with pool.acquire() as conn:
-                    return results, await purge_expired(conn)
+        async def go() -> Sweep:
+            conn = await asyncpg.connect(to_libpq_url(url))
+            try:  # what a serving relay's background maintenance runs (relay.maintenance)
+                return await sweep(conn, timedelta(days=retention_days))
             finally:
-                await pool.close()
+                await conn.close()
 
-        results, purged = asyncio.run(go())
-    removed = sum(r.removed for r in results)
-    out.print(f"removed {removed} tombstone(s) from {len(results)} vault(s)")
-    out.print("expired and erased: " + ", ".join(f"{n} {what}" for what, n in purged.items()))
+        done = asyncio.run(go())
+    out.print(f"removed {done.tombstones_removed} tombstone(s) from {len(done.compacted)} vault(s)")
+    out.print("expired and erased: " + ", ".join(f"{n} {what}" for what, n in done.erased.items()))
 
 
 @app.command()

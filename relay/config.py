@@ -21,6 +21,9 @@ DEFAULT_PUSH_LANES: Final = 1  # concurrent push transactions per process (relay
 # large blobs cannot make the relay hold 1000 of them. Well below the client's 32 MiB
 # page budget (client.relay_client.PULL_PAGE_BUDGET_BYTES) even with one maximal blob over.
 DEFAULT_MAX_PAGE_BYTES: Final = 8 * 1024 * 1024
+# Seconds between two background maintenance rounds (relay.maintenance); 0 turns it off.
+DEFAULT_MAINTENANCE_INTERVAL_S: Final = 300
+MIN_METRICS_TOKEN_CHARS: Final = 16
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class RelayConfig:
     pool_max_size: int = 10
     push_lanes: int = DEFAULT_PUSH_LANES
     health_refresh_secs: float = 10.0
+    maintenance_interval_secs: float = DEFAULT_MAINTENANCE_INTERVAL_S  # 0 = off
+    # The bearer token /metrics asks for; None serves no metrics (relay.routes.system).
+    metrics_token: str | None = field(default=None, repr=False)
     static_keys: tuple[StaticKey, ...] = field(default=(), repr=False)
     # Proxy hops whose X-Forwarded-For is believed (relay.client_address); none by default.
     trusted_proxies: tuple[Network, ...] = ()
@@ -46,6 +52,13 @@ class RelayConfig:
         for name in ("quota_devices", "quota_bytes", "tombstone_retention_days"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.maintenance_interval_secs < 0:
+            raise ValueError("ENGRAM_RELAY_MAINTENANCE_INTERVAL_S must be >= 0 (0 = off)")
+        if self.metrics_token is not None and len(self.metrics_token) < MIN_METRICS_TOKEN_CHARS:
+            raise ValueError(
+                f"ENGRAM_RELAY_METRICS_TOKEN must be at least {MIN_METRICS_TOKEN_CHARS} "
+                "characters (e.g. `openssl rand -hex 24`), or unset to serve no metrics"
+            )
         if self.max_page_bytes < 1:
             raise ValueError("max_page_bytes must be >= 1")
         if self.push_lanes < 1:
@@ -91,11 +104,15 @@ def config_from_env(
         ),
         "pool_max_size": _env_int(source, "ENGRAM_RELAY_POOL_SIZE", 10),
         "push_lanes": _env_int(source, "ENGRAM_RELAY_PUSH_LANES", DEFAULT_PUSH_LANES),
+        "maintenance_interval_secs": _env_int(
+            source, "ENGRAM_RELAY_MAINTENANCE_INTERVAL_S", DEFAULT_MAINTENANCE_INTERVAL_S
+        ),
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return RelayConfig(
         database_url=database_url,
         static_keys=tuple(parse_static_keys(source.get("SYNC_API_KEYS", ""))),
+        metrics_token=source.get("ENGRAM_RELAY_METRICS_TOKEN", "").strip() or None,
         trusted_proxies=parse_trusted_proxies(source.get(ENV_TRUSTED_PROXIES, "")),
         **values,
     )

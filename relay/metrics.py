@@ -1,42 +1,41 @@
-"""Prometheus metrics of one relay process (served at `/metrics`).
+"""Prometheus metrics of the relay (served at `/metrics`, behind a token: relay.routes.system).
 
 A registry per app instance, so several apps in one process (tests) never clash.
 Labels carry route templates and reasons, never vault ids, keys or payloads.
+
+With `serve --workers N` every worker records its values in files of a private
+directory the supervisor made (`PROMETHEUS_MULTIPROC_DIR`, relay.serving), and a scrape,
+whichever worker answers it, sums the counters and histograms of all of them
+(prometheus-client's multiprocess mode). Gauges say how they combine: the database-wide
+ones (vaults, blobs, tombstones) take the most recent value any worker set, the pool
+gauges add up the live workers' pools.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.multiprocess import MultiProcessCollector
 
 LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+# prometheus-client reads it once, at import: a worker is spawned with it already set.
+MULTIPROC_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 
-class _PoolCollector(Collector):
-    def __init__(self, pool_stats: Callable[[], tuple[int, int, int]]) -> None:
-        self._pool_stats = pool_stats
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        size, idle, max_size = self._pool_stats()
-        family = GaugeMetricFamily(
-            "engram_relay_db_pool_connections", "Database pool connections", labels=["state"]
-        )
-        family.add_metric(["open"], size)
-        family.add_metric(["idle"], idle)
-        family.add_metric(["in_use"], size - idle)
-        family.add_metric(["max"], max_size)
-        yield family
+def multiprocess_dir() -> str | None:
+    """The directory the workers share their values in, when running under `--workers N`."""
+    return os.environ.get(MULTIPROC_DIR_ENV) or None
 
 
 class RelayMetrics:
-    """The relay's counters and histograms."""
+    """The relay's counters, gauges and histograms."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._pool_stats: Callable[[], tuple[int, int, int]] | None = None
         r = self.registry
         self.requests = Counter(
             "engram_relay_requests", "HTTP requests", ["route", "method", "status"], registry=r
@@ -60,12 +59,44 @@ class RelayMetrics:
         self.tombstones_compacted = Counter(
             "engram_relay_tombstones_compacted", "Tombstones removed by compaction", registry=r
         )
-        self.vaults = Gauge("engram_relay_vaults", "Vaults on this relay", registry=r)
-        self.live_blobs = Gauge("engram_relay_live_blobs", "Live (non-deleted) blobs", registry=r)
+        self.maintenance_rounds = Counter(
+            "engram_relay_maintenance_rounds",
+            "Background maintenance rounds (relay.maintenance) by outcome: ran, skipped "
+            "(another replica held the lock) or failed",
+            ["outcome"],
+            registry=r,
+        )
+        self.expired_erased = Counter(
+            "engram_relay_expired_erased",
+            "Expired rows erased by background maintenance (handoff seals and requests, "
+            "pairing codes, sessions)",
+            ["kind"],
+            registry=r,
+        )
+        self.vaults = Gauge(
+            "engram_relay_vaults",
+            "Vaults on this relay",
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.live_blobs = Gauge(
+            "engram_relay_live_blobs",
+            "Live (non-deleted) blobs",
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
         self.tombstones = Gauge(
             "engram_relay_tombstones",
             "Tombstones stored (compaction removes those every active device pulled past)",
             registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.pool_connections = Gauge(
+            "engram_relay_db_pool_connections",
+            "Database pool connections (summed over live worker processes)",
+            ["state"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.pull_lag = Histogram(
             "engram_relay_pull_lag_blobs",
@@ -81,9 +112,31 @@ class RelayMetrics:
         )
 
     def watch_pool(self, pool_stats: Callable[[], tuple[int, int, int]]) -> None:
-        """Export pool (open, idle, max) connection counts on every scrape."""
-        self.registry.register(_PoolCollector(pool_stats))
+        """Export pool (open, idle, max) connection counts, read now and on every scrape
+        and health refresh (`refresh_pool`)."""
+        self._pool_stats = pool_stats
+        self.refresh_pool()
+
+    def refresh_pool(self) -> None:
+        """Set the pool gauges from the watched pool (a no-op before `watch_pool`)."""
+        if self._pool_stats is None:
+            return
+        size, idle, max_size = self._pool_stats()
+        for state, value in (
+            ("open", size),
+            ("idle", idle),
+            ("in_use", size - idle),
+            ("max", max_size),
+        ):
+            self.pool_connections.labels(state).set(value)
 
     def render(self) -> bytes:
-        """The text exposition format."""
-        return generate_latest(self.registry)
+        """The text exposition format: this process's registry, or with `--workers N` every
+        worker's values combined."""
+        self.refresh_pool()
+        directory = multiprocess_dir()
+        if directory is None:
+            return generate_latest(self.registry)
+        combined = CollectorRegistry()
+        MultiProcessCollector(combined, path=directory)  # type: ignore[no-untyped-call]
+        return generate_latest(combined)

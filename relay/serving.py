@@ -26,11 +26,11 @@ from typing import Final
 
 import uvicorn
 from litestar import Litestar
-from uvicorn.supervisors import Multiprocess
 
 from relay.app import create_app
 from relay.config import RelayConfig, config_from_env
 from relay.logs import configure_logging
+from relay.worker_metrics import WorkerSupervisor, shared_metrics_dir
 
 APP_FACTORY: Final = "relay.serving:app_from_env"
 ENV_DATABASE_URL: Final = "ENGRAM_RELAY_DATABASE_URL"
@@ -148,7 +148,9 @@ def serve_app(
             _run_until_signalled(uvicorn.Server(_uvicorn_config(app, host, port)), sockets)
             return
         multi = _uvicorn_config(APP_FACTORY, host, port, factory=True, workers=workers)
-        Multiprocess(multi, sockets=sockets).run()  # handles SIGINT/SIGTERM itself
+        with shared_metrics_dir() as metrics_dir:  # one /metrics sums every worker
+            # handles SIGINT/SIGTERM itself
+            WorkerSupervisor(multi, sockets, metrics_dir=metrics_dir).run()
     finally:
         for sock in sockets:
             sock.close()

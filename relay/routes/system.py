@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import time
 from typing import Any
 
@@ -71,8 +72,34 @@ async def info(request: Request[Any, Any, Any]) -> RelayInfo:
     )
 
 
+def _metrics_token_matches(request: Request[Any, Any, Any], token: str) -> bool:
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    # hmac.compare_digest: the time taken does not depend on how much of the token matched.
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )
+
+
 @get("/metrics", tags=["system"], media_type=MediaType.TEXT)
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Prometheus text exposition."""
-    body = relay_state(request).metrics.render()
+    """Prometheus text exposition, for `Authorization: Bearer <ENGRAM_RELAY_METRICS_TOKEN>`
+    only: 401 without it, 404 while no token is configured (issue 14 item 16)."""
+    state = relay_state(request)
+    token = state.config.metrics_token
+    if token is None:
+        raise RelayError(
+            404,
+            "not_found",
+            "this relay serves no metrics: its operator sets ENGRAM_RELAY_METRICS_TOKEN "
+            "to turn /metrics on",
+        )
+    if not _metrics_token_matches(request, token):
+        raise RelayError(
+            401,
+            "unauthorized",
+            "missing or wrong metrics token: send `Authorization: Bearer <token>` with the "
+            "relay's ENGRAM_RELAY_METRICS_TOKEN",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    body = state.metrics.render()
     return Response(content=body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -69,11 +69,15 @@ async def compact_vault(
         return CompactionResult(vault_id, int(row["n"]), horizon)
 
 
+async def compact_vaults(conn: asyncpg.Connection, retention: timedelta) -> list[CompactionResult]:
+    """Compact every vault that holds tombstones on `conn`; one short transaction per vault."""
+    vaults = [
+        r["vault_id"] for r in await conn.fetch("SELECT DISTINCT vault_id FROM blobs WHERE deleted")
+    ]
+    return [await compact_vault(conn, v, retention) for v in vaults]
+
+
 async def compact_all(pool: asyncpg.Pool, retention: timedelta) -> list[CompactionResult]:
     """Compact every vault that holds tombstones; one short transaction per vault."""
     async with pool.acquire() as conn:
-        vaults = [
-            r["vault_id"]
-            for r in await conn.fetch("SELECT DISTINCT vault_id FROM blobs WHERE deleted")
-        ]
-        return [await compact_vault(conn, v, retention) for v in vaults]
+        return await compact_vaults(conn, retention)

@@ -22,6 +22,7 @@ from relay.keys import parse_static_keys
 from relay.store.keys import create_key
 
 ADMIN_KEY = "test-operator-key-0123456789abcdef"
+METRICS_TOKEN = "test-metrics-token-0123456789abcdef"
 
 
 def free_port() -> int:
@@ -74,6 +75,14 @@ class Relay:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
 
+    def scrape(self) -> str:
+        """GET /metrics with the metrics token (relay.routes.system)."""
+        response = httpx.get(
+            f"{self.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=30
+        )
+        response.raise_for_status()
+        return response.text
+
     def mint(
         self,
         vault_id: str | None,
@@ -113,6 +122,7 @@ def base_config(database_url: str) -> RelayConfig:
         pool_min_size=1,
         pool_max_size=8,
         health_refresh_secs=0.2,
+        metrics_token=METRICS_TOKEN,
     )
 
 

@@ -66,7 +66,7 @@ def test_dashboard_metrics(relay: Relay) -> None:
         pulled = client.get("/v1/vaults/m/pull", params={"cursor": 0, "limit": 1})
         assert pulled.status_code == 200
         time.sleep(0.5)  # the background counters refresh every 0.2 s in tests
-        text = client.get("/metrics").text
+        text = relay.scrape()
     assert re.search(r"^engram_relay_tombstones 1\.0$", text, re.M)
     assert re.search(r"^engram_relay_live_blobs 2\.0$", text, re.M)
     # one pull of 1 blob out of a vault at sequence 4: 3 blobs still ahead of it

@@ -21,7 +21,7 @@ import pytest
 
 from relay import __version__
 from relay.config import DEFAULT_MAX_BLOB_BYTES
-from tests.relay.conftest import ADMIN_KEY, Relay, base_config
+from tests.relay.conftest import ADMIN_KEY, METRICS_TOKEN, Relay, base_config
 from tests.relay.support import (
     Sealer,
     assert_error,
@@ -117,7 +117,7 @@ def test_metrics_count_without_naming_vaults_or_keys(served: Relay, http: httpx.
         push_ok(member_http, vault, [sealer.blob("memory-alpha", 1)])  # stale
         pull_ok(member_http, vault, cursor=0)
         pull_ok(member_http, vault)
-    response = http.get("/metrics")
+    response = http.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text

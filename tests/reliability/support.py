@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.relay.conftest import ADMIN_KEY, free_port
+from tests.relay.conftest import ADMIN_KEY, METRICS_TOKEN, free_port
 
 BIN = Path(sys.executable).parent
 
@@ -30,7 +30,11 @@ class RelayProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = dict(os.environ, SYNC_API_KEYS=f"{ADMIN_KEY}:100000")
+        env = dict(
+            os.environ,
+            SYNC_API_KEYS=f"{ADMIN_KEY}:100000",
+            ENGRAM_RELAY_METRICS_TOKEN=METRICS_TOKEN,
+        )
         log = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [str(BIN / "engram-relay"), "serve", "--port", str(self.port),

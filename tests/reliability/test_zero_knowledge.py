@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import httpx
 
 from client import account, pairing, team
 from client.session import VaultSession
@@ -22,7 +21,7 @@ from client.vault_keys import pack_keys
 from shared_format.login import login_secret
 from tests.e2e.conftest import DeviceHandle, make_device
 from tests.e2e.helpers import add, delete, edit
-from tests.relay.conftest import Relay
+from tests.relay.conftest import METRICS_TOKEN, Relay
 from tests.reliability.support import RelayProcess
 
 PASSWORD = "zk account password " + secrets.token_hex(4)
@@ -126,7 +125,7 @@ def test_nothing_secret_reaches_the_relay(fresh_database_url: str, tmp_path: Pat
         assert outcome == {"vault": "team-e2e"}
         delta.sync()
 
-        metrics = httpx.get(f"{relay.url}/metrics").text
+        metrics = relay.scrape()
     finally:
         relay_process.stop()
 
@@ -147,6 +146,7 @@ def test_nothing_secret_reaches_the_relay(fresh_database_url: str, tmp_path: Pat
         "session token": [session_token],
         "API keys": sorted(key for key in api_keys if key),
         "pairing code": [code, code.replace("-", "")],
+        "metrics token": [METRICS_TOKEN],
     }
     leaks = [
         f"{what} in {where}"

@@ -1,0 +1,145 @@
+"""Background maintenance: what `engram-relay gc` does, done by a serving relay.
+
+Every `maintenance_interval_secs` (ENGRAM_RELAY_MAINTENANCE_INTERVAL_S, default 300; 0
+turns it off) each relay process tries PostgreSQL's session-level advisory lock
+`MAINTENANCE_LOCK_KEY`. The one that gets it compacts tombstones (PROTOCOL §12, the same
+rule and code as `gc`) and erases expired handoff seals and requests, pairing codes and
+sessions (PROTOCOL §13, §14), then lets the lock go; every other replica or worker skips
+that round. A round that fails is logged and counted, never raised: the next one tries
+again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Final
+
+import asyncpg
+
+from relay.metrics import RelayMetrics
+from relay.state import RelayState
+from relay.store.compaction import CompactionResult, compact_vaults
+from relay.store.handoff import purge_expired
+
+__all__ = ["MAINTENANCE_LOCK_KEY", "Sweep", "locked_sweep", "maintenance_round", "start", "stop"]
+
+log = logging.getLogger(__name__)
+
+# The advisory lock one maintenance round holds: "engramgc" in ASCII. relay.db.migrate's
+# lock is "engram01"; the per-vault locks are transaction-scoped hashes of text keys.
+MAINTENANCE_LOCK_KEY: Final = 0x656E6772616D6763
+_UNLOCK_TIMEOUT_S: Final = 10
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What one round removed: per-vault compaction results and expired rows by kind."""
+
+    compacted: list[CompactionResult]
+    erased: dict[str, int]
+
+    @property
+    def tombstones_removed(self) -> int:
+        """Tombstones removed over every vault."""
+        return sum(r.removed for r in self.compacted)
+
+
+async def sweep(conn: asyncpg.Connection, retention: timedelta) -> Sweep:
+    """Compact every vault and erase everything expired, on `conn` (what `gc` runs)."""
+    compacted = await compact_vaults(conn, retention)
+    return Sweep(compacted, await purge_expired(conn))
+
+
+async def locked_sweep(pool: asyncpg.Pool, retention: timedelta) -> Sweep | None:
+    """One `sweep` under the maintenance lock; None, at once, when another session holds it."""
+    async with pool.acquire() as conn:
+        if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", MAINTENANCE_LOCK_KEY):
+            return None
+        try:
+            return await sweep(conn, retention)
+        finally:
+            await _unlock(conn)
+
+
+async def _unlock(conn: asyncpg.Connection) -> None:
+    """Let the lock go. The pool keeps sessions as they are (relay.db.pool skips asyncpg's
+    `pg_advisory_unlock_all()`), so a session that cannot unlock (cancelled mid-query at
+    shutdown, a broken connection) is ended instead, which releases it too."""
+    try:
+        await conn.execute(
+            "SELECT pg_advisory_unlock($1)", MAINTENANCE_LOCK_KEY, timeout=_UNLOCK_TIMEOUT_S
+        )
+    except BaseException:
+        conn.terminate()
+        raise
+
+
+async def maintenance_round(
+    pool: asyncpg.Pool, retention: timedelta, metrics: RelayMetrics
+) -> Sweep | None:
+    """One round: run, skip (lock held elsewhere) or fail; counted, logged, never raised."""
+    try:
+        done = await locked_sweep(pool, retention)
+    except Exception as exc:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            # Stopping (relay shutdown): a query cut short may surface as asyncpg's
+            # InterfaceError instead of the cancellation; swallowed, the task would go on.
+            raise asyncio.CancelledError from exc
+        metrics.maintenance_rounds.labels("failed").inc()
+        sqlstate = getattr(exc, "sqlstate", None)
+        log.warning(
+            "maintenance round failed: %s%s",
+            type(exc).__name__,
+            f" (SQLSTATE {sqlstate})" if sqlstate else "",
+            extra={"error": type(exc).__name__, "sqlstate": sqlstate},
+        )
+        return None
+    if done is None:
+        metrics.maintenance_rounds.labels("skipped").inc()
+        log.debug("maintenance round skipped: another relay process holds the lock")
+        return None
+    metrics.maintenance_rounds.labels("ran").inc()
+    metrics.tombstones_compacted.inc(done.tombstones_removed)
+    for kind, count in done.erased.items():
+        metrics.expired_erased.labels(kind).inc(count)
+    if done.tombstones_removed or any(done.erased.values()):
+        log.info(
+            "maintenance removed %d tombstone(s) from %d vault(s); erased %s",
+            done.tombstones_removed,
+            sum(1 for r in done.compacted if r.removed),
+            ", ".join(f"{n} {kind}" for kind, n in done.erased.items()),
+            extra={"tombstones_removed": done.tombstones_removed, **done.erased},
+        )
+    return done
+
+
+async def _maintain(state: RelayState) -> None:
+    interval = state.config.maintenance_interval_secs
+    retention = timedelta(days=state.config.tombstone_retention_days)
+    while True:
+        await asyncio.sleep(interval)
+        await maintenance_round(state.require_pool(), retention, state.metrics)
+
+
+def start(state: RelayState) -> asyncio.Task[None] | None:
+    """Start the rounds (call once the pool is open); None when the interval is 0 (off)."""
+    if state.config.maintenance_interval_secs <= 0:
+        return None
+    return asyncio.create_task(_maintain(state), name="engram-relay-maintenance")
+
+
+async def stop(task: asyncio.Task[None] | None) -> None:
+    """Stop the rounds before the pool closes (a round cut short rolls back its vault)."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    except Exception as exc:  # never fail the shutdown over it
+        log.warning("maintenance stopped with %s", type(exc).__name__)
