@@ -80,6 +80,9 @@ VAULT_ROUTES = [
     ("POST", "/v1/vaults/{v}/handoff/{r}/claim", False),
     ("DELETE", "/v1/vaults/{v}/handoff/{r}", False),
     ("POST", "/v1/vaults/{v}/pairing-codes", True),
+    ("POST", "/v1/vaults/{v}/grants", True),  # PROTOCOL §13 vault ownership
+    ("GET", "/v1/vaults/{v}/grants", True),
+    ("DELETE", "/v1/vaults/{v}/grants/acct_0000000000000000", True),
 ]
 
 
