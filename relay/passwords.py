@@ -118,16 +118,30 @@ def reset_peak() -> None:
         _GATE.stats.refused = 0
 
 
+def _busy() -> RelayError:
+    return RelayError(
+        503,
+        "busy",
+        "the relay is checking too many passwords at once; retry in a moment",
+        headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+    )
+
+
+def check_capacity() -> None:
+    """503 `busy` now when the pool's queue is full: lets a request that would hash
+    later (sign-in, after its database lookup) give up before doing any work."""
+    with _GATE._lock:
+        full = _GATE.stats.admitted >= _GATE.capacity
+        _GATE.stats.refused += int(full)
+    if full:
+        raise _busy()
+
+
 async def run_in_pool(work: Callable[[], T]) -> T:
     """`work()` in the hashing pool (counted like a hash), or 503 `busy` when its queue is
     full."""
     if not _GATE.admit():
-        raise RelayError(
-            503,
-            "busy",
-            "the relay is checking too many passwords at once; retry in a moment",
-            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
-        )
+        raise _busy()
     future: Future[T] = _WORKERS.submit(_GATE.run, work)
     # Released when the work is done or cancelled before it started, not when the
     # request gives up waiting: a hash already running still holds its place.

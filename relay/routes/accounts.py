@@ -243,6 +243,7 @@ async def signin(request: Request[Any, Any, Any]) -> SessionIssued:
     data = await decode_body(request, SigninRequest)
     email = data.email.strip().lower()
     limit_per_minute(request, f"signin-email:{_email_key(email)}", SIGNIN_PER_ACCOUNT_PER_MINUTE)
+    passwords.check_capacity()  # a flood is shed before its database lookup
     pool = relay_state(request).require_pool()
     login = await store.find_login(pool, email)
     # Unknown email: verify against a dummy hash, so it costs what a wrong password costs.
