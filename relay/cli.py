@@ -18,6 +18,7 @@ from rich.table import Table
 from relay import cli_vaults, ops
 from relay.cli_options import DatabaseUrl, DataDir
 from relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
+from relay.connections import limits_from_env
 from relay.db.url import to_libpq_url
 from relay.ids import check_id
 from relay.logs import configure_logging
@@ -102,6 +103,7 @@ def serve(
     """Run the relay (on an embedded PostgreSQL unless a database URL is given)."""
     configure_logging(log_level, log_format)
     relay_dir = data_dir or default_relay_dir()
+    limits = limits_from_env()  # a bad ENGRAM_RELAY_*_TIMEOUT_S fails before anything starts
     try:  # bind first: a taken port fails before the database starts or a key is minted
         sockets = open_listeners(host, port, workers=workers)
     except PortInUseError as exc:
@@ -128,7 +130,7 @@ def serve(
                 overrides = {"quota_devices": quota_devices, "quota_bytes": quota_bytes}
                 export_for_workers(url, overrides, log_level, log_format)
                 out.print(f"{workers} worker processes")
-            serve_app(config, host=host, port=port, workers=workers, sockets=sockets)
+            serve_app(config, host=host, port=port, workers=workers, sockets=sockets, limits=limits)
     finally:
         for sock in sockets:
             sock.close()

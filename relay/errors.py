@@ -14,6 +14,7 @@ import asyncpg
 from litestar import Request, Response
 from litestar.exceptions import (
     HTTPException,
+    InternalServerException,
     MethodNotAllowedException,
     NotFoundException,
     ValidationException,
@@ -179,8 +180,18 @@ _HTTP_CODES: Final = {
 }
 
 
+# What litestar raises (an InternalServerException) when the connection closes before the
+# body is complete: the client left, or relay.connections closed it after the body timeout
+# (and answered it 408 itself). Not a server fault, so not a logged 500.
+_BODY_CUT_SHORT: Final = "client disconnected prematurely"
+
+
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     status = exc.status_code
+    if isinstance(exc, InternalServerException) and exc.detail == _BODY_CUT_SHORT:
+        log.info("request body cut short on %s %s", request.method, request.url.path)
+        message = "the connection closed before the request body was complete"
+        return _json(408, {"error": message, "code": "body_timeout"})
     if status >= HTTP_500_INTERNAL_SERVER_ERROR:
         return _internal_error(request, exc)
     code = _HTTP_CODES.get(status, "client_error")

@@ -29,6 +29,7 @@ from litestar import Litestar
 
 from relay.app import create_app
 from relay.config import RelayConfig, config_from_env
+from relay.connections import ConnectionLimits, GuardedConfig, ensure_fd_limit, limits_from_env
 from relay.logs import configure_logging
 from relay.worker_metrics import WorkerSupervisor, shared_metrics_dir
 
@@ -132,22 +133,29 @@ def serve_app(
     port: int,
     workers: int = 1,
     sockets: list[socket.socket] | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> None:
     """Serve on `sockets` (from `open_listeners(host, port, workers=workers)`; opened here
     when None) until SIGINT/SIGTERM, then return (after in-flight requests drained); the
     sockets are closed on return.
 
     With `workers > 1` the workers build their config with `app_from_env`; call
-    `export_for_workers` first so that it equals `config`.
+    `export_for_workers` first so that it equals `config`. `limits` (default: from the
+    environment) are each process's read timeouts and connection cap (relay.connections).
     """
+    limits = limits or limits_from_env()
+    ensure_fd_limit(limits)  # before the workers start: they inherit it
     if sockets is None:
         sockets = open_listeners(host, port, workers=workers)
     try:
         if workers <= 1:
             app = _settled(create_app(config))
-            _run_until_signalled(uvicorn.Server(_uvicorn_config(app, host, port)), sockets)
+            server = uvicorn.Server(_uvicorn_config(app, host, port, limits=limits))
+            _run_until_signalled(server, sockets)
             return
-        multi = _uvicorn_config(APP_FACTORY, host, port, factory=True, workers=workers)
+        multi = _uvicorn_config(
+            APP_FACTORY, host, port, factory=True, workers=workers, limits=limits
+        )
         with shared_metrics_dir() as metrics_dir:  # one /metrics sums every worker
             # handles SIGINT/SIGTERM itself
             WorkerSupervisor(multi, sockets, metrics_dir=metrics_dir).run()
@@ -216,10 +224,17 @@ def _worker_listener_at(family: int, address: tuple[str, int]) -> socket.socket:
 
 
 def _uvicorn_config(
-    app: Litestar | str, host: str, port: int, *, factory: bool = False, workers: int = 1
+    app: Litestar | str,
+    host: str,
+    port: int,
+    *,
+    limits: ConnectionLimits,
+    factory: bool = False,
+    workers: int = 1,
 ) -> uvicorn.Config:
-    return uvicorn.Config(
+    return GuardedConfig(  # uvicorn's httptools protocol with the guards (relay.connections)
         app,
+        limits=limits,
         host=host,
         port=port,
         factory=factory,
