@@ -1,24 +1,27 @@
 """Background maintenance: what `engram-relay gc` does, done by a serving relay.
 
 Every `maintenance_interval_secs` (ENGRAM_RELAY_MAINTENANCE_INTERVAL_S, default 300; 0
-turns it off) each relay process tries PostgreSQL's session-level advisory lock
-`MAINTENANCE_LOCK_KEY`. The one that gets it compacts tombstones (PROTOCOL §12, the same
-rule and code as `gc`) and erases expired handoff seals and requests, pairing codes and
-sessions (PROTOCOL §13, §14), then lets the lock go; every other replica or worker skips
-that round. A round that fails is logged and counted, never raised: the next one tries
-again.
+turns it off) each relay process tries PostgreSQL's advisory lock `MAINTENANCE_LOCK_KEY`
+(`pg_try_advisory_xact_lock`, never waiting). The one that gets it compacts tombstones
+(PROTOCOL §12, the same rule and code as `gc`) and erases expired handoff seals and
+requests, pairing codes and sessions (PROTOCOL §13, §14), then lets the lock go; every
+other replica or worker skips that round. A round that fails is logged and counted,
+never raised: the next one tries again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Final
 
 import asyncpg
 
+from relay.db.url import to_libpq_url
 from relay.metrics import RelayMetrics
 from relay.state import RelayState
 from relay.store.compaction import CompactionResult, compact_vaults
@@ -28,10 +31,11 @@ __all__ = ["MAINTENANCE_LOCK_KEY", "Sweep", "locked_sweep", "maintenance_round",
 
 log = logging.getLogger(__name__)
 
-# The advisory lock one maintenance round holds: "engramgc" in ASCII. relay.db.migrate's
-# lock is "engram01"; the per-vault locks are transaction-scoped hashes of text keys.
+# The advisory lock one maintenance round holds: "engramgc" in ASCII (also
+# 7308892986227386211). relay.db.migrate's lock is "engram01"; the per-vault locks are
+# transaction-scoped hashes of text keys.
 MAINTENANCE_LOCK_KEY: Final = 0x656E6772616D6763
-_UNLOCK_TIMEOUT_S: Final = 10
+_CONNECT_TIMEOUT_S: Final = 15
 
 
 @dataclass(frozen=True)
@@ -53,36 +57,52 @@ async def sweep(conn: asyncpg.Connection, retention: timedelta) -> Sweep:
     return Sweep(compacted, await purge_expired(conn))
 
 
-async def locked_sweep(pool: asyncpg.Pool, retention: timedelta) -> Sweep | None:
-    """One `sweep` under the maintenance lock; None, at once, when another session holds it."""
-    async with pool.acquire() as conn:
-        if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", MAINTENANCE_LOCK_KEY):
+async def locked_sweep(pool: asyncpg.Pool, database_url: str, retention: timedelta) -> Sweep | None:
+    """One `sweep` (on a pooled connection) while a session of its own holds the
+    maintenance lock; None, at once, when another session holds it."""
+    async with _maintenance_lock(database_url) as got:
+        if not got:
             return None
-        try:
+        async with pool.acquire() as conn:
             return await sweep(conn, retention)
-        finally:
-            await _unlock(conn)
 
 
-async def _unlock(conn: asyncpg.Connection) -> None:
-    """Let the lock go. The pool keeps sessions as they are (relay.db.pool skips asyncpg's
-    `pg_advisory_unlock_all()`), so a session that cannot unlock (cancelled mid-query at
-    shutdown, a broken connection) is ended instead, which releases it too."""
+@contextlib.asynccontextmanager
+async def _maintenance_lock(database_url: str) -> AsyncIterator[bool]:
+    """Whether this round got the lock, held until the block ends.
+
+    Transaction-level (`pg_try_advisory_xact_lock` in a transaction left open for the
+    round) on a short-lived connection of its own, outside the pool: closing it always
+    lets the lock go, even behind a pooler in transaction mode (a session-level lock
+    would stay on whichever server connection took it), and a round never waits for a
+    second pooled connection (`ENGRAM_RELAY_POOL_SIZE=1`). Read committed and without a
+    transaction id, the idle transaction holds back no vacuum.
+    """
+    conn = await asyncpg.connect(
+        to_libpq_url(database_url),
+        timeout=_CONNECT_TIMEOUT_S,
+        server_settings={"application_name": "engram-relay maintenance"},
+    )
     try:
-        await conn.execute(
-            "SELECT pg_advisory_unlock($1)", MAINTENANCE_LOCK_KEY, timeout=_UNLOCK_TIMEOUT_S
+        await conn.execute("BEGIN")
+        got: bool = await conn.fetchval(
+            "SELECT pg_try_advisory_xact_lock($1)", MAINTENANCE_LOCK_KEY
         )
-    except BaseException:
-        conn.terminate()
-        raise
+        yield got
+    finally:
+        try:
+            await conn.close(timeout=_CONNECT_TIMEOUT_S)  # ends the transaction: unlocked
+        except BaseException:
+            conn.terminate()
+            raise
 
 
 async def maintenance_round(
-    pool: asyncpg.Pool, retention: timedelta, metrics: RelayMetrics
+    pool: asyncpg.Pool, database_url: str, retention: timedelta, metrics: RelayMetrics
 ) -> Sweep | None:
     """One round: run, skip (lock held elsewhere) or fail; counted, logged, never raised."""
     try:
-        done = await locked_sweep(pool, retention)
+        done = await locked_sweep(pool, database_url, retention)
     except Exception as exc:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
@@ -122,7 +142,9 @@ async def _maintain(state: RelayState) -> None:
     retention = timedelta(days=state.config.tombstone_retention_days)
     while True:
         await asyncio.sleep(interval)
-        await maintenance_round(state.require_pool(), retention, state.metrics)
+        await maintenance_round(
+            state.require_pool(), state.config.database_url, retention, state.metrics
+        )
 
 
 def start(state: RelayState) -> asyncio.Task[None] | None:

@@ -247,3 +247,13 @@ def test_the_interval_comes_from_the_environment() -> None:
         config_from_env(url, {"ENGRAM_RELAY_MAINTENANCE_INTERVAL_S": "-1"})
     with pytest.raises(ValueError, match="must be an integer"):
         config_from_env(url, {"ENGRAM_RELAY_MAINTENANCE_INTERVAL_S": "soon"})
+
+
+def test_a_relay_with_a_pool_of_one_connection_still_compacts(relay_config: RelayConfig) -> None:
+    """The lock is held on a connection of its own: a round never waits for a second
+    pooled connection, which a pool of one would never give it."""
+    with serve(replace(relay_config, pool_max_size=1)) as small:
+        vault = expired_tombstone(small)
+        wait_for(lambda: tombstones(small, vault) == 0, "the expired tombstone to be compacted")
+        with client(small) as http:
+            assert http.get("/ready").status_code == 200

@@ -1,4 +1,4 @@
-"""Request ids, JSON access logs and the dashboard metrics (issue 6)."""
+"""Request ids, JSON access logs, the dashboard metrics (issue 6) and who may read them."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import logging
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
+import httpx
 import pytest
 
+from relay.config import RelayConfig, config_from_env
 from relay.logs import JsonFormatter
 from relay.request_context import RequestIdFilter
-from tests.relay.conftest import ADMIN_KEY, Relay
-from tests.relay.support import Sealer, push_ok
+from tests.relay.conftest import ADMIN_KEY, METRICS_TOKEN, Relay
+from tests.relay.support import Sealer, assert_error, push_ok, serve
 
 
 @pytest.fixture
@@ -77,3 +80,48 @@ def test_dashboard_metrics(relay: Relay) -> None:
     assert re.search(r"^engram_relay_push_group_pushes_count 2\.0$", text, re.M)
     push_route = r'route="/v1/vaults/\{vault_id\}/push"'
     assert re.search(rf"^engram_relay_request_seconds_bucket\{{.*{push_route}", text, re.M)
+
+
+def test_metrics_need_the_metrics_token(relay: Relay) -> None:
+    """Issue 14 (16): /metrics answered anyone. Now only the metrics token opens it; an API
+    key, even the operator's, does not."""
+    url = f"{relay.url}/metrics"
+    refused = [
+        {},
+        {"Authorization": "Bearer wrong-metrics-token-0123456789"},
+        {"Authorization": f"Bearer {METRICS_TOKEN[:-1]}"},
+        {"Authorization": f"Bearer {METRICS_TOKEN}x"},
+        {"Authorization": f"Basic {METRICS_TOKEN}"},
+        {"Authorization": f"Bearer {ADMIN_KEY}"},
+    ]
+    for headers in refused:
+        response = httpx.get(url, headers=headers)
+        body = assert_error(response, 401, "unauthorized")
+        assert "ENGRAM_RELAY_METRICS_TOKEN" in body["error"]
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert "engram_relay_" not in response.text
+    ok = httpx.get(url, headers={"Authorization": f"bearer  {METRICS_TOKEN}"})
+    assert ok.status_code == 200
+    assert ok.headers["content-type"].startswith("text/plain")
+    assert "engram_relay_requests_total" in ok.text
+
+
+def test_without_a_token_the_relay_serves_no_metrics(relay_config: RelayConfig) -> None:
+    with serve(replace(relay_config, metrics_token=None)) as quiet:
+        for key in (None, ADMIN_KEY, METRICS_TOKEN):
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            response = httpx.get(f"{quiet.url}/metrics", headers=headers)
+            body = assert_error(response, 404, "not_found")
+            assert "ENGRAM_RELAY_METRICS_TOKEN" in body["error"]
+        assert httpx.get(f"{quiet.url}/health").status_code == 200
+
+
+def test_the_metrics_token_comes_from_the_environment() -> None:
+    url = "postgresql://unused@127.0.0.1:1/none"
+    assert config_from_env(url, {}).metrics_token is None
+    assert config_from_env(url, {"ENGRAM_RELAY_METRICS_TOKEN": "  "}).metrics_token is None
+    config = config_from_env(url, {"ENGRAM_RELAY_METRICS_TOKEN": METRICS_TOKEN})
+    assert config.metrics_token == METRICS_TOKEN
+    assert METRICS_TOKEN not in repr(config)
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        config_from_env(url, {"ENGRAM_RELAY_METRICS_TOKEN": "short"})
