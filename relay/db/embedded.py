@@ -623,6 +623,7 @@ class EmbeddedPostgres:
         kwargs: dict[str, Any] = {}
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_MESSAGES"] = "C"
+        env["PGPASSFILE"] = os.devnull  # no ~/.pgpass: what we pass is all there is
         if password is not None:
             env["PGPASSWORD"] = password
         if account is not None:
