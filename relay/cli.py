@@ -13,12 +13,14 @@ from typing import Annotated, TypeVar
 import asyncpg
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from relay import cli_vaults, ops
 from relay.cli_options import DatabaseUrl, DataDir
 from relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
 from relay.connections import limits_from_env
+from relay.db.failures import DatabaseFailureError
 from relay.db.url import to_libpq_url
 from relay.ids import check_id
 from relay.logs import configure_logging
@@ -30,7 +32,8 @@ from shared_format.wire import DeviceEntry
 
 log = logging.getLogger("relay.cli")
 app = typer.Typer(
-    help="Engram Sync relay: a zero-knowledge sync relay on PostgreSQL.",
+    help="Engram Sync relay: a zero-knowledge sync relay on PostgreSQL. "
+    "Errors are one line; add --debug to any command for the full traceback.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -428,6 +431,11 @@ def main() -> None:
     except (CliError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
+    except DatabaseFailureError as exc:  # relay.runtime.database: one line, what to do
+        if debug:
+            raise  # the driver's own error and traceback, chained
+        err.print(f"[red]error:[/red] {escape(str(exc))} (--debug for details)", highlight=False)
+        sys.exit(1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

@@ -35,6 +35,7 @@ import typer
 from rich.console import Console
 
 from relay.cli_options import DatabaseUrl, DataDir
+from relay.db.failures import explain
 from relay.db.migrate import head_revision
 from relay.db.url import redact_url, to_libpq_url
 from relay.runtime import database
@@ -117,8 +118,11 @@ def _inspect(url: str) -> _Server:
         try:
             conn = await asyncpg.connect(to_libpq_url(url), timeout=15)
         except Exception as exc:
+            line = explain(exc, url)  # the one line every command gives (relay.db.failures)
             raise OpsError(
-                f"cannot connect to the database at {redact_url(url)}: {type(exc).__name__}: {exc}"
+                line
+                or f"cannot connect to the database at {redact_url(url)}: "
+                f"{type(exc).__name__}: {exc}"
             ) from None
         try:
             num = int(await conn.fetchval("SELECT current_setting('server_version_num')"))

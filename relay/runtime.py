@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from relay.db.embedded import EmbeddedPostgres, default_data_dir
+from relay.db.failures import DatabaseFailureError, explain
 from relay.db.migrate import upgrade_to_head
 from relay.db.url import resolve_database_url
 
@@ -26,23 +27,42 @@ def default_relay_dir() -> Path:
 
 @contextlib.contextmanager
 def database(database_url: str | None, data_dir: Path | None, *, migrate: bool) -> Iterator[str]:
-    """Yield a usable database URL, starting (and later stopping) an embedded server if needed."""
+    """Yield a usable database URL, starting (and later stopping) an embedded server if needed.
+
+    A database failure in the block (or in the migrations) leaves it as a
+    `DatabaseFailureError`: one line saying what is wrong and what to do, chained to the
+    driver's own error (relay.db.failures), for every command at once."""
     url = resolve_database_url(database_url)
     if url is not None:
-        if migrate:
-            upgrade_to_head(url)
-        yield url
+        with _explained(url):
+            if migrate:
+                upgrade_to_head(url)
+            yield url
         return
     # attach/detach: the last process using the server stops it, and one that died
     # (SIGKILL, a crash) does not count, so the next one adopts and later stops its server.
     server = EmbeddedPostgres((data_dir or default_relay_dir()) / "postgres")
     url = server.attach()
     try:
-        if migrate:
-            upgrade_to_head(url)
-        yield url
+        with _explained(url):
+            if migrate:
+                upgrade_to_head(url)
+            yield url
     finally:
         server.detach()
+
+
+@contextlib.contextmanager
+def _explained(url: str) -> Iterator[None]:
+    try:
+        yield
+    except DatabaseFailureError:
+        raise
+    except Exception as exc:
+        line = explain(exc, url)
+        if line is None:
+            raise
+        raise DatabaseFailureError(line) from exc
 
 
 def save_admin_key(data_dir: Path, key: str) -> Path:
