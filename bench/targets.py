@@ -101,6 +101,6 @@ def pull_memory_target(pulls: dict[str, Any]) -> Target:
         PULL_RSS_LIMIT_MB,
         "<=",
         extra_ok=pulls["blobs_per_pull"] == pulls["blobs"],
-        detail=f"{pulls['pages_per_pull']} pages of at most "
-        f"{pulls['max_page_bytes'] / 1024 / 1024:g} MiB per pull",
+        detail=f"({pulls['pages_per_pull']} pages of at most "
+        f"{pulls['max_page_bytes'] / 1024 / 1024:g} MiB per pull, every blob)",
     )
