@@ -189,7 +189,12 @@ _BODY_CUT_SHORT: Final = "client disconnected prematurely"
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     status = exc.status_code
     if isinstance(exc, InternalServerException) and exc.detail == _BODY_CUT_SHORT:
-        log.info("request body cut short on %s %s", request.method, request.url.path)
+        log.info(
+            "client disconnected (or hit the body timeout) before its request body was "
+            "complete: %s %s",
+            request.method,
+            request.url.path,
+        )
         message = "the connection closed before the request body was complete"
         return _json(408, {"error": message, "code": "body_timeout"})
     if status >= HTTP_500_INTERNAL_SERVER_ERROR:

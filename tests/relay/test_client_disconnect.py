@@ -89,6 +89,7 @@ def test_a_client_leaving_mid_body_is_no_500_and_no_traceback(
     said = [r for r in relay_records if r.name == "relay.errors"]
     assert said, [r.getMessage() for r in relay_records]
     assert all(r.levelno in (logging.INFO, logging.WARNING) for r in said)
+    assert any("client disconnected" in r.getMessage() for r in said)
 
 
 def test_a_whole_push_next_to_it_is_counted_as_it_was_answered(relay: Relay) -> None:
