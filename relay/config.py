@@ -30,7 +30,7 @@ MIN_METRICS_TOKEN_CHARS: Final = 16
 class RelayConfig:
     """Everything the relay process needs; secrets only as hashes (static keys)."""
 
-    database_url: str
+    database_url: str = field(repr=False)  # it may carry the database password
     quota_devices: int = 0  # 0 = unlimited
     quota_bytes: int = 0  # 0 = unlimited
     max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES

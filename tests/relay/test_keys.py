@@ -105,6 +105,17 @@ def test_static_keys_are_kept_only_as_hashes() -> None:
     assert KEY_B not in repr(static)
 
 
+def test_config_repr_shows_neither_keys_nor_the_database_password() -> None:
+    config = config_from_env(
+        "postgresql://postgres:s3cret-db-pw@127.0.0.1:5432/relay",
+        {"SYNC_API_KEYS": f"{KEY_B}:10:v"},
+    )
+    assert config.database_url.endswith("/relay")  # the URL is kept, only not shown
+    assert "s3cret-db-pw" not in repr(config)
+    assert KEY_B not in repr(config)
+    assert "quota_devices=0" in repr(config)
+
+
 def test_minted_keys_have_the_protocol_shape_and_are_unique() -> None:
     keys = {mint_key() for _ in range(50)}
     assert len(keys) == 50
