@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 import asyncpg
 import typer
@@ -18,6 +16,7 @@ from rich.table import Table
 
 from relay import cli_vaults, ops
 from relay.cli_options import DatabaseUrl, DataDir
+from relay.cli_support import CliError, check_vault, run_db
 from relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
 from relay.connections import limits_from_env
 from relay.db.failures import DatabaseFailureError
@@ -44,35 +43,6 @@ app.add_typer(devices_app, name="devices")
 app.add_typer(cli_vaults.vaults_app, name="vaults")
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
 err = Console(stderr=True, soft_wrap=True)
-T = TypeVar("T")
-
-
-class CliError(Exception):
-    """A failure to report in one line, with what to do."""
-
-
-def _run_db(
-    database_url: str | None,
-    data_dir: Path | None,
-    work: Callable[[asyncpg.Connection], Awaitable[T]],
-) -> T:
-    with database(database_url, data_dir, migrate=True) as url:
-
-        async def go() -> T:
-            conn = await asyncpg.connect(to_libpq_url(url))
-            try:
-                return await work(conn)
-            finally:
-                await conn.close()
-
-        return asyncio.run(go())
-
-
-def _check_vault(vault_id: str) -> str:
-    problem = check_id(vault_id, "vault id")
-    if problem:
-        raise CliError(problem)
-    return vault_id
 
 
 @app.command()
@@ -188,11 +158,11 @@ def keys_create(
 
     A vault nobody has used becomes the operator's; one an account owns is refused
     unless --force (PROTOCOL §13)."""
-    _check_vault(vault)
+    check_vault(vault)
     if device is not None and check_id(device, "device id"):
         raise CliError(f"invalid device id: {check_id(device, 'device id')}")
     try:
-        key_id, key, owner = _run_db(
+        key_id, key, owner = run_db(
             database_url,
             data_dir,
             lambda c: cli_vaults.mint_operator_key(
@@ -212,7 +182,7 @@ def keys_create(
 @keys_app.command("list")
 def keys_list(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
     """List minted keys (ids and prefixes, never the keys)."""
-    records = _run_db(database_url, data_dir, key_store.list_keys)
+    records = run_db(database_url, data_dir, key_store.list_keys)
     table = Table("id", "prefix", "vault", "admin", "device", "rate", "label", "created", "revoked")
     for r in records:
         table.add_row(
@@ -236,7 +206,7 @@ def keys_revoke(
     data_dir: DataDir = None,
 ) -> None:
     """Revoke a key by id (takes effect on the next request, on every replica)."""
-    if not _run_db(database_url, data_dir, lambda c: key_store.revoke_key(c, key_id)):
+    if not run_db(database_url, data_dir, lambda c: key_store.revoke_key(c, key_id)):
         raise CliError(f"no key with id {key_id!r}; see `engram-relay keys list`")
     out.print(f"key {key_id} revoked")
 
@@ -248,7 +218,7 @@ def devices_list(
     data_dir: DataDir = None,
 ) -> None:
     """Show a vault's device roster."""
-    _check_vault(vault)
+    check_vault(vault)
     with database(database_url, data_dir, migrate=True) as url:
 
         async def go() -> list[DeviceEntry]:
@@ -297,7 +267,7 @@ def devices_revoke(
 
     A device id the vault has never seen (a typo, most likely) is refused unless --force.
     """
-    _check_vault(vault)
+    check_vault(vault)
     problem = check_id(device_id, "device id")
     if problem:
         raise CliError(problem)
@@ -366,7 +336,7 @@ def pair(
     Like `keys create`, a vault an account owns is refused unless --force (PROTOCOL §13)."""
     from relay.store.pairing import TooManyCodesError, create_code
 
-    _check_vault(vault)
+    check_vault(vault)
     if label is not None and (not label.strip() or len(label) > 128):
         raise CliError("--label must be 1..128 characters")
     with database(database_url, data_dir, migrate=True) as url:
@@ -410,7 +380,7 @@ def stats(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
         )
         return row
 
-    row = _run_db(database_url, data_dir, work)
+    row = run_db(database_url, data_dir, work)
     for name, value in dict(row).items():
         out.print(f"{name}: {value}")
 

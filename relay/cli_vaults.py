@@ -8,11 +8,10 @@ a key with `keys create --force` instead).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Any, NoReturn, TypeVar
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 import asyncpg
 import typer
@@ -20,10 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 from relay.cli_options import DatabaseUrl, DataDir
+from relay.cli_support import CliError, check_vault, run_db
 from relay.db.url import to_libpq_url
-from relay.ids import check_id
 from relay.keys import StaticKey
-from relay.runtime import database
 from relay.store import keys as key_store
 from relay.store import owners
 from relay.store.owners import VaultOwner
@@ -33,8 +31,6 @@ vaults_app = typer.Typer(
     help="List vaults, show one, set its quota, grant accounts.", no_args_is_help=True
 )
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
-err = Console(stderr=True, soft_wrap=True)
-T = TypeVar("T")
 
 ACCOUNT_ID_SHOWN = 13  # "acct_" + 8 hex digits
 
@@ -50,34 +46,6 @@ class AccountOwnedError(Exception):
 def account_prefix(account_id: str | None) -> str:
     """An account id shortened for a one-line message."""
     return (account_id or "")[:ACCOUNT_ID_SHOWN] + "…"
-
-
-def _fail(message: str) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
-    # SystemExit, not typer.Exit: `main()` runs click with standalone_mode=False.
-    raise SystemExit(2)
-
-
-def _run_db(
-    database_url: str | None, data_dir: Any, work: Callable[[asyncpg.Connection], Awaitable[T]]
-) -> T:
-    with database(database_url, data_dir, migrate=True) as url:
-
-        async def go() -> T:
-            conn = await asyncpg.connect(to_libpq_url(url))
-            try:
-                return await work(conn)
-            finally:
-                await conn.close()
-
-        return asyncio.run(go())
-
-
-def _vault(vault_id: str) -> str:
-    problem = check_id(vault_id, "vault id")
-    if problem:
-        _fail(problem)
-    return vault_id
 
 
 # --- the operator side of ownership (used by `keys create`, `pair` and `serve`) ------------
@@ -196,7 +164,7 @@ def _when(value: Any) -> str:
 def vaults_list(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
     """Every vault: live blobs, bytes, active devices, last push (newest stored blob), owner,
     quota override."""
-    rows = _run_db(database_url, data_dir, lambda c: c.fetch(_VAULTS + " ORDER BY ids.vault_id"))
+    rows = run_db(database_url, data_dir, lambda c: c.fetch(_VAULTS + " ORDER BY ids.vault_id"))
     table = Table("vault", "blobs", "bytes", "devices", "last push", "owner", "quota")
     for r in rows:
         table.add_row(
@@ -218,7 +186,7 @@ def vaults_show(
     data_dir: DataDir = None,
 ) -> None:
     """One vault: counts, owner, quota, keys and the accounts granted it."""
-    _vault(vault)
+    check_vault(vault)
 
     async def work(
         c: asyncpg.Connection,
@@ -232,10 +200,9 @@ def vaults_show(
         )
         return row, keys, await owners.grants(c, vault)
 
-    row, keys, grants = _run_db(database_url, data_dir, work)
+    row, keys, grants = run_db(database_url, data_dir, work)
     if row is None:
-        _fail(f"no vault {vault!r} on this relay; see `engram-relay vaults list`")
-    assert row is not None
+        raise CliError(f"no vault {vault!r} on this relay; see `engram-relay vaults list`")
     lines = {
         "vault": row["vault_id"],
         "owner": _owner_text(row, email=True),
@@ -274,9 +241,11 @@ def _parse_limit(value: str | None, option: str) -> tuple[bool, int | None]:
     try:
         number = int(value)
     except ValueError:
-        _fail(f"{option} must be a whole number >= 0 or `default`, not {value!r}")
+        raise CliError(
+            f"{option} must be a whole number >= 0 or `default`, not {value!r}"
+        ) from None
     if number < 0:
-        _fail(f"{option} must be >= 0 (0 = unlimited) or `default`, not {number}")
+        raise CliError(f"{option} must be >= 0 (0 = unlimited) or `default`, not {number}")
     return True, number
 
 
@@ -303,11 +272,11 @@ def vaults_quota(
     data_dir: DataDir = None,
 ) -> None:
     """Set a vault's quota; the next push and device registration are judged by it."""
-    _vault(vault)
+    check_vault(vault)
     set_bytes, bytes_value = _parse_limit(max_bytes, "--bytes")
     set_devices, devices_value = _parse_limit(max_devices, "--devices")
     if not set_bytes and not set_devices:
-        _fail("give --bytes and/or --devices (a number, 0 = unlimited, or `default`)")
+        raise CliError("give --bytes and/or --devices (a number, 0 = unlimited, or `default`)")
 
     async def work(c: asyncpg.Connection) -> asyncpg.Record:
         async with c.transaction():
@@ -331,7 +300,7 @@ def vaults_quota(
             )
             return row
 
-    row = _run_db(database_url, data_dir, work)
+    row = run_db(database_url, data_dir, work)
     out.print(
         f"vault {vault} quota: bytes {_limit(row['max_bytes'])}, "
         f"devices {_limit(row['max_devices'])}",
@@ -340,6 +309,14 @@ def vaults_quota(
 
 
 # --- vaults grant / ungrant ----------------------------------------------------------------------
+
+
+async def _account_id(conn: asyncpg.Connection, account: str) -> str:
+    """The id of the account with that email or id, or CliError."""
+    found = await owners.account_by_email_or_id(conn, account)
+    if found is None:
+        raise CliError(f"no account with email or id {account!r} on this relay")
+    return found[0]
 
 
 @vaults_app.command("grant")
@@ -353,23 +330,17 @@ def vaults_grant(
 
     A vault nobody has used yet is claimed for the operator first (granting is operator use).
     """
-    _vault(vault)
+    check_vault(vault)
 
-    async def work(c: asyncpg.Connection) -> tuple[str, VaultOwner] | None:
+    async def work(c: asyncpg.Connection) -> tuple[str, VaultOwner]:
         async with c.transaction():
-            found = await owners.account_by_email_or_id(c, account)
-            if found is None:
-                return None
+            account_id = await _account_id(c, account)
             owner = await owners.claim(c, vault, None)
-            if owner.account_id != found[0]:
-                await owners.grant(c, vault, found[0], "cli")
-            return found[0], owner
+            if owner.account_id != account_id:
+                await owners.grant(c, vault, account_id, "cli")
+            return account_id, owner
 
-    result = _run_db(database_url, data_dir, work)
-    if result is None:
-        _fail(f"no account with email or id {account!r} on this relay")
-    assert result is not None
-    account_id, owner = result
+    account_id, owner = run_db(database_url, data_dir, work)
     if owner.account_id == account_id:
         out.print(f"account {account_id} owns vault {vault} already", highlight=False)
     else:
@@ -385,18 +356,15 @@ def vaults_ungrant(
 ) -> None:
     """Remove a grant: no new keys or wraps for that account (its keys stay valid:
     `engram-relay keys revoke`)."""
-    _vault(vault)
+    check_vault(vault)
 
-    async def work(c: asyncpg.Connection) -> tuple[str, bool] | None:
-        found = await owners.account_by_email_or_id(c, account)
-        if found is None:
-            return None
-        return found[0], await owners.revoke_grant(c, vault, found[0])
+    async def work(c: asyncpg.Connection) -> tuple[str, bool]:
+        account_id = await _account_id(c, account)
+        return account_id, await owners.revoke_grant(c, vault, account_id)
 
-    result = _run_db(database_url, data_dir, work)
-    if result is None:
-        _fail(f"no account with email or id {account!r} on this relay")
-    assert result is not None
-    if not result[1]:
-        _fail(f"account {result[0]} has no grant for vault {vault}; see `vaults show {vault}`")
-    out.print(f"grant of vault {vault} to account {result[0]} removed", highlight=False)
+    account_id, removed = run_db(database_url, data_dir, work)
+    if not removed:
+        raise CliError(
+            f"account {account_id} has no grant for vault {vault}; see `vaults show {vault}`"
+        )
+    out.print(f"grant of vault {vault} to account {account_id} removed", highlight=False)
