@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.support import DEPLOY, ROOT, child_env
+from tests.deploy.support import ROOT, child_env
 from tests.deploy.test_deploy_files import (
     COMPOSE,
     DOCKERFILE,
     ENV_EXAMPLE,
+    SETTING_READERS,
     compose_command,
     instructions,
     run,
@@ -79,16 +80,10 @@ def image_env() -> set[str]:
 def container_variables() -> set[str]:
     """ENGRAM_RELAY_* the relay container reads: the relay's settings, the entrypoint's
     and the health check's."""
-    sources = [
-        ROOT / "relay" / "config.py",
-        ROOT / "relay" / "cli.py",
-        ROOT / "relay" / "serving.py",
-        ROOT / "relay" / "db" / "url.py",
-        DEPLOY / "entrypoint.sh",
-        DEPLOY / "healthcheck.py",
-    ]
     pattern = re.compile(r"\bENGRAM_RELAY_[A-Z0-9_]*[A-Z0-9]\b")
-    return {m for path in sources for m in pattern.findall(path.read_text(encoding="utf-8"))}
+    return {
+        m for path in SETTING_READERS for m in pattern.findall(path.read_text(encoding="utf-8"))
+    }
 
 
 def test_every_active_setting_of_the_example_reaches_a_container_or_compose() -> None:

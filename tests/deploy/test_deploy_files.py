@@ -312,19 +312,22 @@ def test_systemd_units(tmp_path: Path) -> None:
 # --- every setting documented -------------------------------------------------------------------
 
 
+#: The files that read the relay container's ENGRAM_RELAY_* settings: the relay's own,
+#: the entrypoint's and the health check's.
+SETTING_READERS = (
+    ROOT / "relay" / "config.py",
+    ROOT / "relay" / "cli.py",
+    ROOT / "relay" / "serving.py",
+    ROOT / "relay" / "db" / "url.py",
+    DEPLOY / "entrypoint.sh",
+    DEPLOY / "healthcheck.py",
+)
+
+
 def mentioned_variables() -> set[str]:
     """Environment variables the code and deploy files read or set."""
     pattern = re.compile(r"\b(ENGRAM_RELAY_[A-Z_]+|POSTGRES_[A-Z]+|RELAY_PUBLISH_[A-Z]+)\b")
-    sources = [
-        ROOT / "relay" / "config.py",
-        ROOT / "relay" / "cli.py",
-        ROOT / "relay" / "serving.py",
-        ROOT / "relay" / "db" / "url.py",
-        DEPLOY / "entrypoint.sh",
-        DEPLOY / "healthcheck.py",
-        DEPLOY / "Caddyfile",
-        COMPOSE,
-    ]
+    sources = [*SETTING_READERS, DEPLOY / "Caddyfile", COMPOSE]
     found = {m for path in sources for m in pattern.findall(path.read_text())}
     found -= {"ENGRAM_RELAY_ENTRYPOINT_URL"}  # internal to the entrypoint
     return found | {"DATABASE_URL", "SYNC_API_KEYS"}
