@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
 import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -15,6 +17,16 @@ BIN = Path(sys.executable).parent
 
 #: Variables that would change which database or keys a child process uses.
 _SCRUBBED = ("DATABASE_URL", "SYNC_API_KEYS", "POSTGRES_", "ENGRAM_RELAY_", "RELAY_PUBLISH_")
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A deploy script (not a package module) imported from its file, as `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def find_tool(name: str) -> str | None:

@@ -3,7 +3,6 @@ dependency of pyproject.toml and everything they need, and the Dockerfile uses i
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from importlib import metadata
 from pathlib import Path
@@ -12,7 +11,7 @@ from types import ModuleType
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.deploy.support import DEPLOY
+from tests.deploy.support import DEPLOY, load_script
 from tests.deploy.test_deploy_files import DOCKERFILE, copied_sources, instructions
 
 CONSTRAINTS = DEPLOY / "constraints.txt"
@@ -20,12 +19,7 @@ _PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)")
 
 
 def freezer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("freeze", DEPLOY / "freeze_constraints.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DEPLOY / "freeze_constraints.py", "freeze")
 
 
 def pins(path: Path = CONSTRAINTS) -> dict[str, str]:

@@ -9,7 +9,6 @@ run when installed and skip with a reason otherwise.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.support import BIN, DEPLOY, ROOT, child_env, find_tool
+from tests.deploy.support import BIN, DEPLOY, ROOT, child_env, find_tool, load_script
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
@@ -166,12 +165,7 @@ def test_entrypoint_is_posix_sh() -> None:
 
 
 def test_healthcheck_url() -> None:
-    spec = importlib.util.spec_from_file_location("healthcheck", DEPLOY / "healthcheck.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    ready_url = module.ready_url
+    ready_url = load_script(DEPLOY / "healthcheck.py", "healthcheck").ready_url
     assert ready_url({}) == "http://127.0.0.1:8788/ready"
     assert ready_url({"ENGRAM_RELAY_HOST": "0.0.0.0", "ENGRAM_RELAY_PORT": "9000"}) == (
         "http://127.0.0.1:9000/ready"
