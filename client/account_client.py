@@ -12,16 +12,20 @@ claiming a seal) are sent once, without retries.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from msgspec import UNSET
 
+from client.errors import RelayMisbehavedError, one_line
 from client.relay_client import RelayClient, path_segment
+from shared_format.login import normalize_email
+from shared_format.timestamps import parse_rfc3339
 from shared_format.wire import (
     AccountCreated,
     AccountInfo,
     AccountWraps,
     CreatePairingCodeRequest,
+    GrantRequest,
     HandoffCancelled,
     HandoffClaimed,
     HandoffCreated,
@@ -46,6 +50,9 @@ from shared_format.wire import (
     SessionIssued,
     SigninRequest,
     SignupRequest,
+    VaultGrantInfo,
+    VaultGrantList,
+    VaultGrantRevoked,
     VaultWrap,
     VaultWrapDeleted,
     VaultWrapWrite,
@@ -54,6 +61,11 @@ from shared_format.wire import (
 
 T = TypeVar("T")
 VAULT_KEY_HEADER = "X-Engram-Vault-Key"
+# Bounds on what a grant answer may name (the relay's own ids are `acct_` + 16 hex digits;
+# an email is at most 254 characters): anything longer or unprintable is refused, so a
+# relay cannot put terminal escapes or a screenful of text on the admin's screen.
+MAX_GRANT_ID_CHARS = 128
+MAX_GRANT_EMAIL_CHARS = 320
 
 
 def _vault(vault_id: str) -> str:
@@ -256,3 +268,79 @@ class AccountClient(RelayClient):
         """`DELETE /v1/vaults/{v}/handoff/{id}`."""
         path = f"{_vault(vault_id)}/handoff/{path_segment(request_id)}"
         return self._call("DELETE", path, HandoffCancelled)
+
+    # -- vault grants (§13 "Vault ownership", admin API key bearer) -------------------------
+
+    def grant_vault(
+        self, vault_id: str, *, email: str | None = None, account_id: str | None = None
+    ) -> VaultGrantInfo:
+        """`POST /v1/vaults/{v}/grants` (admin; idempotent): let the account with `email`
+        (or `account_id`) mint keys and store its wrap for the vault. 404 `no_account`
+        when the relay has no such account. The answer must name this vault and that
+        account (RelayMisbehavedError otherwise)."""
+        if (email is None) == (account_id is None):
+            raise ValueError("name the account by exactly one of email or account_id")
+        path = f"{_vault(vault_id)}/grants"
+        body = encode_json(GrantRequest(email=email, account_id=account_id))
+        info = self._call("POST", path, VaultGrantInfo, content=body)
+        self._check_grant(info, vault_id, f"POST {path}")
+        if email is not None and normalize_email(info.email) != normalize_email(email):
+            self._misbehaved(f"POST {path}", f"a grant for {info.email!r}, not {email!r}")
+        if account_id is not None and info.account_id != account_id.strip():
+            self._misbehaved(f"POST {path}", f"a grant for {info.account_id!r}, not {account_id!r}")
+        return info
+
+    def vault_grants(self, vault_id: str) -> VaultGrantList:
+        """`GET /v1/vaults/{v}/grants` (admin): the accounts granted the vault, oldest first.
+        Every entry must name this vault, once per account (RelayMisbehavedError otherwise)."""
+        path = f"{_vault(vault_id)}/grants"
+        listed = self._call("GET", path, VaultGrantList)
+        where = f"GET {path}"
+        if listed.vault_id != vault_id:
+            self._misbehaved(where, f"the grants of vault {listed.vault_id!r}")
+        seen: set[str] = set()
+        for grant in listed.grants:
+            self._check_grant(grant, vault_id, where)
+            if grant.account_id in seen:
+                self._misbehaved(where, f"account {grant.account_id!r} twice")
+            seen.add(grant.account_id)
+        return listed
+
+    def revoke_vault_grant(self, vault_id: str, account_id: str) -> VaultGrantRevoked:
+        """`DELETE /v1/vaults/{v}/grants/{account_id}` (admin; idempotent: `revoked` is false
+        when there was none, also when a retry follows a lost answer). The answer must name
+        this vault and account."""
+        path = f"{_vault(vault_id)}/grants/{path_segment(account_id)}"
+        revoked = self._call("DELETE", path, VaultGrantRevoked)
+        if revoked.vault_id != vault_id or revoked.account_id != account_id:
+            self._misbehaved(
+                f"DELETE {path}",
+                f"the removal of {revoked.account_id!r} from vault {revoked.vault_id!r}",
+            )
+        return revoked
+
+    def _check_grant(self, grant: VaultGrantInfo, vault_id: str, where: str) -> None:
+        """A grant of an answer: of this vault, with a printable, bounded id, email and time."""
+        if grant.vault_id != vault_id:
+            self._misbehaved(where, f"a grant of vault {grant.vault_id!r}")
+        if not _shown_safely(grant.account_id, MAX_GRANT_ID_CHARS) or " " in grant.account_id:
+            self._misbehaved(where, "a grant with a malformed account id")
+        if not _shown_safely(grant.email, MAX_GRANT_EMAIL_CHARS) or "@" not in grant.email:
+            self._misbehaved(where, "a grant with a malformed email")
+        try:
+            parse_rfc3339(grant.granted_at)
+        except ValueError:
+            self._misbehaved(where, "a grant with a malformed granted_at")
+
+    def _misbehaved(self, where: str, what: str) -> NoReturn:
+        raise RelayMisbehavedError(
+            one_line(
+                f"the relay at {self.base_url} answered {where} with {what}: refused "
+                "(no honest relay answers so; check the relay URL)"
+            )
+        )
+
+
+def _shown_safely(text: str, max_chars: int) -> bool:
+    """Non-empty, at most `max_chars`, and nothing a terminal would interpret."""
+    return 0 < len(text) <= max_chars and text.isprintable()

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import UTC
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
 from client import account as account_ops
-from client import pairing, team
+from client import pairing, team, team_grants
 from client.cli_support import (
     OPTIONS,
     CliError,
@@ -22,6 +24,7 @@ from client.cli_support import (
     print_json,
 )
 from client.sync_config import load_sync_config
+from shared_format.timestamps import parse_rfc3339
 
 account_app = typer.Typer(
     help="Your account on the relay: keeps vault keys wrapped, so new devices need no "
@@ -30,7 +33,9 @@ account_app = typer.Typer(
 )
 vault_app = typer.Typer(help="The linked vault's key in your account.", no_args_is_help=True)
 team_app = typer.Typer(
-    help="Hand the vault key to a new device (pairing codes, key handoff).", no_args_is_help=True
+    help="Hand the vault key to a new device (pairing codes, key handoff); let other "
+    "accounts into the vault (grants).",
+    no_args_is_help=True,
 )
 
 
@@ -340,3 +345,83 @@ def team_approve(
     out.print(f"    [bold]{escape(approval.admin_fingerprint)}[/bold]")
     out.print()
     out.print(f"(for a script: `engram-sync team request --expect {approval.admin_fingerprint}`)")
+
+
+# --- vault grants (PROTOCOL §13 "Vault ownership") ----------------------------------------------
+
+
+@team_app.command("grant")
+def team_grant(
+    email: Annotated[
+        str,
+        typer.Argument(help="The account's email (or its account id, acct_…).", metavar="EMAIL"),
+    ],
+) -> None:
+    """Let another account into the linked vault (needs this device's admin key).
+
+    A vault id belongs to the account (or operator) that used it first; any other account
+    gets `vault_owned` until an admin grants it. Once granted, its devices can keep the
+    vault key in the account (`engram-sync vault open`) and link new devices with
+    `engram-sync link --account`. The account must exist (`engram-sync account signup`);
+    the vault key itself still travels by `team invite` / `team request`. Idempotent.
+    """
+    with open_session() as session:
+        granted = team_grants.grant(session, email)
+        vault_id = session.config.vault_id
+    out.print(
+        f"granted vault {escape(vault_id or '')} to {escape(granted.email)} "
+        f"({escape(granted.account_id)}): it can now mint keys and keep its wrap there"
+    )
+
+
+@team_app.command("grants")
+def team_grants_list(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+) -> None:
+    """The accounts granted the linked vault, oldest first (needs this device's admin key).
+
+    The vault's owner is not listed: it needs no grant.
+    """
+    with open_session() as session:
+        found = team_grants.grants(session)
+        vault_id = session.config.vault_id or ""
+    if json_out:
+        print_json([{"account_id": g.account_id, "email": g.email, "granted_at": g.granted_at}
+                    for g in found])  # fmt: skip
+        return
+    if not found:
+        out.print(f"no account is granted vault {escape(vault_id)}")
+        return
+    table = Table(title=f"grants of vault {escape(vault_id)}")
+    table.add_column("email", overflow="fold")  # a long email wraps, never shortened
+    table.add_column("account id", no_wrap=True)
+    table.add_column("granted (UTC)", no_wrap=True)
+    for g in found:
+        when = parse_rfc3339(g.granted_at).astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+        table.add_row(escape(g.email), escape(g.account_id), when)
+    out.print(table)
+
+
+@team_app.command("ungrant")
+def team_ungrant(
+    who: Annotated[
+        str,
+        typer.Argument(
+            help="The account id or email, as `team grants` shows it.",
+            metavar="ACCOUNT_ID_OR_EMAIL",
+        ),
+    ],
+) -> None:
+    """Remove an account's grant of the linked vault (needs this device's admin key).
+
+    It can no longer mint keys or store its wrap there. Keys it already minted stay
+    valid: revoke those devices (`engram-sync revoke DEVICE_ID`) to lock them out.
+    """
+    with open_session() as session:
+        removed = team_grants.ungrant(session, who)
+        vault_id = session.config.vault_id
+    out.print(
+        f"removed the grant of vault {escape(vault_id or '')} for {escape(removed.email)} "
+        f"({escape(removed.account_id)}); keys it already minted stay valid (`engram-sync "
+        "devices`, `engram-sync revoke`)"
+    )

@@ -21,6 +21,7 @@ FEATURES = [
     "ready",
     "generation",
     "pull-origin",
+    "vault-grants",  # PROTOCOL §13: /v1/vaults/{v}/grants (docs/vault-ownership.md)
 ]
 
 

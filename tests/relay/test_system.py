@@ -62,6 +62,7 @@ def test_info_advertises_the_limits(http: httpx.Client) -> None:
     assert info["max_body_bytes"] == MAX_BODY
     assert isinstance(info["features"], list)
     assert "cursor" in info["features"]
+    assert "vault-grants" in info["features"]  # docs/vault-ownership.md
 
 
 def test_ready_when_the_database_answers(http: httpx.Client) -> None:
