@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import socket
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -24,21 +21,6 @@ from relay.db.embedded import (
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 # The password is generated (secrets.token_urlsafe): see test_db_embedded_auth.py.
 URL_RE = re.compile(r"^postgresql://postgres:[A-Za-z0-9_-]{40,}@127\.0\.0\.1:(\d+)/engram_relay$")
-
-
-@pytest.fixture
-def scratch_dir() -> Iterator[Path]:
-    """A temp dir outside /root (pytest's tmp_path is private to root, see embedded.py)."""
-    path = Path(tempfile.mkdtemp(prefix="engram-relay-test-embedded-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def server(scratch_dir: Path) -> Iterator[EmbeddedPostgres]:
-    pg = EmbeddedPostgres(scratch_dir / "pgdata")
-    yield pg
-    pg.stop()
 
 
 async def _query(url: str, sql: str) -> object:

@@ -15,8 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -34,21 +32,6 @@ RUNUSER = shutil.which("runuser") or "runuser"
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="runs a login as another OS user (nobody)")
 # What `nobody` tries: the review's exploit, a shell command run by the server.
 EXPLOIT = "CREATE TEMP TABLE out (line text); COPY out FROM PROGRAM 'id'; SELECT line FROM out"
-
-
-@pytest.fixture
-def scratch_dir() -> Iterator[Path]:
-    """A temp dir outside /root (the server's OS user must traverse its parents)."""
-    path = Path(tempfile.mkdtemp(prefix="engram-relay-test-auth-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def server(scratch_dir: Path) -> Iterator[EmbeddedPostgres]:
-    pg = EmbeddedPostgres(scratch_dir / "pgdata")
-    yield pg
-    pg.stop()
 
 
 def psql(
