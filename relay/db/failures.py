@@ -121,6 +121,66 @@ def _target(url: str) -> tuple[str, str, str]:
     return redact_url(url), where, name
 
 
+_Kinds = tuple[type[BaseException], ...]
+# What `explain` says, first match wins: the exceptions that mean it, or (psycopg, the
+# socket layer) the words that do; str.format fields: shown (the redacted URL), where
+# (host:port), db (the database name), words (the server's), WHERE (where the URL is set).
+_EXPLANATIONS: Final[tuple[tuple[_Kinds, re.Pattern[str] | None, str], ...]] = (
+    (
+        (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError),
+        _AUTH,
+        "the database at {shown} refused the login ({words}): check the user name and "
+        "password in {WHERE}",
+    ),
+    (
+        (asyncpg.InvalidCatalogNameError,),
+        _NO_DATABASE,
+        'the database "{db}" does not exist on {where}: create it (createdb {db}, or '
+        "CREATE DATABASE as a superuser) or fix the database name in {WHERE}",
+    ),
+    (
+        (ConnectionRefusedError,),
+        _REFUSED,
+        "cannot reach the database at {shown} (connection refused): is PostgreSQL "
+        "running and listening on {where}? check {WHERE}",
+    ),
+    (
+        (socket.gaierror,),
+        _NO_HOST,
+        "cannot reach the database at {shown} (unknown host): check the host name in {WHERE}",
+    ),
+    (
+        (TimeoutError,),
+        _TIMEOUT,
+        "cannot reach the database at {shown} (timed out): check that {where} is "
+        "reachable from here (network, firewall) and {WHERE}",
+    ),
+    (
+        (asyncpg.CannotConnectNowError,),
+        _STARTING,
+        "the database at {shown} is starting up or shutting down ({words}): retry shortly",
+    ),
+    (
+        (asyncpg.TooManyConnectionsError,),
+        _TOO_MANY,
+        "the database at {shown} has no free connection slots ({words}): stop idle "
+        "clients, lower ENGRAM_RELAY_POOL_SIZE or raise PostgreSQL's max_connections",
+    ),
+    (
+        (asyncpg.InsufficientPrivilegeError,),
+        None,
+        "the database user lacks a privilege at {shown} ({words}): grant it, or use "
+        "the user that owns the relay's database",
+    ),
+    (
+        (asyncpg.ConnectionDoesNotExistError, ConnectionResetError),
+        _LOST,
+        "lost the connection to the database at {shown} ({words}): check that "
+        "PostgreSQL is still running (its log says why it closed), then retry",
+    ),
+)
+
+
 def explain(exc: BaseException, url: str) -> str | None:
     """One line for a database failure of a command using `url`, or None when `exc` is
     not a database failure (a bug, a usage error: those keep their own handling)."""
@@ -130,55 +190,11 @@ def explain(exc: BaseException, url: str) -> str | None:
     shown, where, name = _target(url)
     words = _server_words(next((e for e in chain if _is_database_error(e)), chain[-1]))
     text = " ".join(str(e) for e in chain)
-
-    def has(kind: type[BaseException] | tuple[type[BaseException], ...]) -> bool:
-        return any(isinstance(e, kind) for e in chain)
-
-    if has((asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)) or (
-        _AUTH.search(text)
-    ):
-        return (
-            f"the database at {shown} refused the login ({words}): check the user name and "
-            f"password in {WHERE}"
-        )
-    if has(asyncpg.InvalidCatalogNameError) or _NO_DATABASE.search(text):
-        missing = _NO_DATABASE.search(text)
-        db = missing.group(1) if missing else name
-        return (
-            f'the database "{db}" does not exist on {where}: create it (createdb {db}, or '
-            f"CREATE DATABASE as a superuser) or fix the database name in {WHERE}"
-        )
-    if has(ConnectionRefusedError) or _REFUSED.search(text):
-        return (
-            f"cannot reach the database at {shown} (connection refused): is PostgreSQL "
-            f"running and listening on {where}? check {WHERE}"
-        )
-    if has(socket.gaierror) or _NO_HOST.search(text):
-        return (
-            f"cannot reach the database at {shown} (unknown host): check the host name in {WHERE}"
-        )
-    if has(TimeoutError) or _TIMEOUT.search(text):
-        return (
-            f"cannot reach the database at {shown} (timed out): check that {where} is "
-            f"reachable from here (network, firewall) and {WHERE}"
-        )
-    if has(asyncpg.CannotConnectNowError) or _STARTING.search(text):
-        return f"the database at {shown} is starting up or shutting down ({words}): retry shortly"
-    if has(asyncpg.TooManyConnectionsError) or _TOO_MANY.search(text):
-        return (
-            f"the database at {shown} has no free connection slots ({words}): stop idle "
-            "clients, lower ENGRAM_RELAY_POOL_SIZE or raise PostgreSQL's max_connections"
-        )
-    if has(asyncpg.InsufficientPrivilegeError):
-        return (
-            f"the database user lacks a privilege at {shown} ({words}): grant it, or use "
-            "the user that owns the relay's database"
-        )
-    if has((asyncpg.ConnectionDoesNotExistError, ConnectionResetError)) or _LOST.search(text):
-        return (
-            f"lost the connection to the database at {shown} ({words}): check that "
-            "PostgreSQL is still running (its log says why it closed), then retry"
-        )
+    missing = _NO_DATABASE.search(text)
+    db = missing.group(1) if missing else name
+    for kinds, said, line in _EXPLANATIONS:
+        if any(isinstance(e, kinds) for e in chain) or (said is not None and said.search(text)):
+            return line.format(shown=shown, where=where, db=db, words=words, WHERE=WHERE)
     if not any(_is_database_error(e) for e in chain):  # another network failure
         return f"cannot reach the database at {shown} ({words}): check {WHERE}"
     return f"the database at {shown} failed: {words}"
