@@ -14,13 +14,17 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Final
 
 import httpx
 import psutil
+
+from bench.database import BenchDatabase
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 ENV_DATABASE_URL: Final = "ENGRAM_BENCH_DATABASE_URL"
@@ -151,6 +155,17 @@ class RelayProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def scratch_relay(key: str) -> Iterator[RelayProcess]:
+    """A relay process on a new scratch database, serving `key`; both gone after."""
+    with (
+        BenchDatabase() as db,
+        tempfile.TemporaryDirectory() as tmp,
+        RelayProcess(db.url, key, Path(tmp) / "relay.log") as relay,
+    ):
+        yield relay
 
 
 if __name__ == "__main__":

@@ -17,19 +17,16 @@ import json
 import multiprocessing
 import os
 import secrets
-import statistics
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any, Final
 
 import httpx
 
 from bench.corpus import Corpus
-from bench.database import BenchDatabase
 from bench.relay_load import headers, pull_page, push_all, push_bodies
-from bench.relay_process import RelayProcess
+from bench.relay_process import scratch_relay
+from bench.stats import latency_summary
 
 PROXY_ENV: Final = "ENGRAM_RELAY_TRUSTED_PROXIES"
 IDLE_PULLS: Final = 20
@@ -110,18 +107,8 @@ def _measure(url: str, key: str, vault_id: str, flood: int) -> dict[str, Any]:
         "flood": flood,
         "flood_seconds": round(flood_s, 2),
         "signin_answers": dict(Counter(results)),
-        "idle_pull_ms": _summary(idle),
-        "flood_pull_ms": _summary(during),
-    }
-
-
-def _summary(values: list[float]) -> dict[str, float | int]:
-    ordered = sorted(values)
-    return {
-        "n": len(values),
-        "median": round(statistics.median(values), 1),
-        "p95": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 1),
-        "max": round(max(values), 1),
+        "idle_pull_ms": latency_summary(idle, 95),
+        "flood_pull_ms": latency_summary(during, 95),
     }
 
 
@@ -130,11 +117,7 @@ def run(flood: int, blobs: int) -> dict[str, Any]:
     os.environ[PROXY_ENV] = "127.0.0.1"  # the bench's own loopback is the trusted proxy hop
     key = "bench-" + secrets.token_hex(16)
     vault_id = "bench-flood-" + secrets.token_hex(4)
-    with (
-        BenchDatabase() as db,
-        tempfile.TemporaryDirectory() as tmp,
-        RelayProcess(db.url, key, Path(tmp) / "relay.log") as relay,
-    ):
+    with scratch_relay(key) as relay:
         with httpx.Client(base_url=relay.url, headers=headers(key, "bench-pusher")) as client:
             push_all(client, vault_id, push_bodies(Corpus.make(blobs), vault_id, count=blobs,
                                                   batch=500))  # fmt: skip

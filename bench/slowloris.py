@@ -25,19 +25,17 @@ import secrets
 import selectors
 import socket
 import statistics
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any, Final
 
 import httpx
 import psutil
 
-from bench.database import BenchDatabase
 from bench.relay_load import headers
-from bench.relay_process import RelayProcess
+from bench.relay_process import RelayProcess, scratch_relay
+from bench.stats import latency_summary
 from relay.connections import ENV_HEADER_TIMEOUT, ENV_MAX_CONNECTIONS
 
 HALF_REQUEST: Final = b"GET /health HTTP/1.1\r\nHost: relay\r\nUser-Agent: slow"
@@ -146,18 +144,6 @@ def _normal_client(url: str, key: str, vault_id: str, count: int | None, stop: A
     return latencies, failures
 
 
-def _summary(values: list[float]) -> dict[str, float | int]:
-    if not values:
-        return {"n": 0}
-    ordered = sorted(values)
-    return {
-        "n": len(values),
-        "median": round(statistics.median(values), 1),
-        "p99": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 1),
-        "max": round(max(values), 1),
-    }
-
-
 def _merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The attacker processes' results as one (lifetimes: the worst median and max)."""
     merged: dict[str, Any] = {"processes": len(parts)}
@@ -228,9 +214,9 @@ def _measure(
         "relay_peak_connections_held": peaks.get("held"),
         "relay_peak_open_fds": peaks.get("fds"),
         "attack": attack,
-        "normal_idle_ms": _summary(idle),
+        "normal_idle_ms": latency_summary(idle, 99),
         "normal_idle_failures": dict(idle_failures),
-        "normal_during_attack_ms": _summary(during),
+        "normal_during_attack_ms": latency_summary(during, 99),
         "normal_during_attack_failures": dict(failures),
     }
 
@@ -242,11 +228,7 @@ def run(target: int, seconds: float, *, processes: int = 1, unguarded: bool) -> 
         os.environ[ENV_MAX_CONNECTIONS] = OUT_OF_REACH
     key = "bench-" + secrets.token_hex(16)
     vault_id = "bench-slow-" + secrets.token_hex(4)
-    with (
-        BenchDatabase() as db,
-        tempfile.TemporaryDirectory() as tmp,
-        RelayProcess(db.url, key, Path(tmp) / "relay.log") as relay,
-    ):
+    with scratch_relay(key) as relay:
         with httpx.Client(base_url=relay.url, headers=headers(key, "bench-pusher")) as client:
             assert client.get(f"/v1/vaults/{vault_id}/pull", params={"cursor": 0}).is_success
         result = _measure(relay, key, vault_id, target, seconds, processes)

@@ -32,3 +32,19 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 def rate(count: int, seconds: float) -> float:
     """Items per second (inf never happens: a measured phase takes > 0 s)."""
     return count / max(seconds, 1e-9)
+
+
+def latency_summary(values: Sequence[float], percent: int) -> dict[str, float | int]:
+    """`{"n", "median", "p<percent>", "max"}` of latencies in ms, rounded to 0.1 ms
+    (`{"n": 0}` for none); the percentile is the value at index int(n * percent / 100)."""
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+    return {
+        "n": len(values),
+        "median": round(statistics.median(values), 1),
+        f"p{percent}": round(
+            ordered[min(len(ordered) - 1, int(len(ordered) * (percent / 100)))], 1
+        ),
+        "max": round(max(values), 1),
+    }
