@@ -121,6 +121,22 @@ def _read_until_closed(sock: socket.socket, deadline: float) -> bytes | None:
     return None
 
 
+def _answer_before_close(sock: socket.socket) -> bytes | None:
+    """`_read_until_closed` within EVENTUALLY_S; `sock` is closed after."""
+    try:
+        return _read_until_closed(sock, time.monotonic() + EVENTUALLY_S)
+    finally:
+        sock.close()
+
+
+def _assert_refused(answer: bytes | None, status: int, code: str, held: str) -> None:
+    """The relay answered `status` with error `code`, then closed (None: it still held
+    the connection, `held` says which)."""
+    assert answer is not None, f"the relay still holds {held}"
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer
+    assert f'"code": "{code}"'.encode() in answer
+
+
 def _read_response(sock: socket.socket) -> bytes:
     """One whole response with a content-length (the connection stays open)."""
     data = b""
@@ -226,9 +242,7 @@ def test_half_open_connections_are_closed_after_the_header_timeout(relay: Guarde
             assert _read_until_closed(sock, deadline) == b""
         for sock in [*half, keep_alive]:
             answer = _read_until_closed(sock, deadline)
-            assert answer is not None, "the relay still holds a half-open connection"
-            assert answer.startswith(b"HTTP/1.1 408 "), answer
-            assert b'"code": "header_timeout"' in answer
+            _assert_refused(answer, 408, "header_timeout", "a half-open connection")
     finally:
         for sock in [*nothing, *half, keep_alive]:
             sock.close()
@@ -251,14 +265,8 @@ def test_a_body_that_stalls_is_answered_408_and_closed_not_logged_as_500(
     relay logs it as a 408, no 500 and no error. The same push sent whole succeeds."""
     sealer = Sealer(new_vault_id("stall"))
     body = json.dumps({"blobs": [wire(sealer.blob("m", 1))]}).encode()
-    sock = _stalled_push(relay, body)
-    try:
-        answer = _read_until_closed(sock, time.monotonic() + EVENTUALLY_S)
-    finally:
-        sock.close()
-    assert answer is not None, "the relay still holds a stalled body"
-    assert answer.startswith(b"HTTP/1.1 408 "), answer
-    assert b'"code": "body_timeout"' in answer
+    answer = _answer_before_close(_stalled_push(relay, body))
+    _assert_refused(answer, 408, "body_timeout", "a stalled body")
     with _client(relay) as http:
         assert push(http, sealer.vault_id, [sealer.blob("m", 1)]).status_code == 200
     deadline = time.monotonic() + EVENTUALLY_S
@@ -285,14 +293,8 @@ def test_over_the_cap_with_every_connection_busy_a_new_one_is_refused_503(
         deadline = time.monotonic() + EVENTUALLY_S
         while relay.held() < CAP and time.monotonic() < deadline:
             time.sleep(0.05)
-        late = socket.create_connection(("127.0.0.1", relay.port))
-        try:
-            answer = _read_until_closed(late, time.monotonic() + EVENTUALLY_S)
-        finally:
-            late.close()
-        assert answer is not None
-        assert answer.startswith(b"HTTP/1.1 503 "), answer
-        assert b'"code": "overloaded"' in answer
+        answer = _answer_before_close(socket.create_connection(("127.0.0.1", relay.port)))
+        _assert_refused(answer, 503, "overloaded", "the connection over the cap")
         for sock in busy:  # the body timeout frees them
             assert _read_until_closed(sock, time.monotonic() + EVENTUALLY_S) is not None
     finally:
@@ -311,14 +313,10 @@ def test_oversized_headers_are_refused_431(relay: GuardedRelay) -> None:
     head = b"GET /health HTTP/1.1\r\nX-Filler: "
     # One byte over, then nothing: the relay has read all of it when it refuses, so it
     # closes with a FIN after its answer (no reset).
-    sock = _half_open(relay.port, head + b"x" * (MAX_HEADER_BYTES + 1 - len(head)))
-    try:
-        answer = _read_until_closed(sock, time.monotonic() + EVENTUALLY_S)
-    finally:
-        sock.close()
-    assert answer is not None
-    assert answer.startswith(b"HTTP/1.1 431 "), answer
-    assert b'"code": "headers_too_large"' in answer
+    answer = _answer_before_close(
+        _half_open(relay.port, head + b"x" * (MAX_HEADER_BYTES + 1 - len(head)))
+    )
+    _assert_refused(answer, 431, "headers_too_large", "oversized headers")
 
 
 def test_limits_from_the_environment_and_their_errors() -> None:
