@@ -73,23 +73,16 @@ class RelayMetrics:
             ["kind"],
             registry=r,
         )
-        self.vaults = Gauge(
-            "engram_relay_vaults",
-            "Vaults on this relay",
-            registry=r,
-            multiprocess_mode="mostrecent",
-        )
-        self.live_blobs = Gauge(
-            "engram_relay_live_blobs",
-            "Live (non-deleted) blobs",
-            registry=r,
-            multiprocess_mode="mostrecent",
-        )
-        self.tombstones = Gauge(
+
+        def database_wide(name: str, documentation: str) -> Gauge:
+            """A figure of the whole database: whichever worker set it last is right."""
+            return Gauge(name, documentation, registry=r, multiprocess_mode="mostrecent")
+
+        self.vaults = database_wide("engram_relay_vaults", "Vaults on this relay")
+        self.live_blobs = database_wide("engram_relay_live_blobs", "Live (non-deleted) blobs")
+        self.tombstones = database_wide(
             "engram_relay_tombstones",
             "Tombstones stored (compaction removes those every active device pulled past)",
-            registry=r,
-            multiprocess_mode="mostrecent",
         )
         self.pool_connections = Gauge(
             "engram_relay_db_pool_connections",
