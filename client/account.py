@@ -416,7 +416,7 @@ def open_vault(session: VaultSession, password: str) -> str:
                 "key is not an admin key for it: link with an admin key, or ask its admin",
                 vault_claimed=f"vault {vault_id} is held by another account",
                 vault_owned=f"vault {vault_id} is owned by the operator or another account: "
-                "ask an admin of it for a grant",
+                "ask an admin of it for a grant (`engram-sync team grant EMAIL`)",
                 **messages,
             ):
                 relay.put_vault_wrap(

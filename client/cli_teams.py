@@ -350,21 +350,21 @@ def team_approve(
 # --- vault grants (PROTOCOL §13 "Vault ownership") ----------------------------------------------
 
 
-@team_app.command("grant")
+@team_app.command(
+    "grant",
+    help="Let another account into the linked vault (needs this device's admin key).\n\n"
+    "A vault id belongs to the account (or operator) that used it first; any other account "
+    "gets `vault_owned` until an admin grants it. Once granted, its devices can keep the "
+    "vault key in the account (`engram-sync vault open`) and link new devices with "
+    "`engram-sync link --account`. The account must exist (`engram-sync account signup`); "
+    "the vault key itself still travels by `team invite` / `team request`. Idempotent.",
+)
 def team_grant(
     email: Annotated[
         str,
         typer.Argument(help="The account's email (or its account id, acct_…).", metavar="EMAIL"),
     ],
 ) -> None:
-    """Let another account into the linked vault (needs this device's admin key).
-
-    A vault id belongs to the account (or operator) that used it first; any other account
-    gets `vault_owned` until an admin grants it. Once granted, its devices can keep the
-    vault key in the account (`engram-sync vault open`) and link new devices with
-    `engram-sync link --account`. The account must exist (`engram-sync account signup`);
-    the vault key itself still travels by `team invite` / `team request`. Idempotent.
-    """
     with open_session() as session:
         granted = team_grants.grant(session, email)
         vault_id = session.config.vault_id
@@ -402,7 +402,12 @@ def team_grants_list(
     out.print(table)
 
 
-@team_app.command("ungrant")
+@team_app.command(
+    "ungrant",
+    help="Remove an account's grant of the linked vault (needs this device's admin key).\n\n"
+    "It can no longer mint keys or store its wrap there. Keys it already minted stay valid: "
+    "revoke those devices (`engram-sync revoke DEVICE_ID`) to lock them out.",
+)
 def team_ungrant(
     who: Annotated[
         str,
@@ -412,11 +417,6 @@ def team_ungrant(
         ),
     ],
 ) -> None:
-    """Remove an account's grant of the linked vault (needs this device's admin key).
-
-    It can no longer mint keys or store its wrap there. Keys it already minted stay
-    valid: revoke those devices (`engram-sync revoke DEVICE_ID`) to lock them out.
-    """
     with open_session() as session:
         removed = team_grants.ungrant(session, who)
         vault_id = session.config.vault_id
