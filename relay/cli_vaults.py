@@ -33,6 +33,8 @@ vaults_app = typer.Typer(
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
 
 ACCOUNT_ID_SHOWN = 13  # "acct_" + 8 hex digits
+VaultId = Annotated[str, typer.Argument(help="Vault id.")]
+Account = Annotated[str, typer.Argument(help="The account's email (or account id).")]
 
 
 class AccountOwnedError(Exception):
@@ -181,7 +183,7 @@ def vaults_list(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> N
 
 @vaults_app.command("show")
 def vaults_show(
-    vault: Annotated[str, typer.Argument(help="Vault id.")],
+    vault: VaultId,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
@@ -251,7 +253,7 @@ def _parse_limit(value: str | None, option: str) -> tuple[bool, int | None]:
 
 @vaults_app.command("quota")
 def vaults_quota(
-    vault: Annotated[str, typer.Argument(help="Vault id.")],
+    vault: VaultId,
     max_bytes: Annotated[
         str | None,
         typer.Option(
@@ -321,8 +323,8 @@ async def _account_id(conn: asyncpg.Connection, account: str) -> str:
 
 @vaults_app.command("grant")
 def vaults_grant(
-    vault: Annotated[str, typer.Argument(help="Vault id.")],
-    account: Annotated[str, typer.Argument(help="The account's email (or account id).")],
+    vault: VaultId,
+    account: Account,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
@@ -349,8 +351,8 @@ def vaults_grant(
 
 @vaults_app.command("ungrant")
 def vaults_ungrant(
-    vault: Annotated[str, typer.Argument(help="Vault id.")],
-    account: Annotated[str, typer.Argument(help="The account's email (or account id).")],
+    vault: VaultId,
+    account: Account,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
