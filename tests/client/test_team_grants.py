@@ -228,6 +228,16 @@ def test_grant_answers_naming_another_vault_or_account_are_refused(
     assert f"a grant for 'mallory@example.org', not '{frank.email}': refused" in line
     assert len(admin.grants()) == 2  # the relay did grant frank: the lie is only refused
 
+    def wrong_removal(exchange: Exchange) -> Answer:
+        body = exchange.json()
+        body["account_id"] = "acct_0000000000000000"
+        return Answer(200, body)
+
+    proxy.on("DELETE", r"/grants/", wrong_removal, times=1)
+    line = admin.fails("team", "ungrant", frank.email)
+    assert "with the removal of 'acct_0000000000000000' from vault" in line
+    assert [g["account_id"] for g in admin.grants()] == [erin.account_id]
+
 
 def test_a_relay_without_grants_says_so(served: Relay, proxy: HostileProxy, tmp_path: Path) -> None:
     admin, vault_id, _ = owned_vault(served, tmp_path, url=proxy.url)
