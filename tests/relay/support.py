@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import asyncpg
 import httpx
 import msgspec
+import pytest
 
 from relay.config import RelayConfig
 from relay.db.migrate import upgrade_to_head
@@ -103,6 +104,18 @@ def module_relay(postgres_url: str, **changes: Any) -> Iterator[Relay]:
     """A relay on its own new database (base config plus `changes`), for a whole module."""
     with migrated_database(postgres_url) as url, serve(replace(base_config(url), **changes)) as r:
         yield r
+
+
+def module_relay_fixture(**changes: Any) -> Callable[[str], Iterator[Relay]]:
+    """A module-scoped `relay` fixture serving `module_relay(postgres_url, **changes)`:
+    `relay = module_relay_fixture()` at the top of a test module."""
+
+    @pytest.fixture(scope="module", name="relay")
+    def relay(postgres_url: str) -> Iterator[Relay]:
+        with module_relay(postgres_url, **changes) as served:
+            yield served
+
+    return relay
 
 
 class Sealer:

@@ -13,22 +13,18 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from tests.relay.conftest import ADMIN_KEY, Relay
-from tests.relay.support import Sealer, client, module_relay, new_vault_id, push, wire
+from tests.relay.support import Sealer, client, module_relay_fixture, new_vault_id, push, wire
 
 PUSH_ROUTE = "/v1/vaults/{vault_id}/push"
 # One sample a line; the route label itself holds braces ({vault_id}).
 _SAMPLE = re.compile(r"^engram_relay_requests_total\{(.*)\} (\S+)$", re.MULTILINE)
 
 
-@pytest.fixture(scope="module")
-def relay(postgres_url: str) -> Iterator[Relay]:
-    with module_relay(postgres_url) as served:
-        yield served
+relay = module_relay_fixture()
 
 
 def push_counts(relay: Relay) -> dict[str, float]:

@@ -24,7 +24,7 @@ from tests.relay.support import (
     Sealer,
     assert_error,
     client,
-    module_relay,
+    module_relay_fixture,
     new_device_id,
     new_vault_id,
     pull,
@@ -38,10 +38,7 @@ from tests.relay.support import (
 RETENTION = timedelta(days=30)
 
 
-@pytest.fixture(scope="module")
-def relay(postgres_url: str) -> Iterator[Relay]:
-    with module_relay(postgres_url) as served:
-        yield served
+relay = module_relay_fixture()
 
 
 @dataclass

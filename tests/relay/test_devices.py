@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
@@ -13,18 +11,14 @@ from tests.relay.support import (
     Sealer,
     assert_error,
     client,
-    module_relay,
+    module_relay_fixture,
     new_device_id,
     new_vault_id,
     pull,
     push_ok,
 )
 
-
-@pytest.fixture(scope="module")
-def relay(postgres_url: str) -> Iterator[Relay]:
-    with module_relay(postgres_url) as served:
-        yield served
+relay = module_relay_fixture()
 
 
 def register(http: httpx.Client, vault: str, device_id: str, label: str) -> httpx.Response:

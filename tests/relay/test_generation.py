@@ -16,7 +16,6 @@ from contextlib import contextmanager
 import asyncpg
 import httpx
 import msgspec
-import pytest
 
 from relay.db.migrate import upgrade_to_head
 from relay.db.url import to_libpq_url
@@ -27,7 +26,7 @@ from tests.relay.support import (
     client,
     generation,
     migrated_database,
-    module_relay,
+    module_relay_fixture,
     new_vault_id,
     pull_ok,
     push_ok,
@@ -38,10 +37,7 @@ from tests.relay.support import (
 HEX32 = re.compile(r"[0-9a-f]{32}")
 
 
-@pytest.fixture(scope="module")
-def relay(postgres_url: str) -> Iterator[Relay]:
-    with module_relay(postgres_url) as served:
-        yield served
+relay = module_relay_fixture()
 
 
 def stored_generation(relay: Relay) -> str:

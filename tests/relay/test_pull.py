@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -15,7 +14,7 @@ from tests.relay.support import (
     assert_error,
     client,
     generation,
-    module_relay,
+    module_relay_fixture,
     new_vault_id,
     pull,
     pull_all,
@@ -25,11 +24,7 @@ from tests.relay.support import (
     versions,
 )
 
-
-@pytest.fixture(scope="module")
-def relay(postgres_url: str) -> Iterator[Relay]:
-    with module_relay(postgres_url) as served:
-        yield served
+relay = module_relay_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,7 +17,7 @@ from tests.relay.support import (
     assert_error,
     client,
     generation,
-    module_relay,
+    module_relay_fixture,
     new_device_id,
     new_vault_id,
     pull_all,
@@ -41,10 +40,7 @@ FIELDS = (
 )
 
 
-@pytest.fixture(scope="module")
-def relay(postgres_url: str) -> Iterator[Relay]:
-    with module_relay(postgres_url) as served:
-        yield served
+relay = module_relay_fixture()
 
 
 def stored(relay: Relay, vault_id: str) -> list[tuple[str, int]]:

@@ -23,7 +23,7 @@ from tests.relay.support import (
     Sealer,
     assert_error,
     client,
-    module_relay,
+    module_relay_fixture,
     new_vault_id,
     pull,
     pull_all,
@@ -49,10 +49,7 @@ STORABLE = (
 )
 
 
-@pytest.fixture(scope="module")
-def relay(postgres_url: str) -> Iterator[Relay]:
-    with module_relay(postgres_url) as served:
-        yield served
+relay = module_relay_fixture()
 
 
 @pytest.fixture(scope="module")
