@@ -13,6 +13,7 @@ import asyncio
 import os
 import secrets
 import ssl
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -48,6 +49,18 @@ def client(relay: Relay, key: str | None = ADMIN_KEY, **kwargs: Any) -> httpx.Cl
 def new_vault_id(prefix: str = "vault") -> str:
     """A vault id no other test uses."""
     return f"{prefix}-{secrets.token_hex(6)}"
+
+
+WAIT_S = 60  # the bound on waiting for a state; never reached when things work
+
+
+def wait_for(condition: Callable[[], bool], what: str, *, every: float = 0.05) -> None:
+    """Poll `condition` until it holds; AssertionError naming `what` after WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(every)
 
 
 def new_device_id() -> str:

@@ -9,7 +9,6 @@ by holding the advisory lock from the test.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
@@ -22,10 +21,9 @@ from relay.db.url import to_libpq_url
 from relay.maintenance import MAINTENANCE_LOCK_KEY
 from relay.store.accounts import create_account, create_session
 from tests.relay.conftest import Relay, RelayThread
-from tests.relay.support import Sealer, client, new_vault_id, pull_ok, push_ok, serve
+from tests.relay.support import Sealer, client, new_vault_id, pull_ok, push_ok, serve, wait_for
 
 FAST = 0.05  # seconds between two rounds in these tests
-WAIT_S = 60  # the bound on waiting for a state; never reached when things work
 
 
 @pytest.fixture
@@ -44,14 +42,6 @@ def sample(text: str, name: str, **labels: str) -> float:
 
 def rounds(relay: Relay, outcome: str) -> float:
     return sample(relay.scrape(), "engram_relay_maintenance_rounds_total", outcome=outcome)
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.02)
 
 
 def expired_tombstone(relay: Relay) -> str:

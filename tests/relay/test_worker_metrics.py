@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -23,23 +21,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.relay_process import listening_workers
 from relay import serving
 from tests.relay.conftest import METRICS_TOKEN, free_port
+from tests.relay.support import wait_for
 from tests.relay.test_cli import BIN, _env, _wait_ready
 
 REQUESTS = 40
 POOL_SIZE = 3
-WAIT_S = 60  # the bound on waiting for a state; never reached when things work
 
 pytestmark = pytest.mark.skipif(
     not serving._PER_WORKER_SOCKETS, reason="per-worker sockets are Linux-only"
 )
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.05)
 
 
 def total(text: str, name: str, **labels: str) -> float:
