@@ -1,0 +1,89 @@
+"""Import rules: relay -> shared_format <- client, checked by import-linter.
+
+The contracts live in pyproject.toml `[tool.importlinter]`. `lint-imports` puts its working
+directory first on sys.path, so running it from a directory analyses that directory's packages,
+however (or whether) the project is installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("shared_format", "relay", "client")
+INDEPENDENT = "relay and client never import each other"
+PURE = "shared_format imports no relay, client, HTTP or database code"
+
+
+def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+    script = "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())"
+    return subprocess.run(
+        [sys.executable, "-c", script, "--no-cache", "--no-logo", str(cwd / "pyproject.toml")],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_the_repository_keeps_every_import_contract() -> None:
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{INDEPENDENT} KEPT" in result.stdout
+    assert f"{PURE} KEPT" in result.stdout
+    assert "2 kept, 0 broken" in result.stdout
+
+
+def test_the_shared_vault_format_may_use_sqlcipher() -> None:
+    # The positive case next to the forbidden list: the repository run above passes *with*
+    # shared_format importing sqlcipher3 (the vault file format is shared, not a server detail).
+    source = (ROOT / "shared_format" / "vault" / "sqlcipher.py").read_text(encoding="utf-8")
+    assert "import sqlcipher3" in source or "from sqlcipher3" in source
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the three packages and pyproject.toml, to break one import at a time."""
+    base = tmp_path_factory.mktemp("import_rules")
+    for package in PACKAGES:
+        shutil.copytree(
+            ROOT / package, base / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy2(ROOT / "pyproject.toml", base / "pyproject.toml")
+    return base
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("shared_format/b64.py", "import relay.ids", PURE),
+        ("shared_format/b64.py", "from client import sync_config", PURE),
+        ("shared_format/wire.py", "import httpx", PURE),
+        ("shared_format/vault/schema.py", "import asyncpg", PURE),
+        ("shared_format/keys.py", "from litestar import Litestar", PURE),
+        ("shared_format/kdf.py", "import sqlalchemy", PURE),
+        ("shared_format/kdf.py", "import psycopg", PURE),
+        ("shared_format/kdf.py", "import uvicorn", PURE),
+        ("shared_format/kdf.py", "import alembic", PURE),
+        ("relay/ids.py", "import client.sync_config", INDEPENDENT),
+        ("client/sync_config.py", "from relay import ids", INDEPENDENT),
+    ],
+)
+def test_a_forbidden_import_breaks_a_contract(
+    pristine: Path, tmp_path: Path, module: str, line: str, contract: str
+) -> None:
+    tree = tmp_path / "tree"
+    shutil.copytree(pristine, tree)
+    target = tree / module
+    target.write_text(target.read_text(encoding="utf-8") + f"\n{line}  # noqa\n", "utf-8")
+    result = _lint_imports(tree)
+    assert result.returncode != 0, result.stdout
+    assert f"{contract} BROKEN" in result.stdout
+    imported = line.split()[1].split(".")[0]
+    assert f"-> {imported}" in result.stdout, result.stdout
