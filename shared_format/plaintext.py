@@ -20,13 +20,12 @@ Layer = Literal["episodic", "semantic", "imagined"]
 PrivacyLevel = Literal["strict_local", "hybrid", "cloud_first", "enterprise"]
 LinkType = Literal["associative", "causal", "analogical", "temporal"]
 
-# VAULT §3 CHECK list of engrams.source, in the database spelling.
-SOURCES: Final = frozenset(
-    {
-        "interaction", "sensor", "consolidation", "imagined", "chat", "slack", "discord",
-        "telegram", "window", "mic", "agent", "research", "system", "user", "observation",
-        "ai-session", "ai-tool",
-    }
+# VAULT §3 CHECK list of engrams.source, in the database spelling and VAULT.md's order; the
+# vault schema (shared_format/vault/schema.py) builds its CHECK from this one list.
+SOURCES: Final = (
+    "interaction", "sensor", "consolidation", "imagined", "chat", "slack", "discord",
+    "telegram", "window", "mic", "agent", "research", "system", "user", "observation",
+    "ai-session", "ai-tool",
 )  # fmt: skip
 LINK_TYPES: Final = frozenset(get_args(LinkType))
 VALENCE_RANGE: Final = (-1.0, 1.0)

@@ -9,6 +9,7 @@ and, from the connection, the sqlcipher3 exception classes re-exported here.
 
 from __future__ import annotations
 
+from shared_format.plaintext import SOURCES
 from shared_format.timestamps import utc_now_rfc3339
 from shared_format.vault.content_hash import normalize_content, normalized_hash, strip_prefixes
 from shared_format.vault.keys import (
@@ -25,7 +26,6 @@ from shared_format.vault.schema import (
     LINK_TYPES,
     PRIVACY_LEVELS,
     SCHEMA_VERSION,
-    SOURCES,
     apply_schema,
 )
 from shared_format.vault.sqlcipher import DatabaseError, Error, IntegrityError, OperationalError

@@ -15,18 +15,14 @@ from dataclasses import dataclass
 from typing import Final
 
 from shared_format.errors import VaultError
+from shared_format.plaintext import SOURCES
 from shared_format.vault.content_hash import normalized_hash
 from shared_format.vault.sqlcipher import DatabaseError
 
 SCHEMA_VERSION: Final = 10
 
-# VAULT §3 / §5 enumerations, in the database spelling.
+# VAULT §3 / §5 enumerations, in the database spelling (SOURCES: shared_format.plaintext).
 LAYERS: Final = ("episodic", "semantic", "imagined")
-SOURCES: Final = (
-    "interaction", "sensor", "consolidation", "imagined", "chat", "slack", "discord",
-    "telegram", "window", "mic", "agent", "research", "system", "user", "observation",
-    "ai-session", "ai-tool",
-)  # fmt: skip
 PRIVACY_LEVELS: Final = ("strict_local", "hybrid", "cloud_first", "enterprise")
 LINK_TYPES: Final = ("associative", "causal", "analogical", "temporal")
 ACCESS_OPS: Final = ("get", "search_hit", "export")

@@ -20,6 +20,8 @@ from shared_format.plaintext import (
     tombstone_plaintext,
 )
 
+from .vault_md import ENGRAM_SOURCES
+
 PLAINTEXT_KEYS = {
     "id", "content", "layer", "scope", "content_type", "source", "privacy_level", "context",
     "created_at", "modified_at", "last_retrieved", "occurred_at", "project", "tags",
@@ -102,7 +104,11 @@ def test_unknown_keys_are_ignored() -> None:
     assert decode_plaintext(json.dumps(obj)) == _memory()
 
 
-@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_the_known_sources_are_vault_md_s() -> None:
+    assert SOURCES == ENGRAM_SOURCES
+
+
+@pytest.mark.parametrize("source", ENGRAM_SOURCES)
 def test_known_sources_are_kept(source: str) -> None:
     decoded = decode_plaintext(encode_memory(_memory(source=source)))
     assert isinstance(decoded, MemoryPlaintext)

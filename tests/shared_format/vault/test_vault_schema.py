@@ -21,6 +21,7 @@ from shared_format.vault import (
     open_vault,
 )
 
+from ..vault_md import ENGRAM_SOURCES
 from .helpers import machine_key, make_db, raw_connect, this_machine
 
 # (name, type, notnull, dflt_value, pk) as PRAGMA table_info reports them.
@@ -326,7 +327,11 @@ def test_defaults(vault: Vault) -> None:
 # -- CHECK constraints -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("source", SOURCES)
+def test_the_schema_sources_are_vault_md_s() -> None:
+    assert SOURCES == ENGRAM_SOURCES
+
+
+@pytest.mark.parametrize("source", ENGRAM_SOURCES)
 def test_every_v10_source_is_accepted(vault: Vault, source: str) -> None:
     insert_engram(vault, f"eng_{source}", source=source)
 
@@ -591,7 +596,7 @@ def test_column_only_upgrade_adds_columns_in_place(tmp_path: Path) -> None:
     # A vault whose source CHECK is current but which predates the push cursor columns.
     script = (
         "CREATE TABLE engrams (id TEXT PRIMARY KEY, layer TEXT NOT NULL, source TEXT NOT NULL"
-        f" DEFAULT 'interaction' CHECK (source IN ({', '.join(repr(s) for s in SOURCES)})),"
+        f" DEFAULT 'interaction' CHECK (source IN ({', '.join(repr(s) for s in ENGRAM_SOURCES)})),"
         " privacy_level TEXT NOT NULL DEFAULT 'cloud_first', content TEXT NOT NULL,"
         " context TEXT NOT NULL, strength REAL NOT NULL DEFAULT 1.0,"
         " valence REAL NOT NULL DEFAULT 0.0, retrievals INTEGER NOT NULL DEFAULT 0,"
