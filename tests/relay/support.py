@@ -272,3 +272,22 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
     if code is not None:
         assert body["code"] == code, body
     return body
+
+
+async def wait_for_lock_waiters(
+    conn: asyncpg.Connection, application_name: str, count: int
+) -> None:
+    """Until `count` backends named `application_name` wait on a lock (a test's gate): the
+    deterministic interleaving of the race tests (bounded poll, WAIT_S)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        waiting = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = $1 AND wait_event_type = 'Lock'",
+            application_name,
+        )
+        if waiting >= count:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{waiting} of {count} {application_name} backends wait on a lock")
+        await asyncio.sleep(0.02)

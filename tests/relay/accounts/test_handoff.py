@@ -8,6 +8,7 @@ fingerprint comparison and cannot make the requester accept its seal.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -16,6 +17,8 @@ import asyncpg
 import httpx
 import pytest
 
+from relay.db.url import to_libpq_url
+from relay.store import handoff
 from relay.store.handoff import MAX_PENDING_PER_KEY, MAX_PENDING_PER_VAULT
 from shared_format.b64 import b64url_encode
 from shared_format.errors import HandoffError
@@ -38,7 +41,7 @@ from shared_format.pairing import parse_pairing_code
 from shared_format.wraps import pack_vault_key
 from tests.relay.accounts.helpers import http
 from tests.relay.conftest import Relay
-from tests.relay.support import assert_error, client, new_vault_id
+from tests.relay.support import assert_error, client, new_vault_id, wait_for_lock_waiters
 
 
 def vault_key(vault_id: str) -> bytes:
@@ -149,6 +152,67 @@ def test_fifty_concurrent_claims_one_winner(served: Relay) -> None:
         request_id,
     )
     assert [tuple(r) for r in row] == [(True, True)]
+
+
+CLAIMERS = 20
+
+
+def test_concurrent_claims_at_the_store_have_one_winner(served: Relay) -> None:
+    """CLAIMERS connections call `relay.store.handoff.claim` on one seal at the same moment.
+
+    A gate makes the race exact: the test holds FOR SHARE on the request's row, which lets
+    every claimer read it but not change it, and opens only once all CLAIMERS wait on that
+    lock; so a claim that reads the seal and then erases it (check-then-act) hands it to
+    every claimer. Fails every run (5 of 5) with `claim` made check-then-act."""
+    vault_id = new_vault_id("gate")
+    member, admin = served.mint(vault_id), served.mint(vault_id, admin=True)
+    requester = new_handoff_keypair()
+    request_id = request_handoff(served, vault_id, member, requester.public_key_b64url)[
+        "request_id"
+    ]
+    sealed = seal_vault_key(requester.public_key, vault_key(vault_id))
+    assert seal(served, vault_id, admin, request_id, sealed.to_wire()).status_code == 200
+    (row,) = served.sql(
+        "SELECT requester_key_id FROM handoff_requests WHERE request_id = $1", request_id
+    )
+    name = f"claim-{request_id}"
+
+    async def race() -> list[handoff.ClaimedSeal | None]:
+        url = to_libpq_url(served.database_url)
+        gate = await asyncpg.connect(url)
+        pool = await asyncpg.create_pool(
+            url,
+            min_size=CLAIMERS,
+            max_size=CLAIMERS,
+            server_settings={"application_name": name},
+        )
+        try:
+            async with gate.transaction():
+                await gate.execute(
+                    "SELECT 1 FROM handoff_requests WHERE request_id = $1 FOR SHARE", request_id
+                )
+                claims = [
+                    asyncio.ensure_future(
+                        handoff.claim(pool, vault_id, request_id, row["requester_key_id"])
+                    )
+                    for _ in range(CLAIMERS)
+                ]
+                await wait_for_lock_waiters(gate, name, CLAIMERS)
+            return await asyncio.gather(*claims)
+        finally:
+            await pool.close()
+            await gate.close()
+
+    answers = asyncio.run(race())
+    winners = [a for a in answers if a is not None]
+    assert len(winners) == 1, f"{len(winners)} of {CLAIMERS} claims got the seal"
+    # The positive case: the one winner got the seal the admin made, and it opens.
+    wire = sealed.to_wire()
+    assert (winners[0].admin_public_key, winners[0].sealed) == (wire["public_key"], wire["sealed"])
+    open_handoff_wire(requester, winners[0].admin_public_key, winners[0].sealed, vault_id)
+    assert status(served, vault_id, member, request_id) == "claimed"
+    gone = served.sql("SELECT sealed FROM handoff_requests WHERE request_id = $1", request_id)
+    assert [r["sealed"] for r in gone] == [None]
 
 
 def test_expired_request_is_refused_and_its_seal_erased(served: Relay) -> None:
