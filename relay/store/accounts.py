@@ -20,8 +20,8 @@ from typing import Final, TypeAlias
 
 import asyncpg
 
-from relay.keys import hash_key, key_prefix, mint_key, new_key_id
 from relay.store import owners
+from relay.store.keys import insert_api_key
 from shared_format.b64 import b64url_encode
 
 SESSION_PREFIX: Final = "ses_"
@@ -319,21 +319,16 @@ async def insert_key(
     rate: int = DEFAULT_ACCOUNT_KEY_RATE,
 ) -> tuple[str, str]:
     """Mint a key (PROTOCOL §5 format) owned by `account_id`; returns (id, key — shown once)."""
-    key, key_id = mint_key(), new_key_id()
-    await conn.execute(
-        "INSERT INTO api_keys (id, key_hash, prefix, vault_id, is_admin, device_id,"
-        " rate_per_sec, label, account_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        key_id,
-        hash_key(key),
-        key_prefix(key),
-        vault_id,
-        is_admin,
-        device_id,
-        rate,
-        label,
-        account_id,
+    return await insert_api_key(
+        conn,
+        vault_id=vault_id,
+        is_admin=is_admin,
+        device_id=device_id,
+        rate=rate,
+        label=label,
+        account_id=account_id,
+        claim_for_operator=False,
     )
-    return key_id, key
 
 
 async def device_revoked(conn: Conn, vault_id: str, device_id: str) -> bool:

@@ -47,13 +47,47 @@ async def create_key(
     stored). A key for a vault nobody has used claims it for the operator (PROTOCOL §13),
     in the same statement; a vault an account owns stays the account's (the CLI asks
     for --force first, relay.cli_vaults)."""
-    key = mint_key()
-    key_id = new_key_id()
+    return await insert_api_key(
+        conn,
+        vault_id=vault_id,
+        is_admin=is_admin,
+        device_id=device_id,
+        rate=rate,
+        label=label,
+        account_id=None,
+        claim_for_operator=True,
+    )
+
+
+# PROTOCOL §13: a key for a vault nobody owns claims it for the operator, in the same statement.
+_CLAIM_FOR_OPERATOR = (
+    "WITH claim AS (INSERT INTO vault_owners (vault_id, owner) SELECT $4, 'operator'"
+    " WHERE $4::text IS NOT NULL ON CONFLICT (vault_id) DO NOTHING) "
+)
+_INSERT_KEY = (
+    "INSERT INTO api_keys (id, key_hash, prefix, vault_id, is_admin, device_id,"
+    " rate_per_sec, label, account_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+)
+
+
+async def insert_api_key(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    *,
+    vault_id: str | None,
+    is_admin: bool,
+    device_id: str | None,
+    rate: int,
+    label: str | None,
+    account_id: str | None,
+    claim_for_operator: bool,
+) -> tuple[str, str]:
+    """The one INSERT of api_keys: mint a key (PROTOCOL §5 format) and store its hash and
+    prefix; returns (key id, the key text — shown once, never stored). `claim_for_operator`
+    is the operator path of `create_key`; account keys (relay.store.accounts) check
+    ownership themselves."""
+    key, key_id = mint_key(), new_key_id()
     await conn.execute(
-        "WITH claim AS (INSERT INTO vault_owners (vault_id, owner) SELECT $4, 'operator'"
-        " WHERE $4::text IS NOT NULL ON CONFLICT (vault_id) DO NOTHING)"
-        " INSERT INTO api_keys (id, key_hash, prefix, vault_id, is_admin, device_id,"
-        " rate_per_sec, label) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        (_CLAIM_FOR_OPERATOR if claim_for_operator else "") + _INSERT_KEY,
         key_id,
         hash_key(key),
         key_prefix(key),
@@ -62,6 +96,7 @@ async def create_key(
         device_id,
         rate,
         label,
+        account_id,
     )
     return key_id, key
 
