@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from client.account_client import AccountClient
-from client.atomic import read_json, write_json_atomic
+from client.atomic import write_json_atomic
 from client.errors import AuthError, ForbiddenError, RelayError, SyncError
 from client.pairing import require_passphrase_vault, save_link
 from client.relay_client import RelayClient
 from client.session import VaultSession
-from client.sync_config import CONFIG_FILE, load_sync_config
+from client.sync_config import CONFIG_FILE, load_config_file, load_sync_config
 from client.vault_keys import pack_keys, store_vault_key, verify_keys_on_relay
 from shared_format.b64 import Base64Error, b64decode_std, b64encode_std
 from shared_format.errors import KeyUnwrapError, RecoveryPhraseError
@@ -77,19 +77,9 @@ class AccountConfig:
 # --- the account block of config.json ---------------------------------------------------------
 
 
-def _config_all(vault_dir: Path) -> dict[str, Any]:
-    path = vault_dir / CONFIG_FILE
-    if not path.exists():
-        return {}
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object")
-    return data
-
-
 def load_account(vault_dir: Path) -> AccountConfig | None:
     """The signed-in account of this vault directory, or None."""
-    block = _config_all(vault_dir).get(ACCOUNT_BLOCK)
+    block = load_config_file(vault_dir).get(ACCOUNT_BLOCK)
     if not block:
         return None
     try:
@@ -103,14 +93,14 @@ def load_account(vault_dir: Path) -> AccountConfig | None:
 
 def save_account(vault_dir: Path, account: AccountConfig) -> None:
     """Replace the `account` block (0600, atomic), keeping every other key."""
-    data = _config_all(vault_dir)
+    data = load_config_file(vault_dir)
     data[ACCOUNT_BLOCK] = asdict(account)
     write_json_atomic(vault_dir / CONFIG_FILE, data)
 
 
 def clear_account(vault_dir: Path) -> bool:
     """Drop the `account` block; True if there was one."""
-    data = _config_all(vault_dir)
+    data = load_config_file(vault_dir)
     if data.pop(ACCOUNT_BLOCK, None) is None:
         return False
     write_json_atomic(vault_dir / CONFIG_FILE, data)

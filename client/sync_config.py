@@ -34,7 +34,9 @@ class SyncConfig:
         )
 
 
-def _load_all(vault_dir: Path) -> dict[str, Any]:
+def load_config_file(vault_dir: Path) -> dict[str, Any]:
+    """The whole of the vault's config.json ({} when it does not exist); the one loader, for the
+    `sync` block here and the `account` block (client.account)."""
     path = vault_dir / CONFIG_FILE
     if not path.exists():
         return {}
@@ -46,7 +48,7 @@ def _load_all(vault_dir: Path) -> dict[str, Any]:
 
 def load_sync_config(vault_dir: Path) -> SyncConfig:
     """The `sync` block, defaults for anything missing."""
-    block = _load_all(vault_dir).get("sync") or {}
+    block = load_config_file(vault_dir).get("sync") or {}
     if not isinstance(block, dict):
         raise ValueError(f"{vault_dir / CONFIG_FILE}: `sync` must be a JSON object")
     return SyncConfig(
@@ -60,6 +62,6 @@ def load_sync_config(vault_dir: Path) -> SyncConfig:
 
 def save_sync_config(vault_dir: Path, config: SyncConfig) -> None:
     """Replace the `sync` block, keeping every other key of config.json."""
-    data = _load_all(vault_dir)
+    data = load_config_file(vault_dir)
     data["sync"] = asdict(config)
     write_json_atomic(vault_dir / CONFIG_FILE, data)
