@@ -21,6 +21,14 @@ from litestar.exceptions import (
 )
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from relay.domain_errors import (
+    BatchTooLargeError,
+    EmptyBatchError,
+    InvalidBlobError,
+    QuotaExceededError,
+    ResyncRequiredError,
+    ShuttingDownError,
+)
 from relay.store.devices import DeviceQuotaError, LabelLockedError
 from relay.store.handoff import TooManyRequestsError
 from relay.store.owners import VaultOwnedError
@@ -28,6 +36,7 @@ from relay.store.owners import VaultOwnedError
 log = logging.getLogger(__name__)
 
 DB_RETRY_AFTER_SECS: Final = 2
+SHUTDOWN_RETRY_AFTER_SECS: Final = 1  # a push its stopping lane never ran (relay.push_groups)
 
 
 class RelayError(Exception):
@@ -93,6 +102,64 @@ def quota_exceeded(detail: str, limit: int, used: int) -> RelayError:
 
 def _device_quota(_: Request[Any, Any, Any], exc: DeviceQuotaError) -> Response[Any]:
     return _relay_error(_, quota_exceeded(exc.detail, exc.limit, exc.used))
+
+
+def _push_quota(_: Request[Any, Any, Any], exc: QuotaExceededError) -> Response[Any]:
+    return _relay_error(_, quota_exceeded(exc.detail, exc.limit, exc.used))
+
+
+def _empty_batch(_: Request[Any, Any, Any], exc: EmptyBatchError) -> Response[Any]:
+    # PROTOCOL §5: 1 to 1000 blobs a push.
+    return _relay_error(
+        _, bad_request(f"empty batch: send 1 to {exc.max_blobs} blobs", code="empty_batch")
+    )
+
+
+def _batch_too_large(_: Request[Any, Any, Any], exc: BatchTooLargeError) -> Response[Any]:
+    return _relay_error(
+        _,
+        bad_request(
+            f"{exc.count} blobs in one push; at most {exc.max_blobs}", code="batch_too_large"
+        ),
+    )
+
+
+def _invalid_blob(_: Request[Any, Any, Any], exc: InvalidBlobError) -> Response[Any]:
+    # PROTOCOL §6 step 1: the index and reason; `field` is additive, the JSON path of the
+    # value at fault in the push body.
+    return _relay_error(
+        _,
+        bad_request(
+            f"blob {exc.index}: {exc.reason}; nothing was written",
+            code="invalid_blob",
+            index=exc.index,
+            reason=exc.reason,
+            field=f"blobs[{exc.index}].{exc.field}",
+        ),
+    )
+
+
+def _resync_required(_: Request[Any, Any, Any], exc: ResyncRequiredError) -> Response[Any]:
+    # PROTOCOL §9, §12: a cursor behind the compaction horizon.
+    message = (
+        f"cursor {exc.cursor} is behind the compaction horizon {exc.horizon}: "
+        "pull again from cursor 0 and reconcile"
+    )
+    return _relay_error(
+        _, RelayError(409, "resync_required", message, extra={"horizon": exc.horizon})
+    )
+
+
+def _shutting_down(_: Request[Any, Any, Any], exc: ShuttingDownError) -> Response[Any]:
+    return _relay_error(
+        _,
+        RelayError(
+            503,
+            "unavailable",
+            "the relay is shutting down; retry",
+            headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER_SECS)},
+        ),
+    )
 
 
 def _label_locked(_: Request[Any, Any, Any], exc: LabelLockedError) -> Response[Any]:
@@ -239,6 +306,13 @@ def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response
 
 EXCEPTION_HANDLERS: Final = {
     RelayError: _relay_error,
+    # relay.domain_errors: the push and pull refusals of the rules and store layers.
+    EmptyBatchError: _empty_batch,
+    BatchTooLargeError: _batch_too_large,
+    InvalidBlobError: _invalid_blob,
+    QuotaExceededError: _push_quota,
+    ResyncRequiredError: _resync_required,
+    ShuttingDownError: _shutting_down,
     DeviceQuotaError: _device_quota,
     LabelLockedError: _label_locked,
     TooManyRequestsError: _too_many_handoffs,

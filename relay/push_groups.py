@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from relay.errors import RelayError
+from relay.domain_errors import PushRefusedError, ShuttingDownError
 from relay.store.push import PushJob, PushOutcome, PushResult
 
 GroupRunner = Callable[[list[PushJob]], Awaitable[list[PushResult]]]
@@ -49,14 +49,15 @@ class PushGroups:
         self._max_blobs = max_group_blobs
 
     async def push(self, job: PushJob) -> PushOutcome:
-        """Run `job` in its lane's next transaction; raises its RelayError if refused."""
+        """Run `job` in its lane's next transaction; raises its `PushRefusedError` if refused,
+        `ShuttingDownError` if the lane stopped first (both answered by relay.errors)."""
         lane = self._lanes[zlib.crc32(job.vault_id.encode("utf-8")) % len(self._lanes)]
         waiting = _Waiting(job, asyncio.get_running_loop().create_future())
         lane.waiting.append(waiting)
         if lane.task is None:
             lane.task = asyncio.create_task(self._drain(lane))
         result = await waiting.future
-        if isinstance(result, RelayError):
+        if isinstance(result, PushRefusedError):
             raise result
         return result
 
@@ -79,7 +80,7 @@ class PushGroups:
                 group = []
         except BaseException as exc:  # cancelled (shutdown): nobody may wait forever
             for w in [*group, *lane.waiting]:
-                _settle(w, exc if isinstance(exc, Exception) else _shutting_down())
+                _settle(w, exc if isinstance(exc, Exception) else ShuttingDownError())
             lane.waiting.clear()
             raise
         finally:
@@ -105,20 +106,11 @@ class PushGroups:
                 _settle(w, result)
 
 
-def _shutting_down() -> RelayError:
-    return RelayError(
-        503,
-        "unavailable",
-        "the relay is shutting down; retry",
-        headers={"Retry-After": "1"},
-    )
-
-
 def _settle(waiting: _Waiting, outcome: PushResult | Exception) -> None:
     """Hand a push its outcome, unless its request is gone (cancelled) already."""
     if waiting.future.done():
         return
-    if isinstance(outcome, PushOutcome | RelayError):
+    if isinstance(outcome, PushOutcome | PushRefusedError):
         waiting.future.set_result(outcome)
     else:
         waiting.future.set_exception(outcome)

@@ -1,6 +1,7 @@
-"""The push validation of PROTOCOL §6, as pure functions (no I/O).
+"""The push validation of PROTOCOL §6, as pure functions (no I/O, no HTTP).
 
-Step 1 (structure) rejects the whole request with the blob's index and reason.
+Step 1 (structure) rejects the whole request with the blob's index and reason
+(`relay.domain_errors`).
 Steps 2-7 decide per blob; the first failing check decides.
 """
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
-from relay.errors import RelayError, bad_request
+from relay.domain_errors import BatchTooLargeError, EmptyBatchError, InvalidBlobError
 from relay.ids import check_id
 from relay.instants import parse_storable
 from shared_format.b64 import Base64Error, b64decode_std
@@ -62,28 +63,17 @@ def _structure_problem(blob: SyncBlob) -> _Problem | datetime:
 
 
 def check_structure(blobs: list[SyncBlob], max_blobs: int) -> list[CheckedBlob]:
-    """PROTOCOL §6 step 1 (and the 1..1000 batch size of §5): 400 for the whole request."""
+    """PROTOCOL §6 step 1 (and the 1..1000 batch size of §5): the whole request is refused
+    (`relay.domain_errors.InvalidBatchError`, answered 400 by `relay.errors`)."""
     if not blobs:
-        raise bad_request("empty batch: send 1 to 1000 blobs", code="empty_batch")
+        raise EmptyBatchError(max_blobs)
     if len(blobs) > max_blobs:
-        raise bad_request(
-            f"{len(blobs)} blobs in one push; at most {max_blobs}", code="batch_too_large"
-        )
+        raise BatchTooLargeError(len(blobs), max_blobs)
     checked: list[CheckedBlob] = []
     for index, blob in enumerate(blobs):
         found = _structure_problem(blob)
         if isinstance(found, _Problem):
-            raise RelayError(
-                400,
-                "invalid_blob",
-                f"blob {index}: {found.reason}; nothing was written",
-                # `field` is additive: the JSON path of the value at fault.
-                extra={
-                    "index": index,
-                    "reason": found.reason,
-                    "field": f"blobs[{index}].{found.field}",
-                },
-            )
+            raise InvalidBlobError(index, found.field, found.reason)
         checked.append(CheckedBlob(index, blob, found, len(blob.ciphertext)))
     return checked
 

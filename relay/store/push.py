@@ -6,7 +6,8 @@ two groups (in this process or another replica) never deadlock. It then decides 
 push in arrival order exactly as if it ran alone after the ones before it, and writes
 every accepted blob with one statement. Sequence numbers are handed out under the
 vault locks, so sequence order equals commit order (§9). A push refused as a whole
-(402 quota) gets its error and writes nothing; the others in its group go on.
+(`relay.domain_errors.QuotaExceededError`) gets that as its result and writes nothing;
+the others in its group go on.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, NamedTuple
 
 import asyncpg
 
-from relay.errors import RelayError, quota_exceeded
+from relay.domain_errors import PushRefusedError, QuotaExceededError
 from relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
 
 
@@ -54,7 +55,8 @@ class PushOutcome:
     cursor: int
 
 
-PushResult = PushOutcome | RelayError
+# A refusal is a value here (one push of a group); relay.push_groups raises it.
+PushResult = PushOutcome | PushRefusedError
 
 
 @dataclass
@@ -182,7 +184,7 @@ async def push_group(
     """Run the pushes as one transaction; one result per job, in order.
 
     A database failure raises (and nothing of the group is written); a push refused as
-    a whole is a `RelayError` in its place of the result list.
+    a whole is its `PushRefusedError` in its place of the result list.
     """
     vault_ids = sorted({job.vault_id for job in jobs})
     async with pool.acquire() as conn:
@@ -249,7 +251,7 @@ async def _decide_and_write(
         try:
             results.append(await _decide(conn, job, locked[job.vault_id], stored, revoked,
                                          writes, limits.max_blob_bytes))  # fmt: skip
-        except RelayError as refused:  # 402: this push alone is refused
+        except PushRefusedError as refused:  # this push alone is refused (quota)
             results.append(refused)
     if writes:
         # Every device that had a blob accepted was seen, even if a later push of the
@@ -333,9 +335,9 @@ async def _check_quota(
         devices = known | {i.blob.device_id for i in plan.accepted}
         # Only growth is refused: a vault already over a lowered limit keeps syncing.
         if len(devices) > quota.max_devices and len(devices) > len(known):
-            raise quota_exceeded("devices", quota.max_devices, len(devices))
+            raise QuotaExceededError("devices", quota.max_devices, len(devices))
     if quota.max_bytes > 0 and new_bytes > max(quota.max_bytes, vault.bytes_used):
-        raise quota_exceeded("bytes", quota.max_bytes, new_bytes)
+        raise QuotaExceededError("bytes", quota.max_bytes, new_bytes)
     return new_bytes
 
 

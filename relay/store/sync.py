@@ -8,7 +8,7 @@ from datetime import datetime
 import asyncpg
 from msgspec import UNSET
 
-from relay.errors import RelayError
+from relay.domain_errors import ResyncRequiredError
 from shared_format.wire import SyncBlob
 
 # Both pull modes cap a page by count and by bytes (PROTOCOL §7, §9, §11; issue 14 item
@@ -92,17 +92,6 @@ class Page:
     lag: int = 0  # blobs of the vault still ahead of `cursor` (for metrics)
 
 
-def resync_required(cursor: int, horizon: int) -> RelayError:
-    """409 for a device whose cursor is behind the compaction horizon (PROTOCOL §9, §12)."""
-    return RelayError(
-        409,
-        "resync_required",
-        f"cursor {cursor} is behind the compaction horizon {horizon}: "
-        "pull again from cursor 0 and reconcile",
-        extra={"horizon": horizon},
-    )
-
-
 def split_page(rows: list[asyncpg.Record], limit: int) -> tuple[list[asyncpg.Record], bool]:
     """The page's rows (with their ciphertext, at most `limit`) and `has_more` (a row off
     the page: past the byte budget or past the limit)."""
@@ -136,7 +125,7 @@ async def pull_by_cursor(
             head, horizon = int(rows[0]["head"]), int(rows[0]["horizon"])
         start = cursor if origin is None else min(origin, cursor)
         if 0 < start < horizon:
-            raise resync_required(cursor, horizon)
+            raise ResyncRequiredError(cursor, horizon)  # answered 409 by relay.errors
         rows, has_more = split_page(rows, limit)
         # Read in the page's snapshot, the head is never below a seq sent; it is never
         # raised to the request's cursor either: a head below it is how a device sees a

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from relay.db.url import to_libpq_url
-from relay.errors import RelayError
+from relay.domain_errors import ResyncRequiredError
 from relay.store.compaction import CompactionResult, compact_all, compact_vault
 from relay.store.sync import Page, pull_by_cursor
 from tests.relay.conftest import Relay
@@ -426,8 +426,9 @@ def test_a_compaction_committing_during_a_pull(relay: Relay, at: int) -> None:
             page = await pull_by_cursor(
                 cast(asyncpg.Pool, pool), vault, 3, 1000, device, max_bytes=2**20
             )
-        except RelayError as exc:
-            return exc.code
+        except ResyncRequiredError as exc:
+            assert (exc.cursor, exc.horizon) == (3, 5)
+            return "resync_required"
         finally:
             if not pool.ran:
                 await between()

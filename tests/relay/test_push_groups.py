@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relay.db.url import to_libpq_url
-from relay.errors import RelayError
+from relay.domain_errors import PushRefusedError, QuotaExceededError
 from relay.push_groups import PushGroups
 from relay.push_rules import check_structure
 from relay.store.push import PushJob, PushLimits, PushResult, Quota, push_group
@@ -74,8 +74,10 @@ def job(vault_id: str, blobs: list[SyncBlob], bound: str | None = None) -> PushJ
 
 def summary(result: PushResult) -> tuple[Any, ...]:
     """What the push answers (or the error it gets), comparable across vault names."""
-    if isinstance(result, RelayError):
-        return ("error", result.status, result.code, result.to_body())
+    if isinstance(result, QuotaExceededError):
+        return ("refused", result.detail, result.limit, result.used)
+    if isinstance(result, PushRefusedError):
+        raise AssertionError(f"a refusal summary() does not know: {result!r}")
     plan = result.plan
     return (
         [(c.blob.memory_id, c.blob.vector_clock) for c in plan.accepted],
@@ -218,8 +220,8 @@ def test_a_refused_push_leaves_the_rest_of_its_group_alone(database_url: str) ->
         )
 
     first, refused, third = run(database_url, work)
-    assert isinstance(refused, RelayError)
-    assert (refused.status, refused.code) == (402, "quota_exceeded")
+    assert isinstance(refused, QuotaExceededError)
+    assert (refused.detail, refused.limit, refused.used) == ("bytes", 1000, 1200)
     assert summary(first)[0] == [("small-1", 1)]
     assert summary(first)[-1] == 1
     assert summary(third)[0] == [("small-2", 1)]

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from relay.errors import RelayError
+from relay.domain_errors import BatchTooLargeError, EmptyBatchError, InvalidBlobError
 from relay.push_rules import CheckedBlob, StoredVersion, check_structure, plan_push
 from shared_format import SyncBlob
 from shared_format.b64 import b64encode_std
@@ -50,19 +50,21 @@ def plan(
 # --- step 1: structure -----------------------------------------------------------------
 
 
-def structure_error(*blobs: SyncBlob) -> dict[str, Any]:
-    with pytest.raises(RelayError) as info:
+def structure_error(*blobs: SyncBlob) -> InvalidBlobError:
+    """The domain error of step 1 (its answer over HTTP: tests/relay/test_refusal_bodies.py)."""
+    with pytest.raises(InvalidBlobError) as info:
         checked(*blobs)
-    assert info.value.status == 400
-    return info.value.to_body()
+    return info.value
 
 
 def test_empty_and_oversized_batches() -> None:
-    assert structure_error()["code"] == "empty_batch"
-    with pytest.raises(RelayError) as info:
+    with pytest.raises(EmptyBatchError) as empty:
+        checked()
+    assert empty.value.max_blobs == 1000
+    with pytest.raises(BatchTooLargeError) as large:
         check_structure([blob(f"m{i}") for i in range(3)], 2)
-    assert info.value.status == 400
-    assert info.value.code == "batch_too_large"
+    assert (large.value.count, large.value.max_blobs) == (3, 2)
+    assert len(check_structure([blob(f"m{i}") for i in range(2)], 2)) == 2
 
 
 def test_valid_blobs_carry_instant_and_size() -> None:
@@ -99,11 +101,11 @@ BAD = b64encode_std(b"\x00" * 27)
     ],
 )
 def test_structural_problems_name_the_blob_index(changes: dict[str, Any], reason: str) -> None:
-    body = structure_error(blob("ok-0"), blob("ok-1"), blob("bad", **changes))
-    assert body["code"] == "invalid_blob"
-    assert body["index"] == 2
-    assert reason in body["reason"]
-    assert "blob 2" in body["error"]
+    error = structure_error(blob("ok-0"), blob("ok-1"), blob("bad", **changes))
+    assert error.index == 2
+    assert reason in error.reason
+    assert error.field == next(iter(changes))
+    assert str(error).startswith("blob 2: ")
 
 
 def test_boundaries_that_are_still_valid() -> None:
@@ -114,8 +116,8 @@ def test_boundaries_that_are_still_valid() -> None:
 
 
 def test_the_first_bad_blob_is_reported() -> None:
-    body = structure_error(blob("a"), blob("b", hmac="AA=="), blob("c", ciphertext="x"))
-    assert body["index"] == 1
+    error = structure_error(blob("a"), blob("b", hmac="AA=="), blob("c", ciphertext="x"))
+    assert (error.index, error.field) == (1, "hmac")
 
 
 # --- steps 2-7 ---------------------------------------------------------------------------
