@@ -63,16 +63,13 @@ class PushResponse(Struct, frozen=True):
 class PullRequest(Struct, frozen=True):
     """Query of `GET /v1/vaults/{vault_id}/pull` (PROTOCOL §5, §7, §9).
 
-    `since` empty means none; `cursor` selects the commit-ordered mode of §9.
+    `since` empty means none; `cursor` selects the commit-ordered mode of §9. The relay reads
+    `limit=0` as the default and caps the page at MAX_PULL_LIMIT (relay/routes/sync.py).
     """
 
     since: str | None = None
     limit: Annotated[int, Meta(ge=0)] = DEFAULT_PULL_LIMIT
     cursor: Cursor | None = None
-
-    def capped_limit(self) -> int:
-        """The limit the relay applies: capped at MAX_PULL_LIMIT (PROTOCOL §5)."""
-        return min(self.limit, MAX_PULL_LIMIT)
 
 
 class PullResponse(Struct, frozen=True):

@@ -97,7 +97,7 @@ def test_cursor_is_omitted_unless_set() -> None:
 def test_pull_request_defaults_and_cap() -> None:
     req = convert({}, PullRequest)
     assert (req.since, req.limit, req.cursor) == (None, 1000, None)
-    assert convert({"limit": "5000"}, PullRequest).capped_limit() == 1000
+    assert convert({"limit": "5000"}, PullRequest).limit == 5000  # the relay caps it
     assert convert({"limit": "0", "cursor": "4"}, PullRequest) == PullRequest(limit=0, cursor=4)
     with pytest.raises(WireDecodeError) as info:
         convert({"limit": "-1"}, PullRequest)
