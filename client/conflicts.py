@@ -5,7 +5,14 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from client.local_store import apply_memory, delete_memory, get_row, mark_edited, next_modified_at
+from client.local_store import (
+    apply_memory,
+    delete_memory,
+    get_row,
+    mark_edited,
+    named_rows,
+    next_modified_at,
+)
 from shared_format.plaintext import MemoryPlaintext, Tombstone, decode_plaintext
 from shared_format.timestamps import utc_now_rfc3339
 
@@ -27,10 +34,11 @@ class Conflict:
 
 def list_conflicts(conn: sqlite3.Connection) -> list[Conflict]:
     """Conflicts not yet restored, newest first."""
-    rows = conn.execute(
+    rows = named_rows(
+        conn,
         "SELECT id, memory_id, local_plaintext, local_modified_at, remote_device_id,"
         " remote_vector_clock, remote_deleted, detected_at FROM sync_conflicts"
-        " WHERE restored_at IS NULL ORDER BY id DESC"
+        " WHERE restored_at IS NULL ORDER BY id DESC",
     ).fetchall()
     result = []
     for r in rows:
@@ -53,7 +61,8 @@ def list_conflicts(conn: sqlite3.Connection) -> list[Conflict]:
 
 def restore_conflict(conn: sqlite3.Connection, conflict_id: int) -> str:
     """Bring a kept version back as an ordinary new local edit; returns the memory id."""
-    row = conn.execute(
+    row = named_rows(
+        conn,
         "SELECT memory_id, local_plaintext FROM sync_conflicts"
         " WHERE id = ? AND restored_at IS NULL",
         (conflict_id,),

@@ -36,33 +36,15 @@ _ENGRAM_COLUMNS: Final = (
     " occurred_at, modified_at, synced_at"
 )
 
-# Local-only bookkeeping of the sync (never pushed): the highest version this device
-# has applied or pushed per memory (PROTOCOL §8 `known_clocks`), and links whose
-# target has not arrived yet (engram_links.target_id must reference an existing row).
-SYNC_TABLES: Final = (
-    """CREATE TABLE IF NOT EXISTS sync_known_clocks (
-        memory_id TEXT PRIMARY KEY,
-        vector_clock INTEGER NOT NULL,
-        device_id TEXT NOT NULL,
-        created_at TEXT NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS sync_pending_links (
-        source_id TEXT NOT NULL,
-        target_id TEXT NOT NULL,
-        link_type TEXT NOT NULL,
-        weight REAL NOT NULL,
-        PRIMARY KEY (source_id, target_id)
-    )""",
-)
-
 NEEDS_PUSH: Final = "(synced_at IS NULL OR modified_at > synced_at)"  # PROTOCOL §8
 
 
-def ensure_sync_tables(conn: sqlite3.Connection) -> None:
-    """Rows by column name, and the client's local-only sync tables (idempotent)."""
-    conn.row_factory = sqlcipher3.Row
-    for statement in SYNC_TABLES:
-        conn.execute(statement)
+def named_rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+    """`sql` run on a cursor of its own whose rows read by column name; the connection's
+    row factory is left as it is (the sync tables themselves: client.local_schema)."""
+    cursor = conn.cursor()
+    cursor.row_factory = sqlcipher3.Row
+    return cursor.execute(sql, params)
 
 
 def new_memory_id() -> str:
@@ -95,14 +77,15 @@ def row_to_plaintext(conn: sqlite3.Connection, row: sqlite3.Row) -> MemoryPlaint
     """The PROTOCOL §4 plaintext of one engrams row, with its links and embedding."""
     links = [
         Link(link_type=r["link_type"], target_id=r["target_id"], weight=r["weight"])
-        for r in conn.execute(
+        for r in named_rows(
+            conn,
             "SELECT link_type, target_id, weight FROM engram_links WHERE source_id = ?"
             " ORDER BY target_id",
             (row["id"],),
         )
     ]
-    emb = conn.execute(
-        "SELECT embedding, model FROM engram_embeddings WHERE engram_id = ?", (row["id"],)
+    emb = named_rows(
+        conn, "SELECT embedding, model FROM engram_embeddings WHERE engram_id = ?", (row["id"],)
     ).fetchone()
     tags = _json_or(row["tags"], [])
     return MemoryPlaintext(
@@ -133,7 +116,8 @@ def row_to_plaintext(conn: sqlite3.Connection, row: sqlite3.Row) -> MemoryPlaint
 
 def get_row(conn: sqlite3.Connection, memory_id: str) -> sqlite3.Row | None:
     """The engrams row of one memory, or None."""
-    row: sqlite3.Row | None = conn.execute(
+    row: sqlite3.Row | None = named_rows(
+        conn,
         f"SELECT rowid, {_ENGRAM_COLUMNS} FROM engrams WHERE id = ?",  # noqa: S608 - constants
         (memory_id,),
     ).fetchone()
@@ -149,7 +133,7 @@ def get_memory(conn: sqlite3.Connection, memory_id: str) -> MemoryPlaintext | No
 def list_memories(conn: sqlite3.Connection) -> list[MemoryPlaintext]:
     """Every memory, oldest first."""
     query = f"SELECT {_ENGRAM_COLUMNS} FROM engrams ORDER BY created_at, id"  # noqa: S608
-    rows = conn.execute(query)
+    rows = named_rows(conn, query)
     return [row_to_plaintext(conn, r) for r in rows.fetchall()]
 
 
@@ -326,7 +310,7 @@ def rows_needing_push(conn: sqlite3.Connection, ids: Sequence[str]) -> list[sqli
             f"SELECT {_ENGRAM_COLUMNS} FROM engrams"  # noqa: S608 - constants and placeholders
             f" WHERE id IN ({marks}) AND {NEEDS_PUSH}"
         )
-        for row in conn.execute(query, tuple(chunk)):
+        for row in named_rows(conn, query, tuple(chunk)):
             found[row["id"]] = row
     return [found[memory_id] for memory_id in ids if memory_id in found]
 
@@ -346,7 +330,8 @@ def pending_tombstones(
     deleted_at, last_id = after if after is not None else ("", "")
     return [
         PendingTombstone(r["id"], r["deleted_at"])
-        for r in conn.execute(
+        for r in named_rows(
+            conn,
             "SELECT id, deleted_at FROM tombstones"
             " WHERE deleted_at > ? OR (deleted_at = ? AND id > ?)"
             " ORDER BY deleted_at, id LIMIT ?",

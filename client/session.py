@@ -10,12 +10,12 @@ from typing import Any
 from client.device import Device
 from client.errors import AuthError, SyncError
 from client.file_modes import tighten_modes
-from client.local_store import ensure_sync_tables
+from client.local_schema import migrate
 from client.relay_client import RelayClient
 from client.sync_config import SyncConfig, load_sync_config, save_sync_config
 from client.sync_state import SyncState
 from client.syncer import ProgressCallback, Syncer
-from client.vault_keys import ensure_key_tables, session_sync_keys
+from client.vault_keys import session_sync_keys
 from shared_format.keys import SyncKeys, vault_id_v1, vault_id_v2
 from shared_format.vault import Vault, VaultKeyKind, open_vault
 
@@ -60,8 +60,7 @@ class VaultSession:
         vault = open_vault(path, passphrase, create=create)
         try:
             tighten_modes(vault.path)
-            ensure_sync_tables(vault.conn)
-            ensure_key_tables(vault.conn)
+            migrate(vault.conn)  # the client's own tables (client.local_schema)
             device = Device.load_or_create(path)
             return cls(
                 path=path,

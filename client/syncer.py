@@ -30,7 +30,6 @@ from client.local_store import (
     apply_memory,
     apply_tombstone,
     clear_tombstone,
-    ensure_sync_tables,
     known_version,
     local_state,
     mark_pushed,
@@ -182,7 +181,6 @@ class Syncer:
         self.lock_wait = lock_wait
         self.page_budget = page_budget
         self._max_blob_bytes: int | None = None
-        ensure_sync_tables(vault.conn)
 
     # -- the whole cycle --------------------------------------------------------------------
 

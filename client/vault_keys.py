@@ -16,7 +16,8 @@ request (client.team), so a restarted command resumes it; `sync_handoff_pake` th
 SPAKE2 state of such a request made with a pairing code, and `sync_pairing_code`
 the whole pairing codes (with their secret part, PROTOCOL §14 step 4) this device
 issued as an admin or redeemed as a new device (client.pairing). All of them are
-as secret as K and live only in this encrypted database.
+as secret as K and live only in this encrypted database; client.local_schema
+creates and migrates them.
 """
 
 from __future__ import annotations
@@ -32,59 +33,12 @@ from shared_format.keys import SyncKeys, derive_sync_keys
 from shared_format.timestamps import utc_now_rfc3339
 from shared_format.wraps import VaultKey, pack_vault_key, unpack_vault_key
 
-KEY_TABLES: Final = (
-    """CREATE TABLE IF NOT EXISTS sync_vault_key (
-        vault_id TEXT PRIMARY KEY,
-        k BLOB NOT NULL,
-        source TEXT NOT NULL,
-        stored_at TEXT NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS sync_vault_key_expected (
-        vault_id TEXT PRIMARY KEY,
-        source TEXT NOT NULL,
-        since TEXT NOT NULL
-    )""",
-    # An open team handoff request (client.team): its ephemeral P-256 private key (PKCS8 DER).
-    """CREATE TABLE IF NOT EXISTS sync_handoff_request (
-        request_id TEXT PRIMARY KEY,
-        server_url TEXT NOT NULL,
-        vault_id TEXT NOT NULL,
-        private_key BLOB NOT NULL,
-        fingerprint TEXT NOT NULL,
-        label TEXT NOT NULL,
-        created_at TEXT NOT NULL,
-        expires_at TEXT NOT NULL
-    )""",
-    # PROTOCOL §14 step 4: the requester's SPAKE2 state (client.team), secret like the key.
-    """CREATE TABLE IF NOT EXISTS sync_handoff_pake (
-        request_id TEXT PRIMARY KEY,
-        pairing_id TEXT NOT NULL,
-        state BLOB NOT NULL
-    )""",
-    # PROTOCOL §14 step 4: whole pairing codes (client.pairing); `keep_until` is unix time.
-    """CREATE TABLE IF NOT EXISTS sync_pairing_code (
-        pairing_id TEXT NOT NULL,
-        role TEXT NOT NULL CHECK (role IN ('admin', 'requester')),
-        server_url TEXT NOT NULL,
-        vault_id TEXT NOT NULL,
-        code TEXT NOT NULL,
-        created_at TEXT NOT NULL,
-        keep_until REAL NOT NULL,
-        PRIMARY KEY (pairing_id, role)
-    )""",
-)
 BLOB_SAMPLE: Final = 20
 SOURCES: Final = ("account", "handoff", "passphrase")
 
 
 class VaultKeyMissingError(SyncError):
     """This device has no key for its linked vault yet (it waits for a handoff)."""
-
-
-def ensure_key_tables(conn: sqlite3.Connection) -> None:
-    """Create the local-only key tables (idempotent)."""
-    for statement in KEY_TABLES:
-        conn.execute(statement)
 
 
 def pack_keys(keys: SyncKeys, vault_id: str) -> bytes:

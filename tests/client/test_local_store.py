@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from client import local_store as ls
+from client.local_schema import migrate
 from shared_format.plaintext import Link, MemoryPlaintext
 from shared_format.timestamps import parse_rfc3339
 from shared_format.vault import open_vault
@@ -28,7 +29,7 @@ def conn(template: Path, tmp_path: Path) -> Iterator[sqlite3.Connection]:
     path = tmp_path / "vault"
     shutil.copytree(template, path)
     vault = open_vault(path, "local store tests")
-    ls.ensure_sync_tables(vault.conn)
+    migrate(vault.conn)
     try:
         yield vault.conn
     finally:
@@ -222,7 +223,7 @@ def test_applying_a_new_memory_skips_only_deletes_that_find_nothing(
         vault = open_vault(path, "local store tests")
         try:
             db = vault.conn
-            ls.ensure_sync_tables(db)
+            migrate(db)
             for memory in memories:
                 assert not ls.local_state(db, memory.id).exists
                 ls.apply_memory(db, memory, new=new)

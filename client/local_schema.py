@@ -1,0 +1,140 @@
+"""The client's own tables in the vault database: one owner, a version, ordered migrations.
+
+The Engram tables and their `PRAGMA user_version` (VAULT §3) belong to the vault
+format and are applied by `shared_format.vault`; this module never touches them.
+The sync tables added by this project (never pushed) are versioned separately in
+the one-row table `sync_schema`, and `migrate` brings a vault up to
+`SCHEMA_VERSION` when a session opens it (client.session). `sync_conflicts`
+stays with the vault schema (shared_format.vault.schema), which creates it.
+
+Migration 1 is the tables exactly as they were created before this module
+existed, with IF NOT EXISTS, so a vault that already has them (and no
+`sync_schema`) is recorded as version 1 with its rows kept. A later change is a
+new entry appended to MIGRATIONS, never an edit of an old one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+from client.errors import SyncError
+
+SCHEMA_TABLE: Final = "sync_schema"
+
+_CREATE_SCHEMA_TABLE: Final = (
+    "CREATE TABLE IF NOT EXISTS sync_schema ("
+    " id INTEGER PRIMARY KEY CHECK (id = 1),"
+    " version INTEGER NOT NULL)"
+)
+
+_MIGRATION_1: Final = (
+    # PROTOCOL §8 `known_clocks`: the highest version this device applied or pushed.
+    """CREATE TABLE IF NOT EXISTS sync_known_clocks (
+        memory_id TEXT PRIMARY KEY,
+        vector_clock INTEGER NOT NULL,
+        device_id TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    )""",
+    # Links whose target has not arrived yet (engram_links.target_id must reference a row).
+    """CREATE TABLE IF NOT EXISTS sync_pending_links (
+        source_id TEXT NOT NULL,
+        target_id TEXT NOT NULL,
+        link_type TEXT NOT NULL,
+        weight REAL NOT NULL,
+        PRIMARY KEY (source_id, target_id)
+    )""",
+    # The vault key K this device holds (client.vault_keys), and a vault awaiting one.
+    """CREATE TABLE IF NOT EXISTS sync_vault_key (
+        vault_id TEXT PRIMARY KEY,
+        k BLOB NOT NULL,
+        source TEXT NOT NULL,
+        stored_at TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS sync_vault_key_expected (
+        vault_id TEXT PRIMARY KEY,
+        source TEXT NOT NULL,
+        since TEXT NOT NULL
+    )""",
+    # An open team handoff request (client.team): its ephemeral P-256 private key (PKCS8 DER).
+    """CREATE TABLE IF NOT EXISTS sync_handoff_request (
+        request_id TEXT PRIMARY KEY,
+        server_url TEXT NOT NULL,
+        vault_id TEXT NOT NULL,
+        private_key BLOB NOT NULL,
+        fingerprint TEXT NOT NULL,
+        label TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL
+    )""",
+    # PROTOCOL §14 step 4: the requester's SPAKE2 state (client.team), secret like the key.
+    """CREATE TABLE IF NOT EXISTS sync_handoff_pake (
+        request_id TEXT PRIMARY KEY,
+        pairing_id TEXT NOT NULL,
+        state BLOB NOT NULL
+    )""",
+    # PROTOCOL §14 step 4: whole pairing codes (client.pairing); `keep_until` is unix time.
+    """CREATE TABLE IF NOT EXISTS sync_pairing_code (
+        pairing_id TEXT NOT NULL,
+        role TEXT NOT NULL CHECK (role IN ('admin', 'requester')),
+        server_url TEXT NOT NULL,
+        vault_id TEXT NOT NULL,
+        code TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        keep_until REAL NOT NULL,
+        PRIMARY KEY (pairing_id, role)
+    )""",
+)
+
+# MIGRATIONS[n - 1] takes the sync schema from version n - 1 to n. Append only.
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1,)
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+
+class LocalSchemaTooNewError(SyncError):
+    """The vault's sync tables were written by a newer engram-sync than this one."""
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """The vault's sync schema version; 0 for a vault without `sync_schema`."""
+    has_table = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (SCHEMA_TABLE,)
+    ).fetchone()
+    if has_table is None:
+        return 0
+    row = conn.execute("SELECT version FROM sync_schema WHERE id = 1").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring the vault's sync tables to SCHEMA_VERSION in one transaction; the version.
+
+    `conn` is an open vault connection in autocommit mode and not in a transaction
+    (as `shared_format.vault.open_vault` returns it); its settings, row factory
+    included, are left as they are. A vault whose version is newer than this code
+    knows is refused with LocalSchemaTooNewError and left unchanged.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = schema_version(conn)
+        if version > SCHEMA_VERSION:
+            raise LocalSchemaTooNewError(
+                f"this vault's sync tables are at version {version}, newer than this "
+                f"engram-sync knows ({SCHEMA_VERSION}): upgrade engram-sync"
+            )
+        if version < SCHEMA_VERSION:
+            conn.execute(_CREATE_SCHEMA_TABLE)
+            for statements in MIGRATIONS[version:]:
+                for statement in statements:
+                    conn.execute(statement)
+            conn.execute(
+                "INSERT INTO sync_schema (id, version) VALUES (1, ?)"
+                " ON CONFLICT (id) DO UPDATE SET version = excluded.version",
+                (SCHEMA_VERSION,),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return SCHEMA_VERSION
