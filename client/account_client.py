@@ -4,20 +4,22 @@ A :class:`RelayClient` subclass: same retries, typed errors and redaction. Its
 bearer is a session token (`ses_…`) for the `/account` routes, an API key for
 the vault routes (handoff, pairing codes), or nothing for `/auth/*` and
 `/pair/redeem`. Every `password` argument is the *login secret*
-(shared_format.login), never the account password. Calls whose first attempt
-may consume something that cannot be asked for twice (redeeming a code,
-claiming a seal) are sent once, without retries.
+(shared_format.login), never the account password. Calls that a repeat could
+make act twice (sign-up, minting a key or a pairing code, posting a handoff
+request or seal) or that consume what they answer (redeeming a code, claiming a
+seal) are `Retry.NEVER_AFTER_SEND` (docs/retries.md): retried only while the
+relay provably did not act, else OutcomeUnknownError saying how to check.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NoReturn, TypeVar
+from typing import NoReturn
 
 from msgspec import UNSET
 
 from client.errors import RelayMisbehavedError, one_line
-from client.relay_client import RelayClient, path_segment
+from client.relay_client import RelayClient, Retry, path_segment
 from shared_format.login import normalize_email
 from shared_format.timestamps import parse_rfc3339
 from shared_format.wire import (
@@ -59,7 +61,6 @@ from shared_format.wire import (
     encode_json,
 )
 
-T = TypeVar("T")
 VAULT_KEY_HEADER = "X-Engram-Vault-Key"
 # Bounds on what a grant answer may name (the relay's own ids are `acct_` + 16 hex digits;
 # an email is at most 254 characters): anything longer or unprintable is refused, so a
@@ -78,41 +79,36 @@ class AccountClient(RelayClient):
     def __enter__(self) -> AccountClient:
         return self
 
-    def _once(
-        self,
-        method: str,
-        path: str,
-        type_: type[T],
-        *,
-        content: bytes | None = None,
-    ) -> T:
-        """One attempt, no retry: for calls that consume what they answer."""
-        saved, self.max_retries = self.max_retries, 0
-        try:
-            return self._call(method, path, type_, content=content)
-        finally:
-            self.max_retries = saved
-
     # -- /auth (no bearer) ----------------------------------------------------------------
 
     def signup(self, email: str, password: str) -> AccountCreated:
         """`POST /auth/signup`: a new account, signed in."""
         body = encode_json(SignupRequest(email=email, password=password))
-        return self._call("POST", "/auth/signup", AccountCreated, content=body)
+        return self._call(
+            "POST",
+            "/auth/signup",
+            AccountCreated,
+            retry=Retry.NEVER_AFTER_SEND,
+            lost="the account may have been created; run `engram-sync account signin` "
+            "with the same email and password",
+            content=body,
+        )
 
     def signin(self, email: str, password: str) -> SessionIssued:
         """`POST /auth/signin`: a new session (401 `invalid_credentials`)."""
         body = encode_json(SigninRequest(email=email, password=password))
-        return self._call("POST", "/auth/signin", SessionIssued, content=body)
+        return self._call("POST", "/auth/signin", SessionIssued, retry=Retry.SAFE, content=body)
 
     def logout(self) -> LoggedOut:
         """`POST /auth/logout`: end this client's session."""
-        return self._call("POST", "/auth/logout", LoggedOut, content=b"{}")
+        return self._call("POST", "/auth/logout", LoggedOut, retry=Retry.SAFE, content=b"{}")
 
     def recover_start(self, email: str) -> RecoveryWrap:
         """`POST /auth/recover/start`: the account's recovery wrap (404 if none)."""
         body = encode_json(RecoverStartRequest(email=email))
-        return self._call("POST", "/auth/recover/start", RecoveryWrap, content=body)
+        return self._call(
+            "POST", "/auth/recover/start", RecoveryWrap, retry=Retry.SAFE, content=body
+        )
 
     def recover(
         self, email: str, proof: str, new_password: str, wrapped_a: str, salt_pw: str
@@ -127,13 +123,13 @@ class AccountClient(RelayClient):
                 salt_pw=salt_pw,
             )
         )
-        return self._call("POST", "/auth/recover", SessionIssued, content=body)
+        return self._call("POST", "/auth/recover", SessionIssued, retry=Retry.SAFE, content=body)
 
     # -- /account (session bearer) ----------------------------------------------------------
 
     def account(self) -> AccountInfo:
         """`GET /account`: the account, the vaults it owns and its keys."""
-        return self._call("GET", "/account", AccountInfo)
+        return self._call("GET", "/account", AccountInfo, retry=Retry.SAFE)
 
     def mint_key(
         self, vault_id: str, *, device_id: str | None, label: str | None, admin: bool = True
@@ -142,22 +138,32 @@ class AccountClient(RelayClient):
         body = encode_json(
             MintAccountKeyRequest(vault_id=vault_id, device_id=device_id, label=label, admin=admin)
         )
-        return self._call("POST", "/account/keys", MintedAccountKey, content=body)
+        return self._call(
+            "POST",
+            "/account/keys",
+            MintedAccountKey,
+            retry=Retry.NEVER_AFTER_SEND,
+            lost="a key may have been minted whose answer never arrived (it is unused); run "
+            "the command again, then see the vault's devices with `engram-sync devices`",
+            content=body,
+        )
 
     def wraps(self) -> AccountWraps:
         """`GET /account/wraps`: both wraps of A, null where missing."""
-        return self._call("GET", "/account/wraps", AccountWraps)
+        return self._call("GET", "/account/wraps", AccountWraps, retry=Retry.SAFE)
 
     def password_wrap(self) -> PasswordWrap:
         """`GET /account/wraps/password` (404 `no_wrap`)."""
-        return self._call("GET", "/account/wraps/password", PasswordWrap)
+        return self._call("GET", "/account/wraps/password", PasswordWrap, retry=Retry.SAFE)
 
     def put_password_wrap(self, wrapped_a: str, salt_pw: str, password: str) -> PasswordWrap:
         """`PUT /account/wraps/password` (current login secret in `password`)."""
         body = encode_json(
             PasswordWrapWrite(wrapped_a=wrapped_a, salt_pw=salt_pw, password=password)
         )
-        return self._call("PUT", "/account/wraps/password", PasswordWrap, content=body)
+        return self._call(
+            "PUT", "/account/wraps/password", PasswordWrap, retry=Retry.SAFE, content=body
+        )
 
     def put_recovery_wrap(self, wire: Mapping[str, str], password: str) -> RecoveryWrap:
         """`PUT /account/wraps/recovery` with a RecoveryWrap's `wire()` fields."""
@@ -169,11 +175,15 @@ class AccountClient(RelayClient):
                 password=password,
             )
         )
-        return self._call("PUT", "/account/wraps/recovery", RecoveryWrap, content=body)
+        return self._call(
+            "PUT", "/account/wraps/recovery", RecoveryWrap, retry=Retry.SAFE, content=body
+        )
 
     def vault_wrap(self, vault_id: str) -> VaultWrap:
         """`GET /account/vaults/{v}/wrap` (404 `no_wrap`)."""
-        return self._call("GET", f"/account/vaults/{path_segment(vault_id)}/wrap", VaultWrap)
+        return self._call(
+            "GET", f"/account/vaults/{path_segment(vault_id)}/wrap", VaultWrap, retry=Retry.SAFE
+        )
 
     def put_vault_wrap(
         self, vault_id: str, wrapped_k: str, password: str, *, vault_key: str | None = None
@@ -182,13 +192,13 @@ class AccountClient(RelayClient):
         body = encode_json(VaultWrapWrite(wrapped_k=wrapped_k, password=password))
         headers = {VAULT_KEY_HEADER: vault_key} if vault_key else None
         path = f"/account/vaults/{path_segment(vault_id)}/wrap"
-        return self._call("PUT", path, VaultWrap, content=body, headers=headers)
+        return self._call("PUT", path, VaultWrap, retry=Retry.SAFE, content=body, headers=headers)
 
     def delete_vault_wrap(self, vault_id: str, password: str) -> VaultWrapDeleted:
         """`DELETE /account/vaults/{v}/wrap` (idempotent)."""
         body = encode_json(PasswordConfirmation(password=password))
         path = f"/account/vaults/{path_segment(vault_id)}/wrap"
-        return self._call("DELETE", path, VaultWrapDeleted, content=body)
+        return self._call("DELETE", path, VaultWrapDeleted, retry=Retry.SAFE, content=body)
 
     # -- pairing codes ----------------------------------------------------------------------
 
@@ -196,13 +206,27 @@ class AccountClient(RelayClient):
         """`POST /v1/vaults/{v}/pairing-codes` (admin key, or an owning account's session)."""
         body = encode_json(CreatePairingCodeRequest(label=label))
         return self._call(
-            "POST", f"{_vault(vault_id)}/pairing-codes", PairingCodeIssued, content=body
+            "POST",
+            f"{_vault(vault_id)}/pairing-codes",
+            PairingCodeIssued,
+            retry=Retry.NEVER_AFTER_SEND,
+            lost="a pairing code may have been issued that nobody received (it expires "
+            "unused); run `engram-sync team invite` again",
+            content=body,
         )
 
     def redeem_pairing_code(self, code: str, device_id: str, label: str | None) -> PairingRedeemed:
-        """`POST /pair/redeem` (no bearer), sent once: a code works a single time."""
+        """`POST /pair/redeem` (no bearer), never repeated once sent: a code works once."""
         body = encode_json(RedeemPairingCodeRequest(code=code, device_id=device_id, label=label))
-        return self._once("POST", "/pair/redeem", PairingRedeemed, content=body)
+        return self._call(
+            "POST",
+            "/pair/redeem",
+            PairingRedeemed,
+            retry=Retry.NEVER_AFTER_SEND,
+            lost="the pairing code may have been used up by this attempt; ask the admin "
+            "for a new code",
+            content=body,
+        )
 
     # -- team key handoff (§14, API key bearer) ---------------------------------------------
 
@@ -225,16 +249,24 @@ class AccountClient(RelayClient):
                 pairing_id=UNSET if pairing_id is None else pairing_id,
             )
         )
-        return self._call("POST", f"{_vault(vault_id)}/handoff", HandoffCreated, content=body)
+        return self._call(
+            "POST",
+            f"{_vault(vault_id)}/handoff",
+            HandoffCreated,
+            retry=Retry.NEVER_AFTER_SEND,
+            lost="a key request may have been posted; run `engram-sync team request` again "
+            "and have the admin approve only the request with this device's fingerprint",
+            content=body,
+        )
 
     def handoff_pending(self, vault_id: str) -> HandoffList:
         """`GET /v1/vaults/{v}/handoff` (admin): pending requests."""
-        return self._call("GET", f"{_vault(vault_id)}/handoff", HandoffList)
+        return self._call("GET", f"{_vault(vault_id)}/handoff", HandoffList, retry=Retry.SAFE)
 
     def handoff_status(self, vault_id: str, request_id: str) -> HandoffStatus:
         """`GET /v1/vaults/{v}/handoff/{id}`."""
         path = f"{_vault(vault_id)}/handoff/{path_segment(request_id)}"
-        return self._call("GET", path, HandoffStatus)
+        return self._call("GET", path, HandoffStatus, retry=Retry.SAFE)
 
     def handoff_seal(
         self,
@@ -247,7 +279,8 @@ class AccountClient(RelayClient):
         auth: str | None = None,
     ) -> HandoffSealed:
         """`POST /v1/vaults/{v}/handoff/{id}/seal` (admin; with a pairing code, also the
-        admin's SPAKE2 message and the authenticator, §14 step 4)."""
+        admin's SPAKE2 message and the authenticator, §14 step 4). Retry.SAFE: a repeat
+        after a lost answer is refused 409 `already_sealed`, it never seals twice."""
         body = encode_json(
             HandoffSealRequest(
                 public_key=public_key,
@@ -257,17 +290,26 @@ class AccountClient(RelayClient):
             )
         )
         path = f"{_vault(vault_id)}/handoff/{path_segment(request_id)}/seal"
-        return self._call("POST", path, HandoffSealed, content=body)
+        return self._call("POST", path, HandoffSealed, retry=Retry.SAFE, content=body)
 
     def handoff_claim(self, vault_id: str, request_id: str) -> HandoffClaimed:
-        """`POST /v1/vaults/{v}/handoff/{id}/claim`, sent once: the relay erases the seal."""
+        """`POST /v1/vaults/{v}/handoff/{id}/claim`, never repeated once sent: the relay
+        erases the seal."""
         path = f"{_vault(vault_id)}/handoff/{path_segment(request_id)}/claim"
-        return self._once("POST", path, HandoffClaimed, content=b"{}")
+        return self._call(
+            "POST",
+            path,
+            HandoffClaimed,
+            retry=Retry.NEVER_AFTER_SEND,
+            lost="the sealed key may have been claimed and erased; run `engram-sync team "
+            "request` again and ask the admin to approve the new request",
+            content=b"{}",
+        )
 
     def handoff_cancel(self, vault_id: str, request_id: str) -> HandoffCancelled:
         """`DELETE /v1/vaults/{v}/handoff/{id}`."""
         path = f"{_vault(vault_id)}/handoff/{path_segment(request_id)}"
-        return self._call("DELETE", path, HandoffCancelled)
+        return self._call("DELETE", path, HandoffCancelled, retry=Retry.SAFE)
 
     # -- vault grants (§13 "Vault ownership", admin API key bearer) -------------------------
 
@@ -282,7 +324,7 @@ class AccountClient(RelayClient):
             raise ValueError("name the account by exactly one of email or account_id")
         path = f"{_vault(vault_id)}/grants"
         body = encode_json(GrantRequest(email=email, account_id=account_id))
-        info = self._call("POST", path, VaultGrantInfo, content=body)
+        info = self._call("POST", path, VaultGrantInfo, retry=Retry.SAFE, content=body)
         self._check_grant(info, vault_id, f"POST {path}")
         if email is not None and normalize_email(info.email) != normalize_email(email):
             self._misbehaved(f"POST {path}", f"a grant for {info.email!r}, not {email!r}")
@@ -294,7 +336,7 @@ class AccountClient(RelayClient):
         """`GET /v1/vaults/{v}/grants` (admin): the accounts granted the vault, oldest first.
         Every entry must name this vault, once per account (RelayMisbehavedError otherwise)."""
         path = f"{_vault(vault_id)}/grants"
-        listed = self._call("GET", path, VaultGrantList)
+        listed = self._call("GET", path, VaultGrantList, retry=Retry.SAFE)
         where = f"GET {path}"
         if listed.vault_id != vault_id:
             self._misbehaved(where, f"the grants of vault {listed.vault_id!r}")
@@ -311,7 +353,7 @@ class AccountClient(RelayClient):
         when there was none, also when a retry follows a lost answer). The answer must name
         this vault and account."""
         path = f"{_vault(vault_id)}/grants/{path_segment(account_id)}"
-        revoked = self._call("DELETE", path, VaultGrantRevoked)
+        revoked = self._call("DELETE", path, VaultGrantRevoked, retry=Retry.SAFE)
         if revoked.vault_id != vault_id or revoked.account_id != account_id:
             self._misbehaved(
                 f"DELETE {path}",

@@ -83,6 +83,11 @@ class RelayUnavailableError(SyncError):
         self.status = status
 
 
+class OutcomeUnknownError(RelayUnavailableError):
+    """A call that must not be repeated lost its answer after it may have reached the relay
+    (docs/retries.md): the action may have happened; the message says how to check."""
+
+
 class ProtocolError(SyncError):
     """A success answer whose body is not what the protocol promises."""
 

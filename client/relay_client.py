@@ -1,9 +1,10 @@
 """A synchronous client of the relay HTTP API (PROTOCOL §5-§12), on httpx.
 
-Every method returns the wire Struct of its route. Connection failures,
-timeouts, 5xx and 429 are retried with exponential backoff and full jitter
-(honouring `Retry-After`); other 4xx answers raise at once as typed errors
-(client.errors).
+Every method returns the wire Struct of its route. Each call names its retry
+policy (:class:`Retry`, docs/retries.md): a `SAFE` call is retried on connection
+failures, timeouts, 5xx and 429 with exponential backoff and full jitter (honouring
+`Retry-After`); a `NEVER_AFTER_SEND` call only while the relay provably did not act
+on it. Other 4xx answers raise at once as typed errors (client.errors).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping
+from enum import Enum
 from types import TracebackType
 from typing import Final, TypeVar
 from urllib.parse import quote
@@ -22,6 +24,7 @@ import httpx
 from client import __version__
 from client.errors import (
     AnswerTooLargeError,
+    OutcomeUnknownError,
     ProtocolError,
     RateLimitedError,
     RelayError,
@@ -73,6 +76,27 @@ ANSWER_DEADLINE_TIMEOUTS: Final = 4
 KEEPALIVE_EXPIRY_S: Final = 4.0
 
 T = TypeVar("T")
+
+
+class Retry(Enum):
+    """How a call is retried; every call names one (docs/retries.md)."""
+
+    # Repeating the request does no harm (GET, PUT of the same body, DELETE, a push:
+    # PROTOCOL §6, an equal clock is stale): retried on any transport error, 5xx and 429.
+    SAFE = "safe"
+    # A repeat could act twice (mint a second key, a second code or request): retried only
+    # while the relay provably did not act (NOT_SENT errors, 429, NOT_PROCESSED 503s);
+    # any other failure raises OutcomeUnknownError, which says how to check.
+    NEVER_AFTER_SEND = "never_after_send"
+
+
+# Transport errors raised before any byte of the request left this machine.
+NOT_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# 503 codes the relay answers before it reads the request (relay.connections: a connection
+# refused at the cap) or before it does anything with it (relay.passwords: the hashing
+# queue is full). 429 is answered by the rate limiter before the route runs (relay.auth).
+# A 503 `unavailable` (the database failed) may follow a commit whose answer was lost.
+NOT_PROCESSED: Final = frozenset({"busy", "overloaded"})
 
 
 def path_segment(value: str) -> str:
@@ -190,11 +214,11 @@ class RelayClient:
 
     def info(self) -> RelayInfo:
         """`GET /v1/info`: the relay's limits advertisement (§11)."""
-        return self._call("GET", "/v1/info", RelayInfo)
+        return self._call("GET", "/v1/info", RelayInfo, retry=Retry.SAFE)
 
     def health(self) -> SyncHealth:
         """`GET /health`: liveness and compatible counters (§5)."""
-        return self._call("GET", "/health", SyncHealth)
+        return self._call("GET", "/health", SyncHealth, retry=Retry.SAFE)
 
     def ready(self) -> bool:
         """`GET /ready`, one attempt: True when the relay and its database answer.
@@ -216,14 +240,14 @@ class RelayClient:
     def push(self, vault_id: str, blobs: list[SyncBlob]) -> PushResponse:
         """`POST /v1/vaults/{vault_id}/push` with 1..1000 blobs (§5, §6).
 
-        Retried like every call. That is safe: the relay treats an equal clock as
-        stale, so when a first attempt committed but its answer was lost, the
-        retry answers with those memory ids in `rejected` (and `accepted` 0 for
-        them). The syncer handles that like any rejection: pull, then see its own
-        version come back.
+        Retry.SAFE (PROTOCOL §6): the relay treats an equal clock as stale, so when a
+        first attempt committed but its answer was lost, the retry answers with those
+        memory ids in `rejected` (and `accepted` 0 for them). The syncer handles that
+        like any rejection: pull, then see its own version come back.
         """
         body = encode_json(PushRequest(blobs=blobs))
-        return self._call("POST", f"{_vault(vault_id)}/push", PushResponse, content=body)
+        path = f"{_vault(vault_id)}/push"
+        return self._call("POST", path, PushResponse, retry=Retry.SAFE, content=body)
 
     def pull(
         self,
@@ -249,26 +273,28 @@ class RelayClient:
         if origin is not None:
             params["origin"] = origin  # the cursor this pull began at (docs/pull-origin.md)
         path = f"{_vault(vault_id)}/pull"
-        return self._call("GET", path, PullResponse, params=params, max_bytes=max_bytes)
+        return self._call(
+            "GET", path, PullResponse, retry=Retry.SAFE, params=params, max_bytes=max_bytes
+        )
 
     def stats(self, vault_id: str) -> VaultStats:
         """`GET /v1/vaults/{vault_id}/stats`: live blob count and newest created_at."""
-        return self._call("GET", f"{_vault(vault_id)}/stats", VaultStats)
+        return self._call("GET", f"{_vault(vault_id)}/stats", VaultStats, retry=Retry.SAFE)
 
     def devices(self, vault_id: str) -> DeviceRoster:
         """`GET /v1/vaults/{vault_id}/devices`: the roster, newest first."""
-        return self._call("GET", f"{_vault(vault_id)}/devices", DeviceRoster)
+        return self._call("GET", f"{_vault(vault_id)}/devices", DeviceRoster, retry=Retry.SAFE)
 
     def register_device(self, vault_id: str, device_id: str, label: str) -> DeviceRegistered:
         """`POST /v1/vaults/{vault_id}/devices/register`: label a device (idempotent)."""
         body = encode_json(RegisterDeviceRequest(device_id=device_id, label=label))
         path = f"{_vault(vault_id)}/devices/register"
-        return self._call("POST", path, DeviceRegistered, content=body)
+        return self._call("POST", path, DeviceRegistered, retry=Retry.SAFE, content=body)
 
     def revoke_device(self, vault_id: str, device_id: str) -> DeviceRevoked:
         """`DELETE /v1/vaults/{vault_id}/devices/{device_id}`: admin key; idempotent."""
         path = f"{_vault(vault_id)}/devices/{path_segment(device_id)}"
-        return self._call("DELETE", path, DeviceRevoked)
+        return self._call("DELETE", path, DeviceRevoked, retry=Retry.SAFE)
 
     # -- machinery --------------------------------------------------------------
 
@@ -278,13 +304,24 @@ class RelayClient:
         path: str,
         type_: type[T],
         *,
+        retry: Retry,
+        lost: str = "",
         params: Mapping[str, str | int] | None = None,
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
         max_bytes: int = MAX_ANSWER_BYTES,
     ) -> T:
+        """`lost` (required with NEVER_AFTER_SEND) tells the user what may have happened
+        and how to check, when the answer is lost after the request may have arrived."""
         response = self._send(
-            method, path, params=params, content=content, headers=headers, max_bytes=max_bytes
+            method,
+            path,
+            retry=retry,
+            lost=lost,
+            params=params,
+            content=content,
+            headers=headers,
+            max_bytes=max_bytes,
         )
         try:
             return decode_json(response.content, type_)
@@ -303,17 +340,23 @@ class RelayClient:
         method: str,
         path: str,
         *,
+        retry: Retry,
+        lost: str = "",
         params: Mapping[str, str | int] | None,
         content: bytes | None,
         headers: Mapping[str, str] | None = None,
         max_bytes: int = MAX_ANSWER_BYTES,
     ) -> httpx.Response:
-        """Send with retries; a success response, or the typed error of the last answer.
+        """Send with retries as `retry` allows; a success response, or the typed error of
+        the last answer (OutcomeUnknownError when a NEVER_AFTER_SEND call may have acted).
 
         `headers` are added to this request only (e.g. `X-Engram-Vault-Key`). The answer's
         body is read up to `max_bytes` (decoded) and within the answer deadline; past
         either the request fails (AnswerTooLargeError, or a timeout that is retried).
         """
+        once_sent = retry is Retry.NEVER_AFTER_SEND
+        if once_sent and not lost:
+            raise ValueError(f"{method} {path}: a NEVER_AFTER_SEND call must say what `lost` means")
         extra = dict(headers or {})
         if content is not None:
             extra["Content-Type"] = "application/json"
@@ -323,6 +366,8 @@ class RelayClient:
             try:
                 response = self._request(method, path, params, content, headers, max_bytes)
             except httpx.TransportError as exc:
+                if once_sent and not isinstance(exc, NOT_SENT):
+                    raise self._outcome_unknown(method, path, type(exc).__name__, lost) from exc
                 if attempt >= self.max_retries:
                     raise self._unreachable(exc, attempt + 1) from exc
                 delay = self._backoff(attempt)
@@ -340,6 +385,8 @@ class RelayClient:
                     return response
                 if status != 429 and status < 500:
                     raise self._error(response)
+                if once_sent and not _not_processed(response):
+                    raise self._outcome_unknown(method, path, f"HTTP {status}", lost)
                 if attempt >= self.max_retries:
                     raise self._gave_up(response, attempt + 1)
                 hint = _retry_after(response.headers)
@@ -461,6 +508,15 @@ class RelayClient:
             status=status,
         )
 
+    def _outcome_unknown(self, method: str, path: str, why: str, lost: str) -> OutcomeUnknownError:
+        return OutcomeUnknownError(
+            one_line(
+                f"the relay at {self.base_url} did not answer {method} {path} ({why}) after "
+                f"the request may have reached it, so it was not sent again: {lost}"
+            ),
+            url=self.base_url,
+        )
+
     def _unreachable(self, exc: httpx.TransportError, attempts: int) -> RelayUnavailableError:
         detail = one_line(str(exc)) or "no detail"
         return RelayUnavailableError(
@@ -468,6 +524,19 @@ class RelayClient:
             f"{detail}) after {attempts} attempts; check the relay URL and your network",
             url=self.base_url,
         )
+
+
+def _not_processed(response: httpx.Response) -> bool:
+    """A 429, or a 503 whose JSON `code` says the relay did nothing with the request."""
+    if response.status_code == 429:
+        return True
+    if response.status_code != 503:
+        return False
+    try:
+        code = response.json().get("code")
+    except (ValueError, AttributeError):
+        return False
+    return code in NOT_PROCESSED
 
 
 def _header_safe(value: str) -> bool:

@@ -1,0 +1,119 @@
+"""Lost answers and the per-call retry policy (issue 19 "Retries", docs/retries.md), against
+the real relay behind the lying proxy: the proxy forwards the request (the relay acts on it)
+and then holds the answer past the client's timeout, or answers 503 without forwarding.
+
+A key mint whose answer is lost is not sent again (one key on the relay, an error that
+says it may have happened); a push whose answer is lost is sent again and lands once
+(PROTOCOL §6); a mint refused with 503 `busy` before the relay saw it is retried.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+from client.account_client import AccountClient
+from client.errors import OutcomeUnknownError
+from client.relay_client import RelayClient
+from tests.e2e.helpers import add, contents
+from tests.e2e.hostile.conftest import Scene
+from tests.e2e.hostile.proxy import Answer, Exchange
+
+TIMEOUT_S = 2.0
+# The proxy holds a lost answer this long: past the client's read timeout, so the client
+# sees a ReadTimeout after the relay has acted. Not a timed assertion: only the order
+# matters (the relay answered the proxy before the client gave up).
+HOLD_S = 3 * TIMEOUT_S
+KEYS = r"/account/keys$"
+
+
+def _lose(exchange: Exchange) -> Answer:
+    """The relay's own answer, held until the client has given up on it."""
+    return Answer(exchange.status, exchange.body, headers=exchange.headers, delay=HOLD_S)
+
+
+def _keys(scene: Scene, vault_id: str) -> int:
+    (row,) = scene.relay.sql("SELECT count(*) AS n FROM api_keys WHERE vault_id = $1", vault_id)
+    return int(row["n"])
+
+
+@pytest.fixture
+def account(scene: Scene) -> Iterator[AccountClient]:
+    """A signed-up account (directly at the relay) whose session talks through the proxy."""
+    email = f"retry-{secrets.token_hex(4)}@example.com"
+    with AccountClient(scene.relay.url, None) as direct:
+        created = direct.signup(email, secrets.token_urlsafe(32))
+    with AccountClient(
+        scene.proxy.url, created.session_token, timeout=TIMEOUT_S, backoff_base=0.01
+    ) as client:
+        yield client
+
+
+def test_a_lost_mint_answer_mints_no_second_key(scene: Scene, account: AccountClient) -> None:
+    rule = scene.proxy.on("POST", KEYS, _lose, times=1)
+    with pytest.raises(OutcomeUnknownError, match="a key may have been minted"):
+        account.mint_key(scene.vault_id, device_id="dev-a", label="a")
+    assert rule.hits == 1
+    assert len(scene.proxy.requests("POST", KEYS)) == 1  # not sent again
+    assert _keys(scene, scene.vault_id) == 1  # the relay did mint it, once
+    # The positive case next to it: the same call with its answer intact mints one more.
+    minted = account.mint_key(scene.vault_id, device_id="dev-a", label="a")
+    assert minted.vault_id == scene.vault_id
+    assert _keys(scene, scene.vault_id) == 2
+
+
+def test_a_mint_refused_with_503_busy_before_processing_is_retried(
+    scene: Scene, account: AccountClient
+) -> None:
+    busy = Answer(
+        503,
+        {"error": "the relay is checking too many passwords at once", "code": "busy"},
+        headers={"content-type": "application/json", "Retry-After": "0"},
+    )
+    scene.proxy.on("POST", KEYS, lambda e: busy, forward=False, times=2)
+    minted = account.mint_key(scene.vault_id, device_id="dev-b", label="b")
+    assert len(scene.proxy.requests("POST", KEYS)) == 3  # two refusals, then the relay
+    assert minted.key
+    assert _keys(scene, scene.vault_id) == 1
+
+
+def test_a_mint_answered_503_unavailable_after_the_relay_acted_is_not_retried(
+    scene: Scene, account: AccountClient
+) -> None:
+    """The exclusion next to the retried 503: `unavailable` may follow a commit."""
+    unavailable = Answer(
+        503,
+        {"error": "the relay's database is unavailable; retry shortly", "code": "unavailable"},
+        headers={"content-type": "application/json", "Retry-After": "0"},
+    )
+    scene.proxy.on("POST", KEYS, lambda e: unavailable, times=1)  # forwarded: it minted
+    with pytest.raises(OutcomeUnknownError, match="HTTP 503"):
+        account.mint_key(scene.vault_id, device_id="dev-c", label="c")
+    assert len(scene.proxy.requests("POST", KEYS)) == 1
+    assert _keys(scene, scene.vault_id) == 1
+
+
+def test_a_lost_push_answer_is_retried_and_the_push_lands_once(scene: Scene) -> None:
+    alpha, bravo = scene.device("alpha"), scene.device("bravo")
+    memory_id = add(alpha, "pushed once")
+    rule = scene.proxy.on("POST", r"/push$", _lose, times=1)
+    with alpha.open() as session:
+        client = RelayClient(
+            scene.proxy.url,
+            session.config.api_key,
+            device_id=session.device.device_id,
+            timeout=TIMEOUT_S,
+            backoff_base=0.01,
+        )
+        with client:
+            session.syncer(client).sync()
+    assert rule.hits == 1
+    assert len(scene.proxy.requests("POST", r"/push$")) == 2  # the lost one, and its retry
+    (row,) = scene.relay.sql("SELECT count(*) AS n FROM blobs WHERE vault_id = $1", scene.vault_id)
+    assert row["n"] == 1
+    bravo.sync()
+    assert contents(bravo) == {memory_id: "pushed once"}
+    # The next sync pushes nothing again: the retry's `rejected` was recognised.
+    assert alpha.sync().pushed == 0
