@@ -63,6 +63,12 @@ class RateLimiter:
             return 0.0
         return (1.0 - bucket.tokens) / rate
 
+    @classmethod
+    def per_minute(cls) -> RateLimiter:
+        """A limiter whose clock runs in minutes: `rate` then means requests per minute (the
+        per-IP and per-account limits of the account, pairing and handoff routes)."""
+        return cls(lambda: time.monotonic() / 60.0)
+
     @staticmethod
     def retry_after_header(wait: float) -> str:
         """Retry-After in whole seconds, at least 1."""

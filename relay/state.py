@@ -36,7 +36,9 @@ class RelayState:
 
     config: RelayConfig
     metrics: RelayMetrics
-    limiter: RateLimiter = field(default_factory=RateLimiter)
+    limiter: RateLimiter = field(default_factory=RateLimiter)  # per key, per second
+    # Per IP, email or account, per minute (relay.routes.account_support.limit_per_minute).
+    minute_limiter: RateLimiter = field(default_factory=RateLimiter.per_minute)
     started: float = field(default_factory=time.monotonic)
     health: HealthCounters = field(default_factory=HealthCounters)
     pool: asyncpg.Pool | None = None

@@ -15,7 +15,6 @@ import hashlib
 import hmac
 import logging
 import re
-import time
 from typing import Any, Final, TypeVar
 
 from litestar import Request, delete, get, post, put
@@ -81,7 +80,6 @@ REDEEM_PER_MINUTE: Final = 30
 PASSWORD_CHECKS_PER_MINUTE: Final = 10
 
 _EMAIL = re.compile(r"[^@\s\x00-\x1f\x7f]{1,64}@[^@\s\x00-\x1f\x7f.]+(\.[^@\s\x00-\x1f\x7f.]+)+")
-_LIMITER_KEY: Final = "engram_per_minute_limiter"
 _DUMMY_VERIFIER: Final = bytes(32)
 
 
@@ -99,18 +97,9 @@ def client_ip(request: Request[Any, Any, Any]) -> str:
     return limit_key(address)
 
 
-def _minute_limiter(request: Request[Any, Any, Any]) -> RateLimiter:
-    state = request.app.state
-    limiter: RateLimiter | None = state.get(_LIMITER_KEY)
-    if limiter is None:
-        # The limiter's clock runs in minutes: `rate` then means requests per minute.
-        limiter = state.setdefault(_LIMITER_KEY, RateLimiter(lambda: time.monotonic() / 60.0))
-    return limiter
-
-
 def limit_per_minute(request: Request[Any, Any, Any], bucket: str, per_minute: int) -> None:
     """Spend one token of `bucket` (e.g. "signin:<ip>"); 429 with Retry-After when empty."""
-    wait_minutes = _minute_limiter(request).take(bucket, per_minute)
+    wait_minutes = relay_state(request).minute_limiter.take(bucket, per_minute)
     if wait_minutes > 0:
         raise RelayError(
             429,
