@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import re
 from typing import Any, Final, TypeVar
 
 from litestar import Request, delete, get, post, put
@@ -23,18 +22,27 @@ from litestar.params import FromPath
 from relay import passwords
 from relay.auth import authenticate_session
 from relay.bodies import BODY_OPT, decode_body
-from relay.client_address import client_address, forwarded_for, limit_key
-from relay.errors import RelayError, bad_request, forbidden
+from relay.errors import RelayError, forbidden
 from relay.ids import require_id
 from relay.keys import hash_key
-from relay.labels import label_problem
-from relay.ratelimit import RateLimiter
+from relay.routes.account_support import (
+    check_label,
+    client_ip,
+    email_bucket,
+    invalid_credentials,
+    limit_per_minute,
+    no_wrap,
+    normal_email,
+    salt_b64,
+    std_b64,
+    strong_password,
+    wrap_b64,
+)
 from relay.state import relay_state
 from relay.store import accounts as store
 from relay.store import keys as key_store
 from relay.store import owners
 from relay.store.accounts import AccountSession
-from shared_format.b64 import Base64Error, b64decode_std
 from shared_format.timestamps import format_rfc3339
 from shared_format.wire import (
     AccountCreated,
@@ -59,13 +67,10 @@ from shared_format.wire import (
     VaultWrapDeleted,
     VaultWrapWrite,
 )
-from shared_format.wraps import MAX_SALT_LEN, MAX_WRAP_LEN, MIN_SALT_LEN, NONCE_LEN, TAG_LEN
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-MAX_EMAIL_CHARS: Final = 254
-MIN_WRAP_LEN: Final = NONCE_LEN + TAG_LEN  # an AES-GCM envelope of nothing
 PROOF_LEN: Final = 32
 ADOPT_HEADER: Final = "x-engram-vault-key"
 # Per-IP token buckets: requests per minute, burst equal to the rate.
@@ -79,95 +84,7 @@ REDEEM_PER_MINUTE: Final = 30
 # Password confirmations per account (a stolen session must not become a guessing oracle).
 PASSWORD_CHECKS_PER_MINUTE: Final = 10
 
-_EMAIL = re.compile(r"[^@\s\x00-\x1f\x7f]{1,64}@[^@\s\x00-\x1f\x7f.]+(\.[^@\s\x00-\x1f\x7f.]+)+")
 _DUMMY_VERIFIER: Final = bytes(32)
-
-
-# --- helpers shared with the pairing and handoff routes --------------------------------------
-
-
-def client_ip(request: Request[Any, Any, Any]) -> str:
-    """What the per-IP limits count: the client address (X-Forwarded-For believed only from
-    ENGRAM_RELAY_TRUSTED_PROXIES), an IPv6 one as its /64 (relay/client_address.py)."""
-    address = client_address(
-        request.client.host if request.client else None,
-        forwarded_for(request.scope["headers"]),
-        relay_state(request).config.trusted_proxies,
-    )
-    return limit_key(address)
-
-
-def limit_per_minute(request: Request[Any, Any, Any], bucket: str, per_minute: int) -> None:
-    """Spend one token of `bucket` (e.g. "signin:<ip>"); 429 with Retry-After when empty."""
-    wait_minutes = relay_state(request).minute_limiter.take(bucket, per_minute)
-    if wait_minutes > 0:
-        raise RelayError(
-            429,
-            "rate_limited",
-            f"too many attempts (at most {per_minute} a minute); retry later",
-            headers={"Retry-After": RateLimiter.retry_after_header(wait_minutes * 60.0)},
-        )
-
-
-def check_label(label: str | None, field: str = "label") -> str | None:
-    """A trimmed label of printable text, at most 128 characters (relay/labels.py); None
-    stays None, blank becomes None."""
-    if label is None:
-        return None
-    label = label.strip()
-    problem = label_problem(label, field)
-    if problem:
-        raise bad_request(problem, code="invalid_request", field=field)
-    return label or None
-
-
-def std_b64(value: str, field: str, lo: int, hi: int) -> bytes:
-    """Strict standard base64 of lo..hi decoded bytes; 400 naming the field otherwise."""
-    try:
-        raw = b64decode_std(value)
-    except Base64Error as exc:
-        raise bad_request(f"{field}: {exc}", code="invalid_request", field=field) from None
-    if not lo <= len(raw) <= hi:
-        size = f"exactly {lo}" if lo == hi else f"{lo}..{hi}"
-        raise bad_request(
-            f"{field} must decode to {size} bytes, got {len(raw)}",
-            code="invalid_request",
-            field=field,
-        )
-    return raw
-
-
-def _wrap(value: str, field: str) -> str:
-    std_b64(value, field, MIN_WRAP_LEN, MAX_WRAP_LEN)  # PROTOCOL §13: 512 bytes per wrap
-    return value
-
-
-def _salt(value: str, field: str) -> str:
-    std_b64(value, field, MIN_SALT_LEN, MAX_SALT_LEN)  # PROTOCOL §13: 64 bytes per salt
-    return value
-
-
-def _email(text: str) -> str:
-    email = text.strip().lower()
-    if len(email) > MAX_EMAIL_CHARS or not _EMAIL.fullmatch(email):
-        raise bad_request(
-            "email does not look like an email address (name@example.org)",
-            code="invalid_request",
-            field="email",
-        )
-    return email
-
-
-def _email_key(email: str) -> str:
-    """A bounded bucket key for a normalised email (a digest: any length, never logged)."""
-    return hashlib.sha256(email.encode()).hexdigest()[:32]
-
-
-def _new_password(password: str, field: str) -> str:
-    problem = passwords.password_problem(password)
-    if problem:
-        raise bad_request(problem.replace("password", field, 1), code="weak_password", field=field)
-    return password
 
 
 async def _confirm_password(
@@ -183,20 +100,6 @@ async def _confirm_password(
         )
 
 
-def _invalid_credentials() -> RelayError:
-    # One answer for an unknown email and a wrong password.
-    return RelayError(
-        401,
-        "invalid_credentials",
-        "wrong email or password",
-        headers={"WWW-Authenticate": "Bearer"},
-    )
-
-
-def _no_wrap(what: str) -> RelayError:
-    return RelayError(404, "no_wrap", f"this account has no {what} stored")
-
-
 # --- /auth ---------------------------------------------------------------------------------
 
 
@@ -205,8 +108,8 @@ async def signup(request: Request[Any, Any, Any]) -> AccountCreated:
     """Create an account and sign it in (PROTOCOL §13); 409 `email_taken`."""
     limit_per_minute(request, f"signup:{client_ip(request)}", SIGNUP_PER_MINUTE)
     data = await decode_body(request, SignupRequest)
-    email = _email(data.email)
-    password_hash = await passwords.hash_password(_new_password(data.password, "password"))
+    email = normal_email(data.email)
+    password_hash = await passwords.hash_password(strong_password(data.password, "password"))
     pool = relay_state(request).require_pool()
     async with pool.acquire() as conn, conn.transaction():
         created = await store.create_account(conn, email, password_hash)
@@ -231,13 +134,13 @@ async def signin(request: Request[Any, Any, Any]) -> SessionIssued:
     limit_per_minute(request, f"signin:{client_ip(request)}", SIGNIN_PER_MINUTE)
     data = await decode_body(request, SigninRequest)
     email = data.email.strip().lower()
-    limit_per_minute(request, f"signin-email:{_email_key(email)}", SIGNIN_PER_ACCOUNT_PER_MINUTE)
+    limit_per_minute(request, f"signin-email:{email_bucket(email)}", SIGNIN_PER_ACCOUNT_PER_MINUTE)
     passwords.check_capacity()  # a flood is shed before its database lookup
     pool = relay_state(request).require_pool()
     login = await store.find_login(pool, email)
     # Unknown email: verify against a dummy hash, so it costs what a wrong password costs.
     if not await passwords.verify_password(login.password_hash if login else None, data.password):
-        raise _invalid_credentials()
+        raise invalid_credentials()
     assert login is not None
     if passwords.needs_rehash(login.password_hash):
         await store.set_login_hash(
@@ -295,8 +198,10 @@ async def recover(request: Request[Any, Any, Any]) -> SessionIssued:
     limit_per_minute(request, f"recover:{client_ip(request)}", RECOVER_PER_MINUTE)
     data = await decode_body(request, RecoverRequest)
     proof = std_b64(data.proof, "proof", PROOF_LEN, PROOF_LEN)
-    wrapped_a, salt_pw = _wrap(data.wrapped_a, "wrapped_a"), _salt(data.salt_pw, "salt_pw")
-    password_hash = await passwords.hash_password(_new_password(data.new_password, "new_password"))
+    wrapped_a, salt_pw = wrap_b64(data.wrapped_a, "wrapped_a"), salt_b64(data.salt_pw, "salt_pw")
+    password_hash = await passwords.hash_password(
+        strong_password(data.new_password, "new_password")
+    )
     pool = relay_state(request).require_pool()
     record = await store.recovery_record(pool, data.email.strip().lower())
     expected = record.verifier if record else _DUMMY_VERIFIER
@@ -420,7 +325,7 @@ async def get_password_wrap(request: Request[Any, Any, Any]) -> PasswordWrap:
     session = await authenticate_session(request)
     w = await store.wraps(relay_state(request).require_pool(), session.account_id)
     if w is None or w.wrapped_a is None or w.salt_pw is None:
-        raise _no_wrap("password wrap")
+        raise no_wrap("password wrap")
     return PasswordWrap(w.wrapped_a, w.salt_pw, format_rfc3339(w.updated_at))
 
 
@@ -433,10 +338,10 @@ async def put_password_wrap(request: Request[Any, Any, Any]) -> PasswordWrap:
     """
     session = await authenticate_session(request)
     data = await decode_body(request, PasswordWrapWrite)
-    wrapped_a, salt_pw = _wrap(data.wrapped_a, "wrapped_a"), _salt(data.salt_pw, "salt_pw")
+    wrapped_a, salt_pw = wrap_b64(data.wrapped_a, "wrapped_a"), salt_b64(data.salt_pw, "salt_pw")
     new_hash = None
     if data.new_password is not None:
-        new_hash = await passwords.hash_password(_new_password(data.new_password, "new_password"))
+        new_hash = await passwords.hash_password(strong_password(data.new_password, "new_password"))
     await _confirm_password(request, session, data.password)
     async with relay_state(request).require_pool().acquire() as conn, conn.transaction():
         await store.put_password_wrap(conn, session.account_id, wrapped_a, salt_pw)
@@ -456,7 +361,7 @@ async def get_recovery_wrap(request: Request[Any, Any, Any]) -> RecoveryWrap:
     session = await authenticate_session(request)
     w = await store.wraps(relay_state(request).require_pool(), session.account_id)
     if w is None or w.wrapped_a_rec is None or w.salt_rec is None:
-        raise _no_wrap("recovery wrap")
+        raise no_wrap("recovery wrap")
     return RecoveryWrap(w.wrapped_a_rec, w.salt_rec, format_rfc3339(w.updated_at))
 
 
@@ -465,7 +370,10 @@ async def put_recovery_wrap(request: Request[Any, Any, Any]) -> RecoveryWrap:
     """Store the recovery wrap of A and the verifier of its proof (current `password` required)."""
     session = await authenticate_session(request)
     data = await decode_body(request, RecoveryWrapWrite)
-    wrapped, salt = _wrap(data.wrapped_a_rec, "wrapped_a_rec"), _salt(data.salt_rec, "salt_rec")
+    wrapped, salt = (
+        wrap_b64(data.wrapped_a_rec, "wrapped_a_rec"),
+        salt_b64(data.salt_rec, "salt_rec"),
+    )
     verifier = std_b64(data.recovery_verifier, "recovery_verifier", PROOF_LEN, PROOF_LEN)
     await _confirm_password(request, session, data.password)
     pool = relay_state(request).require_pool()
@@ -483,7 +391,7 @@ async def get_vault_wrap(request: Request[Any, Any, Any], vault_id: FromPath[str
         relay_state(request).require_pool(), session.account_id, require_id(vault_id, "vault_id")
     )
     if found is None:
-        raise _no_wrap(f"wrap for vault {vault_id}")
+        raise no_wrap(f"wrap for vault {vault_id}")
     return VaultWrap(vault_id=vault_id, wrapped_k=found[0], updated_at=format_rfc3339(found[1]))
 
 
@@ -518,7 +426,7 @@ async def put_vault_wrap(request: Request[Any, Any, Any], vault_id: FromPath[str
     session = await authenticate_session(request)
     require_id(vault_id, "vault_id")
     data = await decode_body(request, VaultWrapWrite)
-    wrapped_k = _wrap(data.wrapped_k, "wrapped_k")
+    wrapped_k = wrap_b64(data.wrapped_k, "wrapped_k")
     adopted_by = await _adopting(request, vault_id)
     await _confirm_password(request, session, data.password)
     updated = await store.put_vault_wrap(

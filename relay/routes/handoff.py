@@ -25,7 +25,7 @@ from relay.bodies import BODY_OPT, decode_body
 from relay.errors import RelayError, bad_request, forbidden
 from relay.ids import require_id
 from relay.keys import Principal
-from relay.routes.accounts import check_label
+from relay.routes.account_support import check_label
 from relay.state import relay_state
 from relay.store import handoff as store
 from relay.store.handoff import HandoffRow
