@@ -24,8 +24,10 @@ import asyncpg
 from relay.db.url import to_libpq_url
 from relay.metrics import RelayMetrics
 from relay.state import RelayState
+from relay.store.accounts import purge_expired_sessions
 from relay.store.compaction import CompactionResult, compact_vaults
-from relay.store.handoff import purge_expired
+from relay.store.handoff import purge_expired_requests
+from relay.store.pairing import purge_expired_codes
 
 __all__ = ["MAINTENANCE_LOCK_KEY", "Sweep", "locked_sweep", "maintenance_round", "start", "stop"]
 
@@ -49,6 +51,16 @@ class Sweep:
     def tombstones_removed(self) -> int:
         """Tombstones removed over every vault."""
         return sum(r.removed for r in self.compacted)
+
+
+async def purge_expired(conn: asyncpg.Connection) -> dict[str, int]:
+    """Everything that expired, over every vault: handoff seals and rows, pairing codes,
+    sessions (PROTOCOL §13, §14); rows touched by kind."""
+    return {
+        "handoff_requests": await purge_expired_requests(conn),
+        "pairing_codes": await purge_expired_codes(conn),
+        "sessions": await purge_expired_sessions(conn),
+    }
 
 
 async def sweep(conn: asyncpg.Connection, retention: timedelta) -> Sweep:

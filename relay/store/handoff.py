@@ -19,9 +19,6 @@ from typing import Final, TypeAlias
 
 import asyncpg
 
-from relay.store.accounts import purge_expired_sessions
-from relay.store.pairing import purge_expired_codes
-
 HANDOFF_TTL: Final = timedelta(minutes=15)
 EXPIRED_ROW_GRACE: Final = timedelta(days=1)
 # PROTOCOL §14: open requests are limited per requesting key, not per vault, so one
@@ -261,12 +258,3 @@ async def purge_expired_requests(conn: Conn, vault_id: str | None = None) -> int
         EXPIRED_ROW_GRACE,
     )
     return int(erased.split()[-1]) + int(deleted.split()[-1])
-
-
-async def purge_expired(conn: Conn) -> dict[str, int]:
-    """Everything that expired: handoff seals/rows, pairing codes, sessions (for `gc`)."""
-    return {
-        "handoff_requests": await purge_expired_requests(conn),
-        "pairing_codes": await purge_expired_codes(conn),
-        "sessions": await purge_expired_sessions(conn),
-    }
