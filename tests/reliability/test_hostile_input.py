@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from schemathesis.checks import (
 )
 
 from relay.config import RelayConfig
+from relay.ratelimit import RateLimiter
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
 from tests.relay.support import Sealer, migrated_database, wire
 
@@ -146,23 +148,42 @@ def test_oversized_body_is_413_json(fuzz_relay: tuple[Relay, str]) -> None:
 
 
 def test_rate_limit_holds_under_a_concurrent_burst(fuzz_relay: tuple[Relay, str]) -> None:
+    """50 concurrent requests of a rate-5 key: exactly the bucket's 5 get through.
+
+    The relay serving them is real but its limiter's clock only moves when the test
+    moves it, so no refill can blur the bound: a burst is exactly the rate (PROTOCOL §5),
+    a refill exactly rate x elapsed, capped at the burst. Fails every run (5 of 5) with the
+    bucket's capacity raised to rate + 5 (the old bound, 5 + 5 x 10, passed it)."""
     relay, _ = fuzz_relay
     key = relay.mint(VAULT, rate=5)
-    statuses: list[int] = []
+    clock = [1000.0]
+    server = RelayThread(relay.config)
+    server.server.config.app.state.relay.limiter = RateLimiter(clock=lambda: clock[0])
+    server.start()
 
-    def hit() -> None:
-        with httpx.Client(base_url=relay.url, headers={"Authorization": f"Bearer {key}"}) as c:
-            statuses.extend(c.get(f"/v1/vaults/{VAULT}/stats").status_code for _ in range(10))
+    def burst(threads: int, each: int) -> list[httpx.Response]:
+        def hit(_: int) -> list[httpx.Response]:
+            with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}) as c:
+                return [c.get(f"/v1/vaults/{VAULT}/stats") for _ in range(each)]
 
-    import threading
+        with ThreadPoolExecutor(threads) as pool:
+            return [r for answers in pool.map(hit, range(threads)) for r in answers]
 
-    threads = [threading.Thread(target=hit) for _ in range(5)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(statuses) == 50
-    assert set(statuses) == {200, 429}
-    # burst 5 plus at most 5 tokens/second of refill over the run
-    assert statuses.count(200) <= 5 + 5 * 10
-    assert statuses.count(429) >= 1
+    def allowed(answers: list[httpx.Response]) -> int:
+        assert {r.status_code for r in answers} <= {200, 429}
+        for refused in (r for r in answers if r.status_code == 429):
+            assert refused.json()["code"] == "rate_limited"
+            assert int(refused.headers["retry-after"]) >= 1
+        return sum(1 for r in answers if r.status_code == 200)
+
+    try:
+        first = burst(5, 10)
+        assert len(first) == 50
+        assert allowed(first) == 5  # the burst, no more
+        clock[0] += 0.5  # refills 0.5 x 5 = 2.5 tokens (binary-exact steps only)
+        assert allowed(burst(5, 2)) == 2
+        assert allowed(burst(1, 1)) == 0  # half a token is not a request
+        clock[0] += 60.0  # a long idle refills to the burst, never past it
+        assert allowed(burst(5, 4)) == 5
+    finally:
+        server.stop()
