@@ -4,8 +4,11 @@ refused untouched, and the Engram schema (VAULT §3, user_version 10) left as it
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from shared_format.vault import open_vault
 from shared_format.vault.schema import SCHEMA_VERSION as ENGRAM_SCHEMA_VERSION
 
 PASSPHRASE = "local schema tests"
+EXE = str(Path(sys.executable).parent / "engram-sync")
 SYNC_TABLES = {
     "sync_known_clocks",
     "sync_pending_links",
@@ -187,3 +191,30 @@ def test_opening_leaves_the_row_factory_alone(vault_dir: Path) -> None:
         conn = session.vault.conn
         assert conn.row_factory is factory
         assert type(conn.execute("SELECT 1").fetchone()) is tuple
+
+
+def test_the_cli_refuses_a_newer_sync_schema_in_one_line(tmp_path: Path) -> None:
+    vault = tmp_path / "vault"
+    env = dict(os.environ, ENGRAM_PASSPHRASE=PASSPHRASE, HOME=str(tmp_path))
+    env.pop("ENGRAM_VAULT", None)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [EXE, "--vault", str(vault), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    assert cli("init").returncode == 0
+    assert cli("status").returncode == 0  # the positive case: the version this code knows
+    with open_vault(vault, PASSPHRASE) as opened:
+        opened.conn.execute("UPDATE sync_schema SET version = ?", (SCHEMA_VERSION + 1,))
+    refused = cli("status")
+    assert refused.returncode != 0
+    assert refused.stderr.strip().splitlines() == [
+        f"error: this vault's sync tables are at version {SCHEMA_VERSION + 1}, newer than this"
+        f" engram-sync knows ({SCHEMA_VERSION}): upgrade engram-sync"
+    ]
