@@ -20,6 +20,7 @@ from client.relay_client import RelayClient
 from tests.e2e.helpers import add, contents
 from tests.e2e.hostile.conftest import Scene
 from tests.e2e.hostile.proxy import Answer, Exchange
+from tests.e2e.test_account_cli import EMAIL, Device
 
 TIMEOUT_S = 2.0
 # The proxy holds a lost answer this long: past the client's read timeout, so the client
@@ -27,6 +28,12 @@ TIMEOUT_S = 2.0
 # matters (the relay answered the proxy before the client gave up).
 HOLD_S = 3 * TIMEOUT_S
 KEYS = r"/account/keys$"
+# What the relay answers when its database fails; forwarded first, so the relay did act.
+UNAVAILABLE = Answer(
+    503,
+    {"error": "the relay's database is unavailable; retry shortly", "code": "unavailable"},
+    headers={"content-type": "application/json", "Retry-After": "0"},
+)
 
 
 def _lose(exchange: Exchange) -> Answer:
@@ -83,16 +90,31 @@ def test_a_mint_answered_503_unavailable_after_the_relay_acted_is_not_retried(
     scene: Scene, account: AccountClient
 ) -> None:
     """The exclusion next to the retried 503: `unavailable` may follow a commit."""
-    unavailable = Answer(
-        503,
-        {"error": "the relay's database is unavailable; retry shortly", "code": "unavailable"},
-        headers={"content-type": "application/json", "Retry-After": "0"},
-    )
-    scene.proxy.on("POST", KEYS, lambda e: unavailable, times=1)  # forwarded: it minted
+    scene.proxy.on("POST", KEYS, lambda e: UNAVAILABLE, times=1)  # forwarded: it minted
     with pytest.raises(OutcomeUnknownError, match="HTTP 503"):
         account.mint_key(scene.vault_id, device_id="dev-c", label="c")
     assert len(scene.proxy.requests("POST", KEYS)) == 1
     assert _keys(scene, scene.vault_id) == 1
+
+
+def test_the_cli_says_a_signup_whose_answer_was_lost_may_have_happened(scene: Scene) -> None:
+    """One line, exit 1, no traceback; then `account signin` (the check it names) works."""
+    handle = scene.blank_device("solo", "solo passphrase 7c1e")
+    device = Device(handle.path, handle.passphrase)
+    rule = scene.proxy.on("POST", r"/auth/signup$", lambda e: UNAVAILABLE, times=1)
+    result = device.run("account", "signup", "--relay", scene.proxy.url, ok=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: the relay at ")
+    assert "POST /auth/signup (HTTP 503)" in line
+    assert "run `engram-sync account signin` with the same email and password" in line
+    assert "Traceback" not in result.stderr
+    assert rule.hits == 1
+    assert len(scene.proxy.requests("POST", r"/auth/signup$")) == 1
+    (row,) = scene.relay.sql("SELECT count(*) AS n FROM accounts WHERE email = $1", EMAIL)
+    assert row["n"] == 1  # it did happen
+    signed = device.run("account", "signin", "--relay", scene.proxy.url)
+    assert f"signed in as {EMAIL}" in signed.stdout
 
 
 def test_a_lost_push_answer_is_retried_and_the_push_lands_once(scene: Scene) -> None:
