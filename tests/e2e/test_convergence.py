@@ -258,7 +258,8 @@ class Convergence(RuleBasedStateMachine):
     def clocks_never_go_backwards(self) -> None:
         """Each device's own clock, and the clock it knows for each memory, is never below
         what an earlier step saw (PROTOCOL §1), across syncs, drops and restarts. Fails
-        every run (3 of 3) with `client.device.Device.observe` lowering the clock to a remote one."""
+        every run (3 of 3) with `client.device.Device.observe` lowering the clock to a
+        remote one."""
         for device, seen in zip(self.devices, self.clocks, strict=True):
             now = dict(
                 device.session.vault.conn.execute(
