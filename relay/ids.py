@@ -1,11 +1,11 @@
-"""Validation of the opaque ids the relay stores (vault, memory and device ids)."""
+"""Validation of the opaque ids the relay stores (vault, memory and device ids).
+
+No HTTP here: `relay.routes.ids.require_id` turns a refusal into a 400 at the edge."""
 
 from __future__ import annotations
 
 import re
 from typing import Final
-
-from relay.errors import bad_request
 
 MAX_ID_CHARS: Final = 256  # PROTOCOL §6 step 1
 # PostgreSQL text cannot hold NUL, and control characters in ids only cause harm
@@ -22,11 +22,3 @@ def check_id(value: str, name: str) -> str | None:
     if _CONTROL.search(value):
         return f"{name} contains control characters"
     return None
-
-
-def require_id(value: str, name: str) -> str:
-    """`value` if valid, else a 400 naming the field."""
-    problem = check_id(value, name)
-    if problem:
-        raise bad_request(problem, code="invalid_request", field=name)
-    return value

@@ -23,7 +23,6 @@ from relay import passwords
 from relay.auth import authenticate_session
 from relay.bodies import BODY_OPT, decode_body
 from relay.errors import RelayError, forbidden
-from relay.ids import require_id
 from relay.keys import hash_key
 from relay.routes.account_support import (
     check_label,
@@ -38,6 +37,7 @@ from relay.routes.account_support import (
     strong_password,
     wrap_b64,
 )
+from relay.routes.ids import require_id
 from relay.state import relay_state
 from relay.store import accounts as store
 from relay.store import keys as key_store

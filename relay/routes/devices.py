@@ -9,8 +9,8 @@ from litestar.params import FromPath, JSONBody
 
 from relay.auth import authorize
 from relay.errors import bad_request, forbidden
-from relay.ids import require_id
 from relay.labels import label_problem
+from relay.routes.ids import require_id
 from relay.state import relay_state
 from relay.store import devices as store
 from shared_format.wire import DeviceRegistered, DeviceRevoked, DeviceRoster, RegisterDeviceRequest

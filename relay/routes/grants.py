@@ -17,7 +17,7 @@ from litestar.params import FromPath
 from relay.auth import authorize
 from relay.bodies import BODY_OPT, decode_body
 from relay.errors import RelayError, bad_request
-from relay.ids import require_id
+from relay.routes.ids import require_id
 from relay.state import relay_state
 from relay.store import owners
 from shared_format.timestamps import format_rfc3339

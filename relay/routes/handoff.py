@@ -23,9 +23,9 @@ from msgspec import UNSET, UnsetType
 from relay.auth import authorize
 from relay.bodies import BODY_OPT, decode_body
 from relay.errors import RelayError, bad_request, forbidden
-from relay.ids import require_id
 from relay.keys import Principal
 from relay.routes.account_support import check_label
+from relay.routes.ids import require_id
 from relay.state import relay_state
 from relay.store import handoff as store
 from relay.store.handoff import HandoffRow

@@ -18,10 +18,10 @@ from litestar.params import FromPath
 from relay.auth import authenticate_session, authorize, bearer_is_session
 from relay.bodies import BODY_OPT, OPTIONAL_BODY_OPT, decode_body
 from relay.errors import RelayError, bad_request, forbidden
-from relay.ids import require_id
 from relay.routes.account_support import check_label, client_ip
 from relay.routes.account_support import limit_per_minute as limit
 from relay.routes.accounts import REDEEM_PER_MINUTE
+from relay.routes.ids import require_id
 from relay.state import relay_state
 from relay.store import accounts as account_store
 from relay.store import owners

@@ -11,9 +11,9 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from relay.auth import authorize
 from relay.bodies import BODY_OPT, decode_body
 from relay.errors import bad_request
-from relay.ids import require_id
 from relay.instants import parse_storable
 from relay.push_rules import check_structure
+from relay.routes.ids import require_id
 from relay.state import relay_state
 from relay.store import sync as store
 from relay.store.push import PushJob
