@@ -16,7 +16,7 @@ from rich.table import Table
 
 from relay import cli_vaults, ops
 from relay.cli_options import DatabaseUrl, DataDir
-from relay.cli_support import CliError, check_vault, run_db
+from relay.cli_support import CliError, check_vault, on_connection, run_db
 from relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
 from relay.connections import limits_from_env
 from relay.db.failures import DatabaseFailureError
@@ -115,21 +115,17 @@ def _first_admin_key(url: str, *, has_static: bool) -> str | None:
     if has_static:
         return None
 
-    async def go() -> str | None:
-        conn = await asyncpg.connect(to_libpq_url(url))
-        try:
-            async with conn.transaction():
-                await conn.execute("LOCK TABLE api_keys IN EXCLUSIVE MODE")
-                if await key_store.count_keys(conn):
-                    return None
-                _, key = await key_store.create_key(
-                    conn, vault_id=None, is_admin=True, label="first admin key"
-                )
-                return key
-        finally:
-            await conn.close()
+    async def go(conn: asyncpg.Connection) -> str | None:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE api_keys IN EXCLUSIVE MODE")
+            if await key_store.count_keys(conn):
+                return None
+            _, key = await key_store.create_key(
+                conn, vault_id=None, is_admin=True, label="first admin key"
+            )
+            return key
 
-    return asyncio.run(go())
+    return asyncio.run(on_connection(url, go))
 
 
 @app.command()
@@ -305,16 +301,10 @@ def gc(
     expired handoff seals, pairing codes and sessions."""
     from relay.maintenance import Sweep, sweep
 
-    with database(database_url, data_dir, migrate=True) as url:
-
-        async def go() -> Sweep:
-            conn = await asyncpg.connect(to_libpq_url(url))
-            try:  # what a serving relay's background maintenance runs (relay.maintenance)
-                return await sweep(conn, timedelta(days=retention_days))
-            finally:
-                await conn.close()
-
-        done = asyncio.run(go())
+    # What a serving relay's background maintenance runs (relay.maintenance).
+    done: Sweep = run_db(
+        database_url, data_dir, lambda conn: sweep(conn, timedelta(days=retention_days))
+    )
     out.print(f"removed {done.tombstones_removed} tombstone(s) from {len(done.compacted)} vault(s)")
     out.print("expired and erased: " + ", ".join(f"{n} {what}" for what, n in done.erased.items()))
 

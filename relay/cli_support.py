@@ -23,6 +23,15 @@ class CliError(Exception):
     """A failure to report in one line, with what to do."""
 
 
+async def on_connection(url: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    """Run `work` on one new connection to `url`, closed afterwards."""
+    conn = await asyncpg.connect(to_libpq_url(url))
+    try:
+        return await work(conn)
+    finally:
+        await conn.close()
+
+
 def run_db(
     database_url: str | None,
     data_dir: Path | None,
@@ -30,15 +39,7 @@ def run_db(
 ) -> T:
     """Run `work` on one connection to the relay's (migrated) database."""
     with database(database_url, data_dir, migrate=True) as url:
-
-        async def go() -> T:
-            conn = await asyncpg.connect(to_libpq_url(url))
-            try:
-                return await work(conn)
-            finally:
-                await conn.close()
-
-        return asyncio.run(go())
+        return asyncio.run(on_connection(url, work))
 
 
 def check_vault(vault_id: str) -> str:

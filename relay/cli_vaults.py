@@ -19,8 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relay.cli_options import DatabaseUrl, DataDir
-from relay.cli_support import CliError, check_vault, run_db
-from relay.db.url import to_libpq_url
+from relay.cli_support import CliError, check_vault, on_connection, run_db
 from relay.keys import StaticKey
 from relay.store import keys as key_store
 from relay.store import owners
@@ -91,17 +90,18 @@ async def claim_static_vaults(url: str, static_keys: Sequence[StaticKey]) -> lis
     named = sorted({v for k in static_keys if k.principal.vaults for v in k.principal.vaults})
     if not named:
         return []
-    conn = await asyncpg.connect(to_libpq_url(url))
-    try:
+
+    async def claim(conn: asyncpg.Connection) -> list[asyncpg.Record]:
         async with conn.transaction():
             await owners.claim_operator(conn, named)
-            rows = await conn.fetch(
+            found: list[asyncpg.Record] = await conn.fetch(
                 "SELECT vault_id, account_id FROM vault_owners"
                 " WHERE vault_id = ANY($1::text[]) AND owner = 'account' ORDER BY vault_id",
                 named,
             )
-    finally:
-        await conn.close()
+            return found
+
+    rows = await on_connection(url, claim)
     problems = []
     for r in rows:
         log.warning(
