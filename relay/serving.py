@@ -111,11 +111,11 @@ def open_listeners(host: str, port: int, *, workers: int = 1) -> list[socket.soc
                 if per_worker:
                     # Probe without SO_REUSEPORT first: another relay's workers hold the
                     # port with it, and a SO_REUSEPORT bind would silently share it.
-                    with _plain_socket(fam, address) as probe:
+                    with _bound_socket(fam, address) as probe:
                         address = (address[0], int(probe.getsockname()[1]))
                     sockets.append(_worker_listener_at(fam, address))
                 else:
-                    sockets.append(_plain_socket(fam, address))
+                    sockets.append(_bound_socket(fam, address))
             except OSError as exc:
                 reason = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
                 raise PortInUseError(host, port, str(reason or exc)) from None
@@ -169,19 +169,29 @@ def serve_app(
 _PER_WORKER_SOCKETS: Final = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
 
 
-def _reuse_port_socket(family: int, address: tuple[str, int]) -> socket.socket:
-    """A TCP socket bound to `address` with SO_REUSEPORT (not listening yet)."""
+def _bound_socket(
+    family: int, address: tuple[str, int], *, reuse_port: bool = False
+) -> socket.socket:
+    """A TCP socket bound to `address` (SO_REUSEADDR, as uvicorn binds; SO_REUSEPORT too
+    when asked), not listening yet."""
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:  # `::` must not also claim IPv4 (asyncio does the same)
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+def _reuse_port_socket(family: int, address: tuple[str, int]) -> socket.socket:
+    """A TCP socket bound to `address` with SO_REUSEPORT (not listening yet); module-level
+    so that a pickled `_WorkerSocket` can name it."""
+    return _bound_socket(family, address, reuse_port=True)
 
 
 class _WorkerSocket(socket.socket):
@@ -193,20 +203,6 @@ class _WorkerSocket(socket.socket):
     def __reduce__(self) -> tuple[object, tuple[int, tuple[str, int]]]:
         host, port = self.getsockname()[:2]
         return _reuse_port_socket, (int(self.family), (host, port))
-
-
-def _plain_socket(family: int, address: tuple[str, int]) -> socket.socket:
-    """A TCP socket bound to `address` (SO_REUSEADDR, as uvicorn binds; not listening)."""
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:  # `::` must not also claim IPv4 (asyncio does the same)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind(address)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _worker_listener(host: str, port: int) -> socket.socket:
