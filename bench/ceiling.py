@@ -19,13 +19,13 @@ from typing import Any
 import asyncpg
 
 from bench.corpus import Corpus
-from relay.config import DEFAULT_MAX_PAGE_BYTES
-from relay.db.url import to_libpq_url
-from relay.push_rules import CheckedBlob
-from relay.store.push import BLOB_UPSERT, blob_columns
-from relay.store.sync import PULL_PAGE, split_page
-from shared_format.timestamps import parse_rfc3339
-from shared_format.wire import SyncBlob
+from engram_sync.relay.config import DEFAULT_MAX_PAGE_BYTES
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.push_rules import CheckedBlob
+from engram_sync.relay.store.push import BLOB_UPSERT, blob_columns
+from engram_sync.relay.store.sync import PULL_PAGE, split_page
+from engram_sync.shared_format.timestamps import parse_rfc3339
+from engram_sync.shared_format.wire import SyncBlob
 
 
 def columns(blobs: Sequence[SyncBlob], first_seq: int) -> list[list[Any]]:

@@ -15,9 +15,9 @@ from typing import Any, Final, TypeVar
 
 from bench.corpus import project, sentence, tags
 from bench.relay_load import BenchError
-from client import local_store
-from client.session import VaultSession
-from client.syncer import SyncReport
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._vault import store as local_store
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 PASSPHRASE: Final = "engram bench passphrase: correct horse battery staple"  # noqa: S105

@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from shared_format.b64 import b64encode_std
-from shared_format.blob import BlobCipher, blob_hmac
-from shared_format.keys import SyncKeys
-from shared_format.plaintext import MemoryPlaintext, encode_memory
-from shared_format.timestamps import utc_now_rfc3339
-from shared_format.wire import SyncBlob
+from engram_sync.shared_format.b64 import b64encode_std
+from engram_sync.shared_format.blob import BlobCipher, blob_hmac
+from engram_sync.shared_format.keys import SyncKeys
+from engram_sync.shared_format.plaintext import MemoryPlaintext, encode_memory
+from engram_sync.shared_format.timestamps import utc_now_rfc3339
+from engram_sync.shared_format.wire import SyncBlob
 
 _WORDS: Final = (  # noqa: SIM905 - one readable block of text
     "deploy release staging rollback migration schema index query cache latency budget "

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from relay.db.embedded import EmbeddedPostgres
-from relay.db.migrate import upgrade_to_head
-from relay.db.url import redact_url, to_libpq_url
+from engram_sync.relay.db.embedded import EmbeddedPostgres
+from engram_sync.relay.db.migrate import upgrade_to_head
+from engram_sync.relay.db.url import redact_url, to_libpq_url
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ import httpx
 from bench import ceiling
 from bench.relay_load import BenchError, headers, pull_page
 from bench.settings import PULL_PAGE
-from relay.config import DEFAULT_MAX_PAGE_BYTES
-from relay.store.push import BLOB_UPSERT
-from shared_format import BlobCipher, SyncKeys
-from shared_format.blob import NONCE_LEN, TAG_LEN
+from engram_sync.relay.config import DEFAULT_MAX_PAGE_BYTES
+from engram_sync.relay.store.push import BLOB_UPSERT
+from engram_sync.shared_format import BlobCipher, SyncKeys
+from engram_sync.shared_format.blob import NONCE_LEN, TAG_LEN
 
 BLOB_CHARS: Final = 1_048_576  # base64 characters: the largest blob a default relay takes
 CONCURRENT_PULLS: Final = 4

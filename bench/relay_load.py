@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 import httpx
 
 from bench.corpus import Corpus
-from shared_format.wire import PullResponse, PushRequest, PushResponse, decode_json, encode_json
+from engram_sync.shared_format.wire import (
+    PullResponse,
+    PushRequest,
+    PushResponse,
+    decode_json,
+    encode_json,
+)
 
 
 class BenchError(RuntimeError):

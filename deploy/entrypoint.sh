@@ -48,7 +48,7 @@ import sys
 try:
     import asyncpg
 
-    from relay.db.url import redact_url, to_libpq_url
+    from engram_sync.relay.db.url import redact_url, to_libpq_url
 except ImportError as exc:
     print(f"the relay is not installed for {sys.executable}: {exc}")
     sys.exit(2)

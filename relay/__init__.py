@@ -1,3 +1,5 @@
 """The Engram Sync relay: a zero-knowledge blob store on PostgreSQL (PROTOCOL §5-§14)."""
 
-__version__ = "0.1.0"
+from engram_sync import __version__
+
+__all__ = ["__version__"]

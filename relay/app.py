@@ -16,22 +16,22 @@ from litestar.enums import ScopeType
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from relay import __version__, maintenance
-from relay.bodies import document_api
-from relay.config import RelayConfig
-from relay.db.pool import create_pool
-from relay.errors import EXCEPTION_HANDLERS, RelayError
-from relay.metrics import RelayMetrics
-from relay.push_groups import PushGroups
-from relay.request_context import request_id_middleware
-from relay.routes import accounts, devices, grants, handoff, pairing, sync, system
-from relay.state import RelayState
-from relay.store.meta import read_generation
-from relay.store.push import PushJob, PushLimits, PushResult, Quota, push_group
-from shared_format.wire import MAX_BLOBS_PER_PUSH
+from engram_sync.relay import __version__, maintenance
+from engram_sync.relay.bodies import document_api
+from engram_sync.relay.config import RelayConfig
+from engram_sync.relay.db.pool import create_pool
+from engram_sync.relay.errors import EXCEPTION_HANDLERS, RelayError
+from engram_sync.relay.metrics import RelayMetrics
+from engram_sync.relay.push_groups import PushGroups
+from engram_sync.relay.request_context import request_id_middleware
+from engram_sync.relay.routes import accounts, devices, grants, handoff, pairing, sync, system
+from engram_sync.relay.state import RelayState
+from engram_sync.relay.store.meta import read_generation
+from engram_sync.relay.store.push import PushJob, PushLimits, PushResult, Quota, push_group
+from engram_sync.shared_format.wire import MAX_BLOBS_PER_PUSH
 
 log = logging.getLogger(__name__)
-access_log = logging.getLogger("relay.access")
+access_log = logging.getLogger("engram_sync.relay.access")
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 MAX_GROUP_BLOBS = 2 * MAX_BLOBS_PER_PUSH  # blobs of one group commit (relay.push_groups)

@@ -11,12 +11,12 @@ from typing import Any
 
 from litestar import Request
 
-from relay.errors import RelayError, forbidden, unauthorized
-from relay.keys import DEFAULT_KEY_RATE, Principal, hash_key, key_prefix
-from relay.state import RelayState, relay_state
-from relay.store import accounts as account_store
-from relay.store import keys as key_store
-from relay.store.accounts import SESSION_PREFIX, AccountSession
+from engram_sync.relay.errors import RelayError, forbidden, unauthorized
+from engram_sync.relay.keys import DEFAULT_KEY_RATE, Principal, hash_key, key_prefix
+from engram_sync.relay.state import RelayState, relay_state
+from engram_sync.relay.store import accounts as account_store
+from engram_sync.relay.store import keys as key_store
+from engram_sync.relay.store.accounts import SESSION_PREFIX, AccountSession
 
 
 def _bearer(request: Request[Any, Any, Any]) -> str:

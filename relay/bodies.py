@@ -14,9 +14,9 @@ import msgspec
 from litestar import Litestar, Request
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Reference, RequestBody
 
-from relay.errors import bad_request
-from shared_format.errors import WireDecodeError
-from shared_format.wire import ErrorBody, QuotaErrorBody, decode_json
+from engram_sync.relay.errors import bad_request
+from engram_sync.shared_format.errors import WireDecodeError
+from engram_sync.shared_format.wire import ErrorBody, QuotaErrorBody, decode_json
 
 T = TypeVar("T")
 BODY_OPT: Final = "json_body"

@@ -14,22 +14,22 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from relay import cli_vaults, ops
-from relay.cli_options import DatabaseUrl, DataDir
-from relay.cli_support import CliError, check_vault, on_connection, run_db
-from relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
-from relay.connections import limits_from_env
-from relay.db.failures import DatabaseFailureError
-from relay.db.url import to_libpq_url
-from relay.ids import check_id
-from relay.logs import configure_logging
-from relay.runtime import database, default_relay_dir, save_admin_key
-from relay.serving import PortInUseError, export_for_workers, open_listeners, serve_app
-from relay.store import devices
-from relay.store import keys as key_store
-from shared_format.wire import DeviceEntry
+from engram_sync.relay import cli_vaults, ops
+from engram_sync.relay.cli_options import DatabaseUrl, DataDir
+from engram_sync.relay.cli_support import CliError, check_vault, on_connection, run_db
+from engram_sync.relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
+from engram_sync.relay.connections import limits_from_env
+from engram_sync.relay.db.failures import DatabaseFailureError
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.ids import check_id
+from engram_sync.relay.logs import configure_logging
+from engram_sync.relay.runtime import database, default_relay_dir, save_admin_key
+from engram_sync.relay.serving import PortInUseError, export_for_workers, open_listeners, serve_app
+from engram_sync.relay.store import devices
+from engram_sync.relay.store import keys as key_store
+from engram_sync.shared_format.wire import DeviceEntry
 
-log = logging.getLogger("relay.cli")
+log = logging.getLogger("engram_sync.relay.cli")
 app = typer.Typer(
     help="Engram Sync relay: a zero-knowledge sync relay on PostgreSQL. "
     "Errors are one line; add --debug to any command for the full traceback.",
@@ -299,7 +299,7 @@ def gc(
 ) -> None:
     """Compact tombstones now (only those every active device has pulled past), and erase
     expired handoff seals, pairing codes and sessions."""
-    from relay.maintenance import Sweep, sweep
+    from engram_sync.relay.maintenance import Sweep, sweep
 
     # What a serving relay's background maintenance runs (relay.maintenance).
     done: Sweep = run_db(
@@ -324,7 +324,7 @@ def pair(
     """Print a one-time pairing code (10 minutes); a new device redeems it for its own key.
 
     Like `keys create`, a vault an account owns is refused unless --force (PROTOCOL §13)."""
-    from relay.store.pairing import TooManyCodesError, create_code
+    from engram_sync.relay.store.pairing import TooManyCodesError, create_code
 
     check_vault(vault)
     if label is not None and (not label.strip() or len(label) > 128):

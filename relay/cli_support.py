@@ -12,9 +12,9 @@ from typing import TypeVar
 
 import asyncpg
 
-from relay.db.url import to_libpq_url
-from relay.ids import check_id
-from relay.runtime import database
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.ids import check_id
+from engram_sync.relay.runtime import database
 
 T = TypeVar("T")
 

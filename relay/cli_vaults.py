@@ -18,14 +18,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from relay.cli_options import DatabaseUrl, DataDir
-from relay.cli_support import CliError, check_vault, on_connection, run_db
-from relay.keys import StaticKey
-from relay.store import keys as key_store
-from relay.store import owners
-from relay.store.owners import VaultOwner
+from engram_sync.relay.cli_options import DatabaseUrl, DataDir
+from engram_sync.relay.cli_support import CliError, check_vault, on_connection, run_db
+from engram_sync.relay.keys import StaticKey
+from engram_sync.relay.store import keys as key_store
+from engram_sync.relay.store import owners
+from engram_sync.relay.store.owners import VaultOwner
 
-log = logging.getLogger("relay.cli")
+log = logging.getLogger("engram_sync.relay.cli")
 vaults_app = typer.Typer(
     help="List vaults, show one, set its quota, grant accounts.", no_args_is_help=True
 )

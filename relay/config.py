@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from relay.client_address import ENV_TRUSTED_PROXIES, Network, parse_trusted_proxies
-from relay.keys import StaticKey, parse_static_keys
+from engram_sync.relay.client_address import ENV_TRUSTED_PROXIES, Network, parse_trusted_proxies
+from engram_sync.relay.keys import StaticKey, parse_static_keys
 
 DEFAULT_PORT: Final = 8788
 DEFAULT_MAX_BLOB_BYTES: Final = 1_048_576  # PROTOCOL §6 step 2: base64 characters of ciphertext
@@ -19,7 +19,7 @@ DEFAULT_PUSH_LANES: Final = 1  # concurrent push transactions per process (relay
 # PROTOCOL §7, §9, §11 (issue 14 item 5): a pull page stops adding blobs once its ciphertext
 # passes this many base64 characters (always at least one blob), so one pull of a vault of
 # large blobs cannot make the relay hold 1000 of them. Well below the client's 32 MiB
-# page budget (client.relay_client.PULL_PAGE_BUDGET_BYTES) even with one maximal blob over.
+# page budget (client._sync.relay_client.PULL_PAGE_BUDGET_BYTES) even with one maximal blob over.
 DEFAULT_MAX_PAGE_BYTES: Final = 8 * 1024 * 1024
 # Seconds between two background maintenance rounds (relay.maintenance); 0 turns it off.
 DEFAULT_MAINTENANCE_INTERVAL_S: Final = 300

@@ -21,7 +21,7 @@ from litestar.exceptions import (
 )
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
-from relay.domain_errors import (
+from engram_sync.relay.domain_errors import (
     BatchTooLargeError,
     EmptyBatchError,
     InvalidBlobError,
@@ -29,9 +29,9 @@ from relay.domain_errors import (
     ResyncRequiredError,
     ShuttingDownError,
 )
-from relay.store.devices import DeviceQuotaError, LabelLockedError
-from relay.store.handoff import TooManyRequestsError
-from relay.store.owners import VaultOwnedError
+from engram_sync.relay.store.devices import DeviceQuotaError, LabelLockedError
+from engram_sync.relay.store.handoff import TooManyRequestsError
+from engram_sync.relay.store.owners import VaultOwnedError
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from shared_format.timestamps import parse_rfc3339
+from engram_sync.shared_format.timestamps import parse_rfc3339
 
 RANGE_NOTE = "0001-01-01T00:00:00+00:00 to 9999-12-31T23:59:59.999999+00:00"
 

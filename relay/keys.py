@@ -15,7 +15,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Final
 
-from shared_format.b64 import b64url_encode
+from engram_sync.shared_format.b64 import b64url_encode
 
 log = logging.getLogger(__name__)
 

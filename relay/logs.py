@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from relay.request_context import RequestIdFilter
+from engram_sync.relay.request_context import RequestIdFilter
 
 _STANDARD: Final = frozenset(
     logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys() | {"message", "asctime"}

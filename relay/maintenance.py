@@ -21,13 +21,13 @@ from typing import Final
 
 import asyncpg
 
-from relay.db.url import to_libpq_url
-from relay.metrics import RelayMetrics
-from relay.state import RelayState
-from relay.store.accounts import purge_expired_sessions
-from relay.store.compaction import CompactionResult, compact_vaults
-from relay.store.handoff import purge_expired_requests
-from relay.store.pairing import purge_expired_codes
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.metrics import RelayMetrics
+from engram_sync.relay.state import RelayState
+from engram_sync.relay.store.accounts import purge_expired_sessions
+from engram_sync.relay.store.compaction import CompactionResult, compact_vaults
+from engram_sync.relay.store.handoff import purge_expired_requests
+from engram_sync.relay.store.pairing import purge_expired_codes
 
 __all__ = ["MAINTENANCE_LOCK_KEY", "Sweep", "locked_sweep", "maintenance_round", "start", "stop"]
 

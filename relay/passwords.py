@@ -27,7 +27,7 @@ from typing import Final, TypeVar
 from argon2 import PasswordHasher, Type
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
-from relay.errors import RelayError
+from engram_sync.relay.errors import RelayError
 
 T = TypeVar("T")
 

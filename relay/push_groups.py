@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from relay.domain_errors import PushRefusedError, ShuttingDownError
-from relay.store.push import PushJob, PushOutcome, PushResult
+from engram_sync.relay.domain_errors import PushRefusedError, ShuttingDownError
+from engram_sync.relay.store.push import PushJob, PushOutcome, PushResult
 
 GroupRunner = Callable[[list[PushJob]], Awaitable[list[PushResult]]]
 

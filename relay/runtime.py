@@ -12,10 +12,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from relay.db.embedded import EmbeddedPostgres, default_data_dir
-from relay.db.failures import DatabaseFailureError, explain
-from relay.db.migrate import upgrade_to_head
-from relay.db.url import resolve_database_url
+from engram_sync.relay.db.embedded import EmbeddedPostgres, default_data_dir
+from engram_sync.relay.db.failures import DatabaseFailureError, explain
+from engram_sync.relay.db.migrate import upgrade_to_head
+from engram_sync.relay.db.url import resolve_database_url
 
 ADMIN_KEY_FILE = "admin-key"
 

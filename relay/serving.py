@@ -27,18 +27,23 @@ from typing import Final
 import uvicorn
 from litestar import Litestar
 
-from relay.app import create_app
-from relay.config import RelayConfig, config_from_env
-from relay.connections import ConnectionLimits, GuardedConfig, ensure_fd_limit, limits_from_env
-from relay.logs import configure_logging
-from relay.worker_metrics import WorkerSupervisor, shared_metrics_dir
+from engram_sync.relay.app import create_app
+from engram_sync.relay.config import RelayConfig, config_from_env
+from engram_sync.relay.connections import (
+    ConnectionLimits,
+    GuardedConfig,
+    ensure_fd_limit,
+    limits_from_env,
+)
+from engram_sync.relay.logs import configure_logging
+from engram_sync.relay.worker_metrics import WorkerSupervisor, shared_metrics_dir
 
-APP_FACTORY: Final = "relay.serving:app_from_env"
+APP_FACTORY: Final = "engram_sync.relay.serving:app_from_env"
 ENV_DATABASE_URL: Final = "ENGRAM_RELAY_DATABASE_URL"
 ENV_LOG_LEVEL: Final = "ENGRAM_RELAY_LOG_LEVEL"
 ENV_LOG_FORMAT: Final = "ENGRAM_RELAY_LOG_FORMAT"
 # Seconds an idle keep-alive connection stays open (uvicorn's default, made explicit): the
-# client drops its idle connections sooner (client.relay_client.KEEPALIVE_EXPIRY_S), so
+# client drops its idle connections sooner (client._sync.relay_client.KEEPALIVE_EXPIRY_S), so
 # it never sends a request on a connection the relay is closing.
 KEEP_ALIVE_S: Final = 5
 

@@ -14,11 +14,11 @@ import asyncpg
 from litestar import Request
 from msgspec import UNSET, UnsetType
 
-from relay.config import RelayConfig
-from relay.keys import Principal
-from relay.metrics import RelayMetrics
-from relay.push_groups import PushGroups
-from relay.ratelimit import RateLimiter
+from engram_sync.relay.config import RelayConfig
+from engram_sync.relay.keys import Principal
+from engram_sync.relay.metrics import RelayMetrics
+from engram_sync.relay.push_groups import PushGroups
+from engram_sync.relay.ratelimit import RateLimiter
 
 
 @dataclass

@@ -22,7 +22,7 @@ from prometheus_client.multiprocess import mark_process_dead
 from uvicorn import Config
 from uvicorn.supervisors import Multiprocess
 
-from relay.metrics import MULTIPROC_DIR_ENV
+from engram_sync.relay.metrics import MULTIPROC_DIR_ENV
 
 __all__ = ["WorkerSupervisor", "shared_metrics_dir"]
 

@@ -4,15 +4,15 @@ Pure and synchronous; no I/O beyond the local vault file. See PROTOCOL.md and
 VAULT.md for the contract every name here implements.
 """
 
-from shared_format.b64 import (
+from engram_sync.shared_format.b64 import (
     Base64Error,
     b64decode_std,
     b64encode_std,
     b64url_decode,
     b64url_encode,
 )
-from shared_format.blob import BlobCipher, blob_hmac
-from shared_format.errors import (
+from engram_sync.shared_format.blob import BlobCipher, blob_hmac
+from engram_sync.shared_format.errors import (
     BlobDecryptError,
     BlobMalformedError,
     BlobTamperedError,
@@ -25,7 +25,7 @@ from shared_format.errors import (
     WireDecodeError,
     WrongPassphraseError,
 )
-from shared_format.handoff import (
+from engram_sync.shared_format.handoff import (
     HandoffKeyPair,
     SealedHandoff,
     new_handoff_keypair,
@@ -34,8 +34,8 @@ from shared_format.handoff import (
     public_key_fingerprint,
     seal_vault_key,
 )
-from shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v1, vault_id_v2
-from shared_format.plaintext import (
+from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v1, vault_id_v2
+from engram_sync.shared_format.plaintext import (
     Link,
     MemoryPlaintext,
     Tombstone,
@@ -43,13 +43,13 @@ from shared_format.plaintext import (
     encode_memory,
     tombstone_plaintext,
 )
-from shared_format.recovery import (
+from engram_sync.shared_format.recovery import (
     generate_recovery_phrase,
     normalize_recovery_phrase,
     validate_recovery_phrase,
 )
-from shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
-from shared_format.wire import (
+from engram_sync.shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
+from engram_sync.shared_format.wire import (
     DeviceEntry,
     DeviceRegistered,
     DeviceRevoked,
@@ -70,7 +70,7 @@ from shared_format.wire import (
     decode_json,
     encode_json,
 )
-from shared_format.wraps import (
+from engram_sync.shared_format.wraps import (
     VaultKey,
     derive_wrap_key,
     new_account_key,

@@ -21,9 +21,9 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from relay.db.embedded import EmbeddedPostgres
-from relay.db.migrate import upgrade_to_head
-from relay.db.url import to_libpq_url
+from engram_sync.relay.db.embedded import EmbeddedPostgres
+from engram_sync.relay.db.migrate import upgrade_to_head
+from engram_sync.relay.db.url import to_libpq_url
 
 
 def database_url_for(server_url: str, database: str) -> str:

@@ -52,3 +52,20 @@ def test_ruff_format_clean() -> None:
 def test_mypy_strict_clean() -> None:
     result = _run("mypy")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+_OLD_TOP_LEVEL = re.compile(r"^\s*(?:from|import) (?:relay|client|shared_format)\b", re.M)
+_NAMESPACED = re.compile(r"^\s*(?:from|import) engram_sync\.(?:relay|client|shared_format)\b", re.M)
+
+
+def test_code_imports_the_packages_by_their_installed_names() -> None:
+    """The checkout's root is on sys.path under pytest, so `import relay` would work here and
+    load a second copy of the relay; installed, only `engram_sync.relay` exists (issue 19)."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py", "*.sh"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    sources = {path: (ROOT / path).read_text(encoding="utf-8") for path in tracked}
+    old = [path for path, text in sources.items() if _OLD_TOP_LEVEL.search(text)]
+    assert old == [], old
+    # the positive case next to it: the scan does see the imports, in their installed form
+    assert len([path for path, text in sources.items() if _NAMESPACED.search(text)]) > 100

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import sqlalchemy.exc
 
-from relay.db.url import redact_url
+from engram_sync.relay.db.url import redact_url
 
 try:  # psycopg is what the migrations connect with (alembic + SQLAlchemy)
     import psycopg

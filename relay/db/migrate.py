@@ -1,7 +1,7 @@
 """Schema migrations (alembic), run programmatically.
 
-The migration scripts live in the top-level ``alembic/`` directory of the
-source tree, which a source checkout or an editable install provides.
+The migration scripts live in ``relay/migrations/`` (``env.py``, ``versions/``) and
+ship inside the package, so an installed wheel migrates as a checkout does.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from relay.db.url import redact_url, to_sqlalchemy_url
+from engram_sync.relay.db.url import redact_url, to_sqlalchemy_url
 
 __all__ = [
     "MigrationsNotFoundError",
@@ -31,21 +31,21 @@ log = logging.getLogger(__name__)
 
 #: Advisory lock key held while migrating (an arbitrary constant: "engram01").
 _MIGRATION_LOCK = 0x656E6772616D3031
-#: Key of ``Config.attributes`` that ``alembic/env.py`` reads the URL from.
+#: Key of ``Config.attributes`` that ``relay/migrations/env.py`` reads the URL from.
 DATABASE_URL_ATTRIBUTE = "database_url"
 
 
 class MigrationsNotFoundError(RuntimeError):
-    """The ``alembic/`` directory with the migration scripts is missing."""
+    """The ``relay/migrations/`` directory with the migration scripts is missing."""
 
 
 def alembic_dir() -> Path:
-    """Return the repository's ``alembic/`` directory (next to the ``relay`` package)."""
-    path = Path(__file__).resolve().parents[2] / "alembic"
+    """Return the relay's migration scripts directory (``relay/migrations``)."""
+    path = Path(__file__).resolve().parents[1] / "migrations"
     if not (path / "env.py").is_file():
         raise MigrationsNotFoundError(
-            f"migration scripts not found at {path}: run the relay from a source "
-            "checkout or an editable install (pip install -e .)"
+            f"migration scripts not found at {path}: the installation is incomplete; "
+            "reinstall engram-sync[relay]"
         )
     return path
 

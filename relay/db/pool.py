@@ -6,7 +6,7 @@ import logging
 
 import asyncpg
 
-from relay.db.url import redact_url, to_libpq_url
+from engram_sync.relay.db.url import redact_url, to_libpq_url
 
 __all__ = ["create_pool"]
 

@@ -9,14 +9,20 @@ from typing import Any, Final
 
 from litestar import Request
 
-from relay import passwords
-from relay.client_address import client_address, forwarded_for, limit_key
-from relay.errors import RelayError, bad_request
-from relay.labels import label_problem
-from relay.ratelimit import RateLimiter
-from relay.state import relay_state
-from shared_format.b64 import Base64Error, b64decode_std
-from shared_format.wraps import MAX_SALT_LEN, MAX_WRAP_LEN, MIN_SALT_LEN, NONCE_LEN, TAG_LEN
+from engram_sync.relay import passwords
+from engram_sync.relay.client_address import client_address, forwarded_for, limit_key
+from engram_sync.relay.errors import RelayError, bad_request
+from engram_sync.relay.labels import label_problem
+from engram_sync.relay.ratelimit import RateLimiter
+from engram_sync.relay.state import relay_state
+from engram_sync.shared_format.b64 import Base64Error, b64decode_std
+from engram_sync.shared_format.wraps import (
+    MAX_SALT_LEN,
+    MAX_WRAP_LEN,
+    MIN_SALT_LEN,
+    NONCE_LEN,
+    TAG_LEN,
+)
 
 MAX_EMAIL_CHARS: Final = 254
 MIN_WRAP_LEN: Final = NONCE_LEN + TAG_LEN  # an AES-GCM envelope of nothing

@@ -19,12 +19,12 @@ from typing import Any, Final, TypeVar
 from litestar import Request, delete, get, post, put
 from litestar.params import FromPath
 
-from relay import passwords
-from relay.auth import authenticate_session
-from relay.bodies import BODY_OPT, decode_body
-from relay.errors import RelayError, forbidden
-from relay.keys import hash_key
-from relay.routes.account_support import (
+from engram_sync.relay import passwords
+from engram_sync.relay.auth import authenticate_session
+from engram_sync.relay.bodies import BODY_OPT, decode_body
+from engram_sync.relay.errors import RelayError, forbidden
+from engram_sync.relay.keys import hash_key
+from engram_sync.relay.routes.account_support import (
     check_label,
     client_ip,
     email_bucket,
@@ -37,14 +37,14 @@ from relay.routes.account_support import (
     strong_password,
     wrap_b64,
 )
-from relay.routes.ids import require_id
-from relay.state import relay_state
-from relay.store import accounts as store
-from relay.store import keys as key_store
-from relay.store import owners
-from relay.store.accounts import AccountSession
-from shared_format.timestamps import format_rfc3339
-from shared_format.wire import (
+from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.state import relay_state
+from engram_sync.relay.store import accounts as store
+from engram_sync.relay.store import keys as key_store
+from engram_sync.relay.store import owners
+from engram_sync.relay.store.accounts import AccountSession
+from engram_sync.shared_format.timestamps import format_rfc3339
+from engram_sync.shared_format.wire import (
     AccountCreated,
     AccountInfo,
     AccountKeyInfo,

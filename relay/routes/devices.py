@@ -7,13 +7,18 @@ from typing import Any
 from litestar import Request, delete, get, post
 from litestar.params import FromPath, JSONBody
 
-from relay.auth import authorize
-from relay.errors import bad_request, forbidden
-from relay.labels import label_problem
-from relay.routes.ids import require_id
-from relay.state import relay_state
-from relay.store import devices as store
-from shared_format.wire import DeviceRegistered, DeviceRevoked, DeviceRoster, RegisterDeviceRequest
+from engram_sync.relay.auth import authorize
+from engram_sync.relay.errors import bad_request, forbidden
+from engram_sync.relay.labels import label_problem
+from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.state import relay_state
+from engram_sync.relay.store import devices as store
+from engram_sync.shared_format.wire import (
+    DeviceRegistered,
+    DeviceRevoked,
+    DeviceRoster,
+    RegisterDeviceRequest,
+)
 
 
 @get("/v1/vaults/{vault_id:str}/devices", tags=["devices"])

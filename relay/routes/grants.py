@@ -14,14 +14,19 @@ from typing import Any, Final
 from litestar import Request, delete, get, post
 from litestar.params import FromPath
 
-from relay.auth import authorize
-from relay.bodies import BODY_OPT, decode_body
-from relay.errors import RelayError, bad_request
-from relay.routes.ids import require_id
-from relay.state import relay_state
-from relay.store import owners
-from shared_format.timestamps import format_rfc3339
-from shared_format.wire import GrantRequest, VaultGrantInfo, VaultGrantList, VaultGrantRevoked
+from engram_sync.relay.auth import authorize
+from engram_sync.relay.bodies import BODY_OPT, decode_body
+from engram_sync.relay.errors import RelayError, bad_request
+from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.state import relay_state
+from engram_sync.relay.store import owners
+from engram_sync.shared_format.timestamps import format_rfc3339
+from engram_sync.shared_format.wire import (
+    GrantRequest,
+    VaultGrantInfo,
+    VaultGrantList,
+    VaultGrantRevoked,
+)
 
 log = logging.getLogger(__name__)
 

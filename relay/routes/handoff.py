@@ -20,26 +20,30 @@ from litestar import Request, delete, get, post
 from litestar.params import FromPath
 from msgspec import UNSET, UnsetType
 
-from relay.auth import authorize
-from relay.bodies import BODY_OPT, decode_body
-from relay.errors import RelayError, bad_request, forbidden
-from relay.keys import Principal
-from relay.routes.account_support import check_label
-from relay.routes.ids import require_id
-from relay.state import relay_state
-from relay.store import handoff as store
-from relay.store.handoff import HandoffRow
-from shared_format.errors import HandoffError
-from shared_format.handoff import decode_public_key, decode_sealed, public_key_fingerprint
-from shared_format.handoff_pake import (
+from engram_sync.relay.auth import authorize
+from engram_sync.relay.bodies import BODY_OPT, decode_body
+from engram_sync.relay.errors import RelayError, bad_request, forbidden
+from engram_sync.relay.keys import Principal
+from engram_sync.relay.routes.account_support import check_label
+from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.state import relay_state
+from engram_sync.relay.store import handoff as store
+from engram_sync.relay.store.handoff import HandoffRow
+from engram_sync.shared_format.errors import HandoffError
+from engram_sync.shared_format.handoff import (
+    decode_public_key,
+    decode_sealed,
+    public_key_fingerprint,
+)
+from engram_sync.shared_format.handoff_pake import (
     SIDE_ADMIN,
     SIDE_REQUESTER,
     decode_auth,
     decode_pake_message,
 )
-from shared_format.pairing import is_pairing_id
-from shared_format.timestamps import format_rfc3339
-from shared_format.wire import (
+from engram_sync.shared_format.pairing import is_pairing_id
+from engram_sync.shared_format.timestamps import format_rfc3339
+from engram_sync.shared_format.wire import (
     HandoffCancelled,
     HandoffClaimed,
     HandoffCreated,

@@ -6,8 +6,8 @@ the store and rules layers can use it; only this edge turns its answer into a 40
 
 from __future__ import annotations
 
-from relay.errors import bad_request
-from relay.ids import check_id
+from engram_sync.relay.errors import bad_request
+from engram_sync.relay.ids import check_id
 
 
 def require_id(value: str, name: str) -> str:

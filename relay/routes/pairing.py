@@ -15,20 +15,20 @@ from typing import Any, Final
 from litestar import Request, post
 from litestar.params import FromPath
 
-from relay.auth import authenticate_session, authorize, bearer_is_session
-from relay.bodies import BODY_OPT, OPTIONAL_BODY_OPT, decode_body
-from relay.errors import RelayError, bad_request, forbidden
-from relay.routes.account_support import check_label, client_ip
-from relay.routes.account_support import limit_per_minute as limit
-from relay.routes.accounts import REDEEM_PER_MINUTE
-from relay.routes.ids import require_id
-from relay.state import relay_state
-from relay.store import accounts as account_store
-from relay.store import owners
-from relay.store import pairing as store
-from shared_format.pairing import PairingCodeError, normalize_pairing_code
-from shared_format.timestamps import format_rfc3339
-from shared_format.wire import (
+from engram_sync.relay.auth import authenticate_session, authorize, bearer_is_session
+from engram_sync.relay.bodies import BODY_OPT, OPTIONAL_BODY_OPT, decode_body
+from engram_sync.relay.errors import RelayError, bad_request, forbidden
+from engram_sync.relay.routes.account_support import check_label, client_ip
+from engram_sync.relay.routes.account_support import limit_per_minute as limit
+from engram_sync.relay.routes.accounts import REDEEM_PER_MINUTE
+from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.state import relay_state
+from engram_sync.relay.store import accounts as account_store
+from engram_sync.relay.store import owners
+from engram_sync.relay.store import pairing as store
+from engram_sync.shared_format.pairing import PairingCodeError, normalize_pairing_code
+from engram_sync.shared_format.timestamps import format_rfc3339
+from engram_sync.shared_format.wire import (
     CreatePairingCodeRequest,
     PairingCodeIssued,
     PairingRedeemed,

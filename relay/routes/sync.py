@@ -8,16 +8,16 @@ from typing import Annotated, Any
 from litestar import Request, get, post
 from litestar.params import FromPath, FromQuery, QueryParameter
 
-from relay.auth import authorize
-from relay.bodies import BODY_OPT, decode_body
-from relay.errors import bad_request
-from relay.instants import parse_storable
-from relay.push_rules import check_structure
-from relay.routes.ids import require_id
-from relay.state import relay_state
-from relay.store import sync as store
-from relay.store.push import PushJob
-from shared_format.wire import (
+from engram_sync.relay.auth import authorize
+from engram_sync.relay.bodies import BODY_OPT, decode_body
+from engram_sync.relay.errors import bad_request
+from engram_sync.relay.instants import parse_storable
+from engram_sync.relay.push_rules import check_structure
+from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.state import relay_state
+from engram_sync.relay.store import sync as store
+from engram_sync.relay.store.push import PushJob
+from engram_sync.shared_format.wire import (
     DEFAULT_PULL_LIMIT,
     MAX_BLOBS_PER_PUSH,
     MAX_PULL_LIMIT,

@@ -8,10 +8,10 @@ from typing import Any
 
 from litestar import MediaType, Request, Response, get
 
-from relay import __version__
-from relay.errors import RelayError
-from relay.state import relay_state
-from shared_format.wire import MAX_BLOBS_PER_PUSH, MAX_PULL_LIMIT, RelayInfo, SyncHealth
+from engram_sync.relay import __version__
+from engram_sync.relay.errors import RelayError
+from engram_sync.relay.state import relay_state
+from engram_sync.shared_format.wire import MAX_BLOBS_PER_PUSH, MAX_PULL_LIMIT, RelayInfo, SyncHealth
 
 PROTOCOL_VERSION = "engram-sync/5.1"
 FEATURES = [

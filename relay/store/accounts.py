@@ -20,9 +20,9 @@ from typing import Final, TypeAlias
 
 import asyncpg
 
-from relay.store import owners
-from relay.store.keys import insert_api_key
-from shared_format.b64 import b64url_encode
+from engram_sync.relay.store import owners
+from engram_sync.relay.store.keys import insert_api_key
+from engram_sync.shared_format.b64 import b64url_encode
 
 SESSION_PREFIX: Final = "ses_"
 SESSION_TTL: Final = timedelta(days=30)

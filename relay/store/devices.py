@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from shared_format.timestamps import format_rfc3339
-from shared_format.wire import DeviceEntry
+from engram_sync.shared_format.timestamps import format_rfc3339
+from engram_sync.shared_format.wire import DeviceEntry
 
 
 async def roster(pool: asyncpg.Pool, vault_id: str) -> list[DeviceEntry]:

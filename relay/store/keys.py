@@ -7,7 +7,7 @@ from datetime import datetime
 
 import asyncpg
 
-from relay.keys import Principal, hash_key, key_prefix, mint_key, new_key_id
+from engram_sync.relay.keys import Principal, hash_key, key_prefix, mint_key, new_key_id
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Final
 
 import asyncpg
 
-from relay.store.accounts import device_revoked, insert_key
-from shared_format.pairing import new_pairing_code, pairing_code_hash
+from engram_sync.relay.store.accounts import device_revoked, insert_key
+from engram_sync.shared_format.pairing import new_pairing_code, pairing_code_hash
 
 PAIRING_TTL: Final = timedelta(minutes=10)
 MAX_LIVE_CODES: Final = 5

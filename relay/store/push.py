@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 
 import asyncpg
 
-from relay.domain_errors import PushRefusedError, QuotaExceededError
-from relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
+from engram_sync.relay.domain_errors import PushRefusedError, QuotaExceededError
+from engram_sync.relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
 
 
 @dataclass(frozen=True)

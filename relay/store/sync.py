@@ -8,8 +8,8 @@ from datetime import datetime
 import asyncpg
 from msgspec import UNSET
 
-from relay.domain_errors import ResyncRequiredError
-from shared_format.wire import SyncBlob
+from engram_sync.relay.domain_errors import ResyncRequiredError
+from engram_sync.shared_format.wire import SyncBlob
 
 # Both pull modes cap a page by count and by bytes (PROTOCOL §7, §9, §11; issue 14 item
 # 5): of the limit+1 rows in keyset order ($3), a row is on the page while the ciphertext

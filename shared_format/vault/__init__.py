@@ -9,10 +9,14 @@ and, from the connection, the sqlcipher3 exception classes re-exported here.
 
 from __future__ import annotations
 
-from shared_format.plaintext import SOURCES
-from shared_format.timestamps import utc_now_rfc3339
-from shared_format.vault.content_hash import normalize_content, normalized_hash, strip_prefixes
-from shared_format.vault.keys import (
+from engram_sync.shared_format.plaintext import SOURCES
+from engram_sync.shared_format.timestamps import utc_now_rfc3339
+from engram_sync.shared_format.vault.content_hash import (
+    normalize_content,
+    normalized_hash,
+    strip_prefixes,
+)
+from engram_sync.shared_format.vault.keys import (
     MachineIdSource,
     is_vault_key,
     legacy_passphrase_vault_key,
@@ -20,16 +24,21 @@ from shared_format.vault.keys import (
     passphrase_vault_key,
     read_machine_id,
 )
-from shared_format.vault.salt import FALLBACK_SALT_TAG, SALT_FILE_NAME, vault_salt16
-from shared_format.vault.schema import (
+from engram_sync.shared_format.vault.salt import FALLBACK_SALT_TAG, SALT_FILE_NAME, vault_salt16
+from engram_sync.shared_format.vault.schema import (
     LAYERS,
     LINK_TYPES,
     PRIVACY_LEVELS,
     SCHEMA_VERSION,
     apply_schema,
 )
-from shared_format.vault.sqlcipher import DatabaseError, Error, IntegrityError, OperationalError
-from shared_format.vault.store import DB_FILE_NAME, Vault, VaultKeyKind, open_vault
+from engram_sync.shared_format.vault.sqlcipher import (
+    DatabaseError,
+    Error,
+    IntegrityError,
+    OperationalError,
+)
+from engram_sync.shared_format.vault.store import DB_FILE_NAME, Vault, VaultKeyKind, open_vault
 
 __all__ = [
     "DB_FILE_NAME",

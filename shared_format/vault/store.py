@@ -11,17 +11,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-from shared_format.errors import VaultError, WrongPassphraseError
-from shared_format.vault import sqlcipher
-from shared_format.vault.keys import (
+from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
+from engram_sync.shared_format.vault import sqlcipher
+from engram_sync.shared_format.vault.keys import (
     MachineIdSource,
     legacy_passphrase_vault_key,
     machine_vault_key,
     passphrase_vault_key,
     read_machine_id,
 )
-from shared_format.vault.salt import salt_path, vault_salt16, write_new_salt
-from shared_format.vault.schema import apply_schema
+from engram_sync.shared_format.vault.salt import salt_path, vault_salt16, write_new_salt
+from engram_sync.shared_format.vault.schema import apply_schema
 
 DB_FILE_NAME: Final = "engrams.db"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from client.device import ClockExhaustedError, Device
-from client.sync_config import SyncConfig, load_sync_config, save_sync_config
-from client.sync_state import SkippedBlob, SyncState
+from engram_sync.client._sync.config import SyncConfig, load_sync_config, save_sync_config
+from engram_sync.client._sync.device import ClockExhaustedError, Device
+from engram_sync.client._sync.state import SkippedBlob, SyncState
 
 
 def test_device_is_created_once_with_a_uuid4(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from client import local_store
-from client.session import VaultSession
+from engram_sync.client._session import VaultSession
+from engram_sync.client._vault import store as local_store
 from tests.e2e.conftest import PASSPHRASE
 from tests.relay.conftest import ADMIN_KEY, Relay
 

@@ -1,4 +1,4 @@
-"""The client's own tables (client.local_schema) on real SQLCipher vaults: created and
+"""The client's own tables (client._vault.schema) on real SQLCipher vaults: created and
 versioned when a session opens a vault, old vaults upgraded with their rows, newer ones
 refused untouched, and the Engram schema (VAULT §3, user_version 10) left as it is."""
 
@@ -14,11 +14,16 @@ from pathlib import Path
 import pytest
 import sqlcipher3
 
-from client import local_schema
-from client.local_schema import SCHEMA_VERSION, LocalSchemaTooNewError, migrate, schema_version
-from client.session import VaultSession
-from shared_format.vault import open_vault
-from shared_format.vault.schema import SCHEMA_VERSION as ENGRAM_SCHEMA_VERSION
+from engram_sync.client._session import VaultSession
+from engram_sync.client._vault import schema as local_schema
+from engram_sync.client._vault.schema import (
+    SCHEMA_VERSION,
+    LocalSchemaTooNewError,
+    migrate,
+    schema_version,
+)
+from engram_sync.shared_format.vault import open_vault
+from engram_sync.shared_format.vault.schema import SCHEMA_VERSION as ENGRAM_SCHEMA_VERSION
 
 PASSPHRASE = "local schema tests"
 EXE = str(Path(sys.executable).parent / "engram-sync")
@@ -32,8 +37,8 @@ SYNC_TABLES = {
     "sync_pairing_code",
 }
 
-# The tables exactly as client.local_store and client.vault_keys created them before
-# client.local_schema existed (no sync_schema table): what an existing vault holds.
+# The tables exactly as client._vault.store and client._vault.keys created them before
+# client._vault.schema existed (no sync_schema table): what an existing vault holds.
 OLD_SQL = """
 CREATE TABLE IF NOT EXISTS sync_known_clocks (
     memory_id TEXT PRIMARY KEY, vector_clock INTEGER NOT NULL,

@@ -10,11 +10,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from client import local_store as ls
-from client.local_schema import migrate
-from shared_format.plaintext import Link, MemoryPlaintext
-from shared_format.timestamps import parse_rfc3339
-from shared_format.vault import open_vault
+from engram_sync.client._vault import store as ls
+from engram_sync.client._vault.schema import migrate
+from engram_sync.shared_format.plaintext import Link, MemoryPlaintext
+from engram_sync.shared_format.timestamps import parse_rfc3339
+from engram_sync.shared_format.vault import open_vault
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_add_edit_delete_and_push_bookkeeping(conn: sqlite3.Connection) -> None:
 
 
 def test_content_hash_is_normalised(conn: sqlite3.Connection) -> None:
-    from shared_format.vault import normalized_hash
+    from engram_sync.shared_format.vault import normalized_hash
 
     memory_id = ls.add_memory(conn, "[89] [10:23:45] [/home/alice/engram] Cargo  check")
     row = conn.execute("SELECT content_hash FROM engrams WHERE id = ?", (memory_id,)).fetchone()

@@ -21,8 +21,8 @@ import httpx
 import msgspec
 import pytest
 
-from client import __version__
-from client.errors import (
+from engram_sync.client import __version__
+from engram_sync.client._errors import (
     AuthError,
     DeviceRevokedError,
     ForbiddenError,
@@ -34,10 +34,10 @@ from client.errors import (
     ResyncRequiredError,
     SyncError,
 )
-from client.relay_client import RelayClient, path_segment
-from relay.db.url import to_libpq_url
-from relay.store.compaction import compact_vault
-from shared_format.wire import SyncBlob
+from engram_sync.client._sync.relay_client import RelayClient, path_segment
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.store.compaction import compact_vault
+from engram_sync.shared_format.wire import SyncBlob
 from tests.client.conftest import StartRelay
 from tests.relay.conftest import ADMIN_KEY, Relay, base_config, free_port, with_limits
 

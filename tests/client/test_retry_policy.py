@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from client.account_client import AccountClient
-from client.errors import OutcomeUnknownError, RelayUnavailableError
-from client.relay_client import RelayClient, Retry
+from engram_sync.client._accounts.account_client import AccountClient
+from engram_sync.client._errors import OutcomeUnknownError, RelayUnavailableError
+from engram_sync.client._sync.relay_client import RelayClient, Retry
 
 CLIENT = Path(__file__).resolve().parents[2] / "client"
 
@@ -62,7 +62,7 @@ PINNED: dict[tuple[str, str], str] = {
 def _calls() -> dict[tuple[str, str], str]:
     """Every `self._call(...)` / `self._send(...)` in client/, by enclosing method."""
     found: dict[tuple[str, str], str] = {}
-    for path in sorted(CLIENT.glob("*.py")):
+    for path in sorted(CLIENT.rglob("*.py")):
         tree = ast.parse(path.read_text())
         for func in ast.walk(tree):
             if not isinstance(func, ast.FunctionDef) or func.name in {"_call", "_send"}:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from client import local_store
-from client.session import VaultSession
-from client.sync_lock import SyncBusyError, sync_lock
-from client.syncer import SyncReport
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.lock import SyncBusyError, sync_lock
+from engram_sync.client._vault import store as local_store
 from tests.e2e.conftest import PASSPHRASE
 from tests.relay.conftest import ADMIN_KEY, Relay
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from client import local_store
-from client.relay_client import RelayClient
-from client.session import VaultSession
-from client.syncer import SyncReport
-from shared_format.timestamps import format_rfc3339
-from shared_format.wire import PushResponse, SyncBlob
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.client._vault import store as local_store
+from engram_sync.shared_format.timestamps import format_rfc3339
+from engram_sync.shared_format.wire import PushResponse, SyncBlob
 from tests.relay.conftest import ADMIN_KEY, Relay
 
 PASSPHRASE = "client push tests: correct horse battery staple"

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from client.session import VaultSession
+from engram_sync.client._session import VaultSession
 from tests.e2e.hostile.proxy import Answer, Exchange, HostileProxy
 from tests.relay.accounts.helpers import PASSWORD, Account, new_email, signup
 from tests.relay.conftest import Relay

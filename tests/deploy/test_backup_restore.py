@@ -14,10 +14,10 @@ import asyncpg
 import pytest
 from typer.testing import CliRunner
 
-from relay.cli import app
-from relay.db.url import to_libpq_url
-from relay.ops import OpsError, pick_tool, split_password
-from relay.store.keys import create_key
+from engram_sync.relay.cli import app
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.ops import OpsError, pick_tool, split_password
+from engram_sync.relay.store.keys import create_key
 from tests.conftest import _execute, database_url_for
 from tests.deploy.support import BIN, child_env
 
@@ -240,7 +240,7 @@ def test_a_restore_that_cannot_renew_the_generation_fails_loudly(
     async def broken(conn: asyncpg.Connection) -> str:
         raise ConnectionResetError("connection lost")
 
-    monkeypatch.setattr("relay.ops.new_generation", broken)
+    monkeypatch.setattr("engram_sync.relay.ops.new_generation", broken)
     code, stderr = relay_in_process("restore", "-i", str(dump), "--yes", "--database-url", url)
     assert code == 1
     assert "devices would not notice the restore" in stderr
@@ -253,7 +253,7 @@ def test_a_backup_from_before_generations_gets_one_at_the_next_migration(
 ) -> None:
     from alembic import command
 
-    from relay.db.migrate import alembic_config, upgrade_to_head
+    from engram_sync.relay.db.migrate import alembic_config, upgrade_to_head
 
     command.upgrade(alembic_config(empty_database_url), "0003_vault_counts")
     dump = tmp_path / "old.dump"

@@ -78,8 +78,10 @@ def test_dockerfile_key_properties() -> None:
     assert json.loads(entrypoint[-1]) == ["/app/deploy/entrypoint.sh"]
 
     runs = " ".join(args for kw, args in steps if kw == "RUN")
-    # Editable install: /app/alembic stays next to /app/relay (relay/db/migrate.py).
-    assert re.search(r"pip install [^&]*-e \.", runs)
+    # A wheel installed from the copied sources, not editable (the migrations ship inside it).
+    assert re.search(r"pip install --no-cache-dir --no-deps \.", runs)
+    assert not re.search(r"pip install [^&]*-e ", runs)
+    assert "optional-dependencies']['relay']" in runs  # the relay extra's dependencies
     assert "[test]" not in runs  # runtime dependencies only
     assert ("WORKDIR", "/app") in steps
 
@@ -111,8 +113,8 @@ def test_image_layout_finds_the_migrations(tmp_path: Path) -> None:
                 into.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, into)
     probe = (
-        "import relay, relay.cli\n"
-        "from relay.db.migrate import alembic_dir, head_revision\n"
+        "import engram_sync.relay as relay, engram_sync.relay.cli\n"
+        "from engram_sync.relay.db.migrate import alembic_dir, head_revision\n"
         "print(relay.__file__); print(alembic_dir()); print(head_revision())\n"
     )
     env = child_env(PYTHONPATH=str(app), PYTHONDONTWRITEBYTECODE="1")
@@ -120,7 +122,7 @@ def test_image_layout_finds_the_migrations(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     relay_file, migrations, head = result.stdout.split()
     assert Path(relay_file).is_relative_to(app)
-    assert Path(migrations) == app / "alembic"
+    assert Path(migrations) == app / "engram_sync" / "relay" / "migrations"
     assert head
     assert (app / "deploy" / "entrypoint.sh").is_file()
     assert (app / "deploy" / "healthcheck.py").is_file()

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from relay.db.migrate import current_revision, head_revision
+from engram_sync.relay.db.migrate import current_revision, head_revision
 from tests.conftest import database_url_for
 from tests.deploy.support import DEPLOY, child_env, closed_port, free_port
 

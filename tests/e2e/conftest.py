@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from client.relay_client import RelayClient
-from client.session import VaultSession
-from client.syncer import SyncReport
-from relay.config import RelayConfig
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.relay.config import RelayConfig
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
 
 PASSPHRASE = "e2e correct horse battery staple"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from client import local_store
+from engram_sync.client._vault import store as local_store
 from tests.e2e.conftest import DeviceHandle
 
 

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from client import account, pairing, team, vault_keys
-from client.session import VaultSession
-from shared_format.recovery import generate_recovery_phrase
+from engram_sync.client._accounts import account, pairing, team
+from engram_sync.client._session import VaultSession
+from engram_sync.client._vault import keys as vault_keys
+from engram_sync.shared_format.recovery import generate_recovery_phrase
 from tests.e2e.conftest import DeviceHandle, make_device
 from tests.e2e.helpers import add, contents, edit
 from tests.relay.conftest import ADMIN_KEY, Relay

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from client.syncer import SyncReport
+from engram_sync.client._sync.engine import SyncReport
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.helpers import add, contents
 
@@ -14,7 +14,7 @@ class SimulatedCrashError(Exception):
 
 
 def _bulk_add(device: DeviceHandle, count: int, prefix: str) -> list[str]:
-    from client import local_store
+    from engram_sync.client._vault import store as local_store
 
     with device.open() as session, session.vault.transaction() as conn:
         return [local_store.add_memory(conn, f"{prefix} {i}") for i in range(count)]
@@ -24,7 +24,7 @@ def test_offline_device_catches_up_after_1000_changes(devices: list[DeviceHandle
     alpha, bravo, _ = devices
     ids = _bulk_add(alpha, 900, "bulk")
     alpha.sync()
-    from client import local_store
+    from engram_sync.client._vault import store as local_store
 
     with alpha.open() as session, session.vault.transaction() as conn:
         for memory_id in ids[:60]:
@@ -83,7 +83,7 @@ def test_pushes_page_through_rows_and_tombstones_in_batches(devices: list[Device
     alpha, bravo, _ = devices
     ids = _bulk_add(alpha, 30, "batched")
     assert alpha.sync(push_batch=7).pushed == 30  # 5 batches of rows
-    from client import local_store
+    from engram_sync.client._vault import store as local_store
 
     with alpha.open() as session, session.vault.transaction() as conn:
         for memory_id in ids[:20]:

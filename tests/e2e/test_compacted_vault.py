@@ -12,7 +12,7 @@ from pathlib import Path
 
 import asyncpg
 
-from relay.store.compaction import CompactionResult, compact_vault
+from engram_sync.relay.store.compaction import CompactionResult, compact_vault
 from tests.e2e.conftest import VAULT_ID, DeviceHandle, make_device
 from tests.e2e.helpers import add, contents, delete
 from tests.relay.conftest import Relay

@@ -62,7 +62,7 @@ def test_remote_delete_beats_unpushed_edit_and_the_edit_is_kept(
 
 
 def test_restore_brings_the_kept_version_back_everywhere(devices: list[DeviceHandle]) -> None:
-    from client import conflicts as conflict_ops
+    from engram_sync.client._vault import conflicts as conflict_ops
 
     alpha, bravo, _ = devices
     memory_id = add(alpha, "v1")

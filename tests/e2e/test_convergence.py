@@ -27,15 +27,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from client import local_store
-from client.errors import RelayUnavailableError
-from client.relay_client import RelayClient
-from client.session import VaultSession
-from relay.db.migrate import upgrade_to_head
-from shared_format.blob import BlobCipher
-from shared_format.keys import SyncKeys, derive_sync_keys
-from shared_format.plaintext import Tombstone, decode_plaintext
-from shared_format.wire import PushResponse, SyncBlob
+from engram_sync.client._errors import RelayUnavailableError
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.client._vault import store as local_store
+from engram_sync.relay.db.migrate import upgrade_to_head
+from engram_sync.shared_format.blob import BlobCipher
+from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys
+from engram_sync.shared_format.plaintext import Tombstone, decode_plaintext
+from engram_sync.shared_format.wire import PushResponse, SyncBlob
 from tests.conftest import _execute, database_url_for
 from tests.e2e.conftest import PASSPHRASE
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
@@ -258,7 +258,7 @@ class Convergence(RuleBasedStateMachine):
     def clocks_never_go_backwards(self) -> None:
         """Each device's own clock, and the clock it knows for each memory, is never below
         what an earlier step saw (PROTOCOL §1), across syncs, drops and restarts. Fails
-        every run (3 of 3) with `client.device.Device.observe` lowering the clock to a
+        every run (3 of 3) with `client._sync.device.Device.observe` lowering the clock to a
         remote one."""
         for device, seen in zip(self.devices, self.clocks, strict=True):
             now = dict(

@@ -73,7 +73,7 @@ def test_independently_built_blobs_are_applied(devices: list[DeviceHandle]) -> N
     assert held["mem_interop-0001"] == "from another implementation"
     assert "mem_interop-0002" not in held
     with alpha.open() as session:
-        from client import local_store
+        from engram_sync.client._vault import store as local_store
 
         applied = local_store.get_memory(session.vault.conn, "mem_interop-0001")
         assert applied is not None

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import uvicorn
 
-from client.relay_client import KEEPALIVE_EXPIRY_S
-from relay.connections import ConnectionLimits
-from relay.serving import KEEP_ALIVE_S, _uvicorn_config
+from engram_sync.client._sync.relay_client import KEEPALIVE_EXPIRY_S
+from engram_sync.relay.connections import ConnectionLimits
+from engram_sync.relay.serving import KEEP_ALIVE_S, _uvicorn_config
 
 
 def test_the_client_lets_idle_connections_go_before_the_relay_does() -> None:
     served = _uvicorn_config(
-        "relay.serving:app_from_env", "127.0.0.1", 0, limits=ConnectionLimits(), factory=True
+        "engram_sync.relay.serving:app_from_env",
+        "127.0.0.1",
+        0,
+        limits=ConnectionLimits(),
+        factory=True,
     )
     assert served.timeout_keep_alive == KEEP_ALIVE_S
     assert KEEPALIVE_EXPIRY_S <= KEEP_ALIVE_S - 1  # a second of margin for a busy relay

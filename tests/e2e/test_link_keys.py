@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from client.errors import ForbiddenError
+from engram_sync.client._errors import ForbiddenError
 from tests.e2e.conftest import VAULT_ID, make_device
 from tests.relay.conftest import Relay
 

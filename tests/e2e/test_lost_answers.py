@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from client.errors import RelayUnavailableError
-from client.relay_client import RelayClient
-from shared_format.wire import PushResponse, SyncBlob
+from engram_sync.client._errors import RelayUnavailableError
+from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.shared_format.wire import PushResponse, SyncBlob
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.helpers import add, conflicts, contents, edit, sync_all
 

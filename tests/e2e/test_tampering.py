@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from shared_format.blob import BlobCipher
+from engram_sync.shared_format.blob import BlobCipher
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.helpers import add, contents
 

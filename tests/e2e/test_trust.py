@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from client.errors import DeviceRevokedError
-from shared_format import WrongPassphraseError
+from engram_sync.client._errors import DeviceRevokedError
+from engram_sync.shared_format import WrongPassphraseError
 from tests.e2e.conftest import VAULT_ID, DeviceHandle, make_device
 from tests.e2e.helpers import add, contents, edit
 from tests.relay.conftest import Relay

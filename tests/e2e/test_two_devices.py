@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from client import local_store
+from engram_sync.client._vault import store as local_store
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.helpers import add, contents, delete, edit, sync_all
 

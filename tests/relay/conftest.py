@@ -15,11 +15,11 @@ import httpx
 import pytest
 import uvicorn
 
-from relay.app import create_app
-from relay.config import RelayConfig
-from relay.db.url import to_libpq_url
-from relay.keys import parse_static_keys
-from relay.store.keys import create_key
+from engram_sync.relay.app import create_app
+from engram_sync.relay.config import RelayConfig
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.keys import parse_static_keys
+from engram_sync.relay.store.keys import create_key
 
 ADMIN_KEY = "test-operator-key-0123456789abcdef"
 METRICS_TOKEN = "test-metrics-token-0123456789abcdef"

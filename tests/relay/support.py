@@ -25,10 +25,10 @@ import httpx
 import msgspec
 import pytest
 
-from relay.config import RelayConfig
-from relay.db.migrate import upgrade_to_head
-from relay.db.url import to_libpq_url
-from shared_format import BlobCipher, SyncBlob, SyncKeys
+from engram_sync.relay.config import RelayConfig
+from engram_sync.relay.db.migrate import upgrade_to_head
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.shared_format import BlobCipher, SyncBlob, SyncKeys
 from tests.conftest import database_url_for
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
 

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from bench.relay_process import listening_workers
-from relay.db.embedded import EmbeddedPostgres
+from engram_sync.relay.db.embedded import EmbeddedPostgres
 from tests.relay.conftest import free_port
 from tests.relay.support import Sealer, pull_ok, push
 
@@ -182,7 +182,7 @@ def _count(database_url: str, query: str) -> int:
 
     import asyncpg
 
-    from relay.db.url import to_libpq_url
+    from engram_sync.relay.db.url import to_libpq_url
 
     async def go() -> int:
         conn = await asyncpg.connect(to_libpq_url(database_url))

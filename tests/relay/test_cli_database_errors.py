@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 import sqlalchemy.exc
 
-from relay.db.failures import explain
+from engram_sync.relay.db.failures import explain
 from tests.deploy.support import closed_port
 from tests.relay.test_cli import _relay
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from relay.client_address import client_address, limit_key, parse_trusted_proxies
-from relay.config import config_from_env
+from engram_sync.relay.client_address import client_address, limit_key, parse_trusted_proxies
+from engram_sync.relay.config import config_from_env
 
 CADDY = parse_trusted_proxies("172.30.87.254")
 

@@ -15,10 +15,10 @@ import asyncpg
 import httpx
 import pytest
 
-from relay.db.url import to_libpq_url
-from relay.domain_errors import ResyncRequiredError
-from relay.store.compaction import CompactionResult, compact_all, compact_vault
-from relay.store.sync import Page, pull_by_cursor
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.domain_errors import ResyncRequiredError
+from engram_sync.relay.store.compaction import CompactionResult, compact_all, compact_vault
+from engram_sync.relay.store.sync import Page, pull_by_cursor
 from tests.relay.conftest import Relay
 from tests.relay.support import (
     Sealer,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from relay import domain_errors
-from relay.errors import EXCEPTION_HANDLERS
+from engram_sync.relay import domain_errors
+from engram_sync.relay.errors import EXCEPTION_HANDLERS
 
 RELAY = Path(__file__).resolve().parents[2] / "relay"
 # Below the HTTP edge: pure rules, the group commit, the store, the refusals themselves.
@@ -24,7 +24,7 @@ BELOW_THE_EDGE = sorted(
     ]
 )
 # The web framework, and the module that turns refusals into HTTP answers.
-HTTP_MODULES = ("litestar", "relay.errors")
+HTTP_MODULES = ("litestar", "engram_sync.relay.errors")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -59,7 +59,7 @@ def test_no_http_below_the_edge(path: Path) -> None:
 
 def test_the_scan_sees_http_imports_where_they_are() -> None:
     """The positive case next to the exclusion: the scan does find them at the edge."""
-    assert "relay.errors.bad_request" in http_imports(RELAY / "routes" / "sync.py")
+    assert "engram_sync.relay.errors.bad_request" in http_imports(RELAY / "routes" / "sync.py")
     assert "litestar" in http_imports(RELAY / "routes" / "sync.py")
     assert "litestar.exceptions" in http_imports(RELAY / "errors.py")
     assert len(BELOW_THE_EDGE) > 10  # the store's modules are all in the scan

@@ -17,9 +17,9 @@ import asyncpg
 import httpx
 import msgspec
 
-from relay.db.migrate import upgrade_to_head
-from relay.db.url import to_libpq_url
-from shared_format import SyncBlob
+from engram_sync.relay.db.migrate import upgrade_to_head
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.shared_format import SyncBlob
 from tests.relay.conftest import ADMIN_KEY, Relay, base_config
 from tests.relay.support import (
     Sealer,

@@ -16,10 +16,10 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.config import RelayConfig, config_from_env
-from relay.db.url import to_libpq_url
-from relay.maintenance import MAINTENANCE_LOCK_KEY
-from relay.store.accounts import create_account, create_session
+from engram_sync.relay.config import RelayConfig, config_from_env
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.maintenance import MAINTENANCE_LOCK_KEY
+from engram_sync.relay.store.accounts import create_account, create_session
 from tests.relay.conftest import Relay, RelayThread
 from tests.relay.support import Sealer, client, new_vault_id, pull_ok, push_ok, serve, wait_for
 

@@ -13,9 +13,9 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from relay.config import RelayConfig, config_from_env
-from relay.logs import JsonFormatter
-from relay.request_context import RequestIdFilter
+from engram_sync.relay.config import RelayConfig, config_from_env
+from engram_sync.relay.logs import JsonFormatter
+from engram_sync.relay.request_context import RequestIdFilter
 from tests.relay.conftest import ADMIN_KEY, METRICS_TOKEN, Relay
 from tests.relay.support import Sealer, assert_error, push_ok, serve
 
@@ -26,7 +26,7 @@ def json_log() -> Iterator[io.StringIO]:
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
     handler.addFilter(RequestIdFilter())
-    access = logging.getLogger("relay.access")
+    access = logging.getLogger("engram_sync.relay.access")
     old_level = access.level
     access.setLevel(logging.INFO)
     logging.getLogger().addHandler(handler)
@@ -51,7 +51,7 @@ def test_request_id_is_echoed_and_logged(relay: Relay, json_log: io.StringIO) ->
     assert given.headers["x-request-id"] == "trace-123"
     assert re.fullmatch(r"[0-9a-f]{16}", made.headers["x-request-id"])
     assert re.fullmatch(r"[0-9a-f]{16}", hostile.headers["x-request-id"])  # replaced
-    access = [line for line in _lines(json_log) if line["logger"] == "relay.access"]
+    access = [line for line in _lines(json_log) if line["logger"] == "engram_sync.relay.access"]
     traced = [line for line in access if line["request_id"] == "trace-123"]
     assert len(traced) == 1
     assert traced[0]["route"] == "/v1/vaults/{vault_id}/stats"

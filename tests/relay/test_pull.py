@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shared_format import parse_rfc3339
+from engram_sync.shared_format import parse_rfc3339
 from tests.relay.conftest import Relay
 from tests.relay.support import (
     Sealer,

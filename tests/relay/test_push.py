@@ -8,9 +8,9 @@ import httpx
 import msgspec
 import pytest
 
-from relay.config import DEFAULT_MAX_BLOB_BYTES
-from shared_format import SyncBlob
-from shared_format.b64 import b64encode_std
+from engram_sync.relay.config import DEFAULT_MAX_BLOB_BYTES
+from engram_sync.shared_format import SyncBlob
+from engram_sync.shared_format.b64 import b64encode_std
 from tests.relay.conftest import Relay
 from tests.relay.support import (
     Sealer,

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relay.db.url import to_libpq_url
-from relay.domain_errors import PushRefusedError, QuotaExceededError
-from relay.push_groups import PushGroups
-from relay.push_rules import check_structure
-from relay.store.push import PushJob, PushLimits, PushResult, Quota, push_group
-from shared_format import SyncBlob
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.domain_errors import PushRefusedError, QuotaExceededError
+from engram_sync.relay.push_groups import PushGroups
+from engram_sync.relay.push_rules import check_structure
+from engram_sync.relay.store.push import PushJob, PushLimits, PushResult, Quota, push_group
+from engram_sync.shared_format import SyncBlob
 from tests.relay.support import Sealer, migrated_database, new_vault_id
 
 T = TypeVar("T")

@@ -7,10 +7,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from relay.domain_errors import BatchTooLargeError, EmptyBatchError, InvalidBlobError
-from relay.push_rules import CheckedBlob, StoredVersion, check_structure, plan_push
-from shared_format import SyncBlob
-from shared_format.b64 import b64encode_std
+from engram_sync.relay.domain_errors import BatchTooLargeError, EmptyBatchError, InvalidBlobError
+from engram_sync.relay.push_rules import CheckedBlob, StoredVersion, check_structure, plan_push
+from engram_sync.shared_format import SyncBlob
+from engram_sync.shared_format.b64 import b64encode_std
 from tests.relay.support import Sealer
 
 VAULT = "vault-rules"

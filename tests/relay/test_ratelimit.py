@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.ratelimit import RateLimiter
+from engram_sync.relay.ratelimit import RateLimiter
 
 
 class FakeClock:

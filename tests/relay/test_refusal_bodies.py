@@ -15,10 +15,10 @@ import httpx
 import msgspec
 import pytest
 
-from relay.push_groups import PushGroups
-from relay.state import RelayState
-from relay.store.push import PushJob, PushResult
-from shared_format.b64 import b64encode_std
+from engram_sync.relay.push_groups import PushGroups
+from engram_sync.relay.state import RelayState
+from engram_sync.relay.store.push import PushJob, PushResult
+from engram_sync.shared_format.b64 import b64encode_std
 from tests.relay.conftest import Relay, RelayThread, base_config
 from tests.relay.support import (
     Sealer,

@@ -9,9 +9,9 @@ from multiprocessing.reduction import ForkingPickler
 
 import pytest
 
-from relay import serving
-from relay.app import create_app
-from relay.config import RelayConfig
+from engram_sync.relay import serving
+from engram_sync.relay.app import create_app
+from engram_sync.relay.config import RelayConfig
 
 linux_only = pytest.mark.skipif(
     not serving._PER_WORKER_SOCKETS, reason="per-worker sockets are Linux-only"

@@ -24,7 +24,12 @@ import httpx
 import psutil
 import pytest
 
-from relay.connections import MAX_HEADER_BYTES, ConnectionLimits, ensure_fd_limit, limits_from_env
+from engram_sync.relay.connections import (
+    MAX_HEADER_BYTES,
+    ConnectionLimits,
+    ensure_fd_limit,
+    limits_from_env,
+)
 from tests.relay.conftest import ADMIN_KEY, free_port
 from tests.relay.support import (
     Sealer,

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 
-from relay import __version__
-from relay.config import DEFAULT_MAX_BLOB_BYTES
+from engram_sync.relay import __version__
+from engram_sync.relay.config import DEFAULT_MAX_BLOB_BYTES
 from tests.relay.conftest import ADMIN_KEY, METRICS_TOKEN, Relay, base_config
 from tests.relay.support import (
     Sealer,

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.relay_process import listening_workers
-from relay import serving
+from engram_sync.relay import serving
 from tests.relay.conftest import METRICS_TOKEN, free_port
 from tests.relay.support import wait_for
 from tests.relay.test_cli import BIN, _env, _wait_ready

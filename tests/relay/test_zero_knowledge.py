@@ -18,7 +18,7 @@ from pathlib import Path
 
 import asyncpg
 
-from relay.db.url import to_libpq_url
+from engram_sync.relay.db.url import to_libpq_url
 from tests.relay.conftest import ADMIN_KEY, Relay
 from tests.relay.support import Sealer, client, new_vault_id, pull_ok, push_ok, run_db
 

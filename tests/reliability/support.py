@@ -20,8 +20,14 @@ class RelayProcess:
     """`engram-relay serve` as a real process on a fixed port, killable and restartable."""
 
     def __init__(
-        self, database_url: str, *, log_path: Path | None = None, log_level: str = "warning"
+        self,
+        database_url: str,
+        *,
+        log_path: Path | None = None,
+        log_level: str = "warning",
+        bin_dir: Path = BIN,
     ) -> None:
+        self.bin_dir = bin_dir  # the environment whose `engram-relay` runs
         self.log_path = log_path
         self.log_level = log_level
         self.port = free_port()
@@ -37,7 +43,7 @@ class RelayProcess:
         )
         log = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            [str(BIN / "engram-relay"), "serve", "--port", str(self.port),
+            [str(self.bin_dir / "engram-relay"), "serve", "--port", str(self.port),
              "--database-url", self.database_url, "--log-level", self.log_level],
             env=env, stdout=log, stderr=log,
         )  # fmt: skip

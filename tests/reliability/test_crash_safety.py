@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from client import local_store
-from client.errors import SyncError
-from client.session import VaultSession
+from engram_sync.client._errors import SyncError
+from engram_sync.client._session import VaultSession
+from engram_sync.client._vault import store as local_store
 from tests.relay.conftest import ADMIN_KEY
 from tests.reliability.support import RelayProcess
 

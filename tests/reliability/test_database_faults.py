@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client import local_store
-from client.errors import SyncError
-from client.session import VaultSession
-from relay.db.embedded import EmbeddedPostgres
-from relay.db.migrate import upgrade_to_head
+from engram_sync.client._errors import SyncError
+from engram_sync.client._session import VaultSession
+from engram_sync.client._vault import store as local_store
+from engram_sync.relay.db.embedded import EmbeddedPostgres
+from engram_sync.relay.db.migrate import upgrade_to_head
 from tests.relay.conftest import ADMIN_KEY, free_port
 from tests.reliability.support import RelayProcess
 

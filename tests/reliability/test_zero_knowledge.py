@@ -15,10 +15,10 @@ from typing import Any
 
 import asyncpg
 
-from client import account, pairing, team
-from client.session import VaultSession
-from client.vault_keys import pack_keys
-from shared_format.login import login_secret
+from engram_sync.client._accounts import account, pairing, team
+from engram_sync.client._session import VaultSession
+from engram_sync.client._vault.keys import pack_keys
+from engram_sync.shared_format.login import login_secret
 from tests.e2e.conftest import DeviceHandle, make_device
 from tests.e2e.helpers import add, delete, edit
 from tests.relay.conftest import METRICS_TOKEN, Relay

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared_format.b64 import (
+from engram_sync.shared_format.b64 import (
     Base64Error,
     b64decode_std,
     b64encode_std,

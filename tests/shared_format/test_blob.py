@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared_format.b64 import b64encode_std
-from shared_format.blob import BlobCipher, blob_hmac
-from shared_format.errors import BlobDecryptError, BlobMalformedError, BlobTamperedError
-from shared_format.keys import SyncKeys
-from shared_format.timestamps import parse_rfc3339
-from shared_format.wire import SyncBlob
+from engram_sync.shared_format.b64 import b64encode_std
+from engram_sync.shared_format.blob import BlobCipher, blob_hmac
+from engram_sync.shared_format.errors import BlobDecryptError, BlobMalformedError, BlobTamperedError
+from engram_sync.shared_format.keys import SyncKeys
+from engram_sync.shared_format.timestamps import parse_rfc3339
+from engram_sync.shared_format.wire import SyncBlob
 
 GOLDEN = {
     "vault_id": "engram-local",

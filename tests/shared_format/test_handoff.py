@@ -13,9 +13,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared_format.b64 import b64url_encode
-from shared_format.errors import HandoffError
-from shared_format.handoff import (
+from engram_sync.shared_format.b64 import b64url_encode
+from engram_sync.shared_format.errors import HandoffError
+from engram_sync.shared_format.handoff import (
     HandoffKeyPair,
     SealedHandoff,
     decode_public_key,
@@ -28,7 +28,7 @@ from shared_format.handoff import (
     public_key_fingerprint,
     seal_vault_key,
 )
-from shared_format.wraps import pack_vault_key
+from engram_sync.shared_format.wraps import pack_vault_key
 
 VAULT = "team-acme"
 K = pack_vault_key(bytes(range(32)), bytes(range(32, 64)), VAULT)

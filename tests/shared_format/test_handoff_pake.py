@@ -19,15 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from spake2 import SPAKE2_A
 
-from shared_format.b64 import b64url_encode
-from shared_format.errors import HandoffError
-from shared_format.handoff import (
+from engram_sync.shared_format.b64 import b64url_encode
+from engram_sync.shared_format.errors import HandoffError
+from engram_sync.shared_format.handoff import (
     HandoffKeyPair,
     new_handoff_keypair,
     open_sealed_vault_key,
     seal_vault_key,
 )
-from shared_format.handoff_pake import (
+from engram_sync.shared_format.handoff_pake import (
     PAKE_ID_ADMIN,
     PAKE_ID_REQUESTER,
     AuthenticatedSeal,
@@ -44,8 +44,8 @@ from shared_format.handoff_pake import (
     seal_vault_key_with_code,
     verify_handoff_auth,
 )
-from shared_format.pairing import PairingCode, parse_pairing_code
-from shared_format.wraps import pack_vault_key
+from engram_sync.shared_format.pairing import PairingCode, parse_pairing_code
+from engram_sync.shared_format.wraps import pack_vault_key
 
 VAULT = "team-acme"
 K = pack_vault_key(bytes(range(32)), bytes(range(32, 64)), VAULT)

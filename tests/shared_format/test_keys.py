@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from shared_format.kdf import domain_salt
-from shared_format.keys import (
+from engram_sync.shared_format.kdf import domain_salt
+from engram_sync.shared_format.keys import (
     ENC_TAG,
     HMAC_TAG,
     SyncKeys,

@@ -8,8 +8,8 @@ import hashlib
 import pytest
 from argon2.low_level import Type, hash_secret_raw
 
-from shared_format.login import login_salt, login_secret, normalize_email
-from shared_format.wraps import derive_wrap_key
+from engram_sync.shared_format.login import login_salt, login_secret, normalize_email
+from engram_sync.shared_format.wraps import derive_wrap_key
 
 PASSWORD = "correct horse battery staple"
 # Computed once with this module's code and pinned; the independent derivation below agrees.

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from shared_format.pairing import (
+from engram_sync.shared_format.pairing import (
     PairingCode,
     PairingCodeError,
     is_pairing_id,

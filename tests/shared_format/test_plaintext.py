@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared_format.errors import PlaintextError
-from shared_format.plaintext import (
+from engram_sync.shared_format.errors import PlaintextError
+from engram_sync.shared_format.plaintext import (
     SOURCES,
     Link,
     MemoryPlaintext,

@@ -7,13 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mnemonic import Mnemonic
 
-from shared_format.errors import KeyUnwrapError, RecoveryPhraseError
-from shared_format.recovery import (
+from engram_sync.shared_format.errors import KeyUnwrapError, RecoveryPhraseError
+from engram_sync.shared_format.recovery import (
     generate_recovery_phrase,
     normalize_recovery_phrase,
     validate_recovery_phrase,
 )
-from shared_format.wraps import new_account_key, unwrap_with_secret, wrap_with_secret
+from engram_sync.shared_format.wraps import new_account_key, unwrap_with_secret, wrap_with_secret
 
 WORDLIST: list[str] = list(Mnemonic("english").wordlist)
 WORDS = frozenset(WORDLIST)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
+from engram_sync.shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
 
 
 def test_now_uses_plus_zero_offset() -> None:

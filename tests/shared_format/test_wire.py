@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared_format.errors import WireDecodeError
-from shared_format.wire import (
+from engram_sync.shared_format.errors import WireDecodeError
+from engram_sync.shared_format.wire import (
     MAX_VECTOR_CLOCK,
     PullRequest,
     PullResponse,

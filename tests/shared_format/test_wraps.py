@@ -10,8 +10,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared_format.errors import KeyUnwrapError
-from shared_format.wraps import (
+from engram_sync.shared_format.errors import KeyUnwrapError
+from engram_sync.shared_format.wraps import (
     MAX_K_LEN,
     MAX_WRAP_LEN,
     WRAP_ENVELOPE_LEN,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from client.session import VaultSession
-from relay.db.migrate import upgrade_to_head
+from engram_sync.client._session import VaultSession
+from engram_sync.relay.db.migrate import upgrade_to_head
 from tests.conftest import scratch_database
 from tests.e2e.conftest import PASSPHRASE, DeviceHandle
 from tests.e2e.hostile.proxy import HostileProxy

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from client.device import ClockExhaustedError
-from client.relay_client import RelayClient
-from client.syncer import CLOCK_JUMP_REASON, MAX_CLOCK_STEP
-from shared_format.blob import BlobCipher
-from shared_format.wire import MAX_VECTOR_CLOCK
+from engram_sync.client._sync.device import ClockExhaustedError
+from engram_sync.client._sync.engine import CLOCK_JUMP_REASON, MAX_CLOCK_STEP
+from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.shared_format.blob import BlobCipher
+from engram_sync.shared_format.wire import MAX_VECTOR_CLOCK
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.helpers import add, contents
 from tests.e2e.hostile.conftest import Scene

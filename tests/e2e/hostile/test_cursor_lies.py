@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from client.errors import ProtocolError, RelayMisbehavedError
+from engram_sync.client._errors import ProtocolError, RelayMisbehavedError
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.helpers import add, contents
 from tests.e2e.hostile.conftest import Scene

@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from client import pairing, team, vault_keys
-from shared_format.b64 import b64url_encode
-from shared_format.errors import HandoffError
-from shared_format.handoff import (
+from engram_sync.client._accounts import pairing, team
+from engram_sync.client._vault import keys as vault_keys
+from engram_sync.shared_format.b64 import b64url_encode
+from engram_sync.shared_format.errors import HandoffError
+from engram_sync.shared_format.handoff import (
     decode_public_key,
     decode_sealed,
     new_handoff_keypair,
@@ -31,14 +32,14 @@ from shared_format.handoff import (
     public_key_fingerprint,
     seal_vault_key,
 )
-from shared_format.handoff_pake import (
+from engram_sync.shared_format.handoff_pake import (
     RequesterPake,
     decode_pake_message,
     pake_password,
     seal_vault_key_with_code,
 )
-from shared_format.pairing import parse_pairing_code, with_secret
-from shared_format.wraps import pack_vault_key
+from engram_sync.shared_format.pairing import parse_pairing_code, with_secret
+from engram_sync.shared_format.wraps import pack_vault_key
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.helpers import add, contents
 from tests.e2e.hostile.conftest import Scene

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from client.errors import ProtocolError, RelayError, RelayUnavailableError
+from engram_sync.client._errors import ProtocolError, RelayError, RelayUnavailableError
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.helpers import add, contents, edit
 from tests.e2e.hostile.conftest import Scene

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from client.errors import RelayError
+from engram_sync.client._errors import RelayError
 from tests.e2e.helpers import add, contents, delete
 from tests.e2e.hostile.conftest import Scene
 from tests.e2e.hostile.proxy import Answer, Exchange

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from client.session import VaultSession
+from engram_sync.client._session import VaultSession
 from tests.deploy.test_backup_restore import relay_cli
 from tests.e2e.conftest import PASSPHRASE, DeviceHandle
 from tests.e2e.helpers import add, contents, edit

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from client.errors import AnswerTooLargeError, RelayUnavailableError
-from client.relay_client import MAX_ANSWER_BYTES, PULL_PAGE_BUDGET_BYTES, RelayClient
+from engram_sync.client._errors import AnswerTooLargeError, RelayUnavailableError
+from engram_sync.client._sync.relay_client import (
+    MAX_ANSWER_BYTES,
+    PULL_PAGE_BUDGET_BYTES,
+    RelayClient,
+)
 from tests.e2e.helpers import add, contents
 from tests.e2e.hostile.conftest import Scene
 from tests.e2e.hostile.proxy import Answer

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from shared_format.handoff import new_handoff_keypair
+from engram_sync.shared_format.handoff import new_handoff_keypair
 from tests.relay.accounts.helpers import PASSWORD, Account, http, signin, signup
 from tests.relay.conftest import ADMIN_KEY, Relay
 from tests.relay.support import assert_error, module_relay, new_vault_id

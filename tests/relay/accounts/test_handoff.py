@@ -17,12 +17,12 @@ import asyncpg
 import httpx
 import pytest
 
-from relay.db.url import to_libpq_url
-from relay.store import handoff
-from relay.store.handoff import MAX_PENDING_PER_KEY, MAX_PENDING_PER_VAULT
-from shared_format.b64 import b64url_encode
-from shared_format.errors import HandoffError
-from shared_format.handoff import (
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.store import handoff
+from engram_sync.relay.store.handoff import MAX_PENDING_PER_KEY, MAX_PENDING_PER_VAULT
+from engram_sync.shared_format.b64 import b64url_encode
+from engram_sync.shared_format.errors import HandoffError
+from engram_sync.shared_format.handoff import (
     HandoffKeyPair,
     decode_public_key,
     new_handoff_keypair,
@@ -30,15 +30,15 @@ from shared_format.handoff import (
     public_key_fingerprint,
     seal_vault_key,
 )
-from shared_format.handoff_pake import (
+from engram_sync.shared_format.handoff_pake import (
     RequesterPake,
     decode_pake_message,
     open_wire_with_code,
     pake_password,
     seal_vault_key_with_code,
 )
-from shared_format.pairing import parse_pairing_code
-from shared_format.wraps import pack_vault_key
+from engram_sync.shared_format.pairing import parse_pairing_code
+from engram_sync.shared_format.wraps import pack_vault_key
 from tests.relay.accounts.helpers import http
 from tests.relay.conftest import Relay
 from tests.relay.support import assert_error, client, new_vault_id, wait_for_lock_waiters

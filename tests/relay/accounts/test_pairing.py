@@ -13,7 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared_format.pairing import PairingCodeError, normalize_pairing_code, pairing_code_hash
+from engram_sync.shared_format.pairing import (
+    PairingCodeError,
+    normalize_pairing_code,
+    pairing_code_hash,
+)
 from tests.relay.accounts.helpers import PASSWORD, Account, http, signup
 from tests.relay.conftest import ADMIN_KEY, Relay
 from tests.relay.support import (

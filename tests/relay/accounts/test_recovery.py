@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import os
 
-from shared_format.b64 import b64decode_std, b64encode_std
-from shared_format.recovery import generate_recovery_phrase, validate_recovery_phrase
-from shared_format.recovery_proof import (
+from engram_sync.shared_format.b64 import b64decode_std, b64encode_std
+from engram_sync.shared_format.recovery import generate_recovery_phrase, validate_recovery_phrase
+from engram_sync.shared_format.recovery_proof import (
     open_recovery_wrap,
     recovery_proof,
     recovery_verifier,
     wrap_for_recovery,
 )
-from shared_format.wraps import (
+from engram_sync.shared_format.wraps import (
     new_account_key,
     pack_vault_key,
     unwrap_vault_key,

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from relay import passwords
-from relay.routes.accounts import (
+from engram_sync.relay import passwords
+from engram_sync.relay.routes.accounts import (
     REDEEM_PER_MINUTE,
     SIGNIN_PER_ACCOUNT_PER_MINUTE,
     SIGNIN_PER_MINUTE,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from shared_format.b64 import b64decode_std, b64encode_std
-from shared_format.wraps import (
+from engram_sync.shared_format.b64 import b64decode_std, b64encode_std
+from engram_sync.shared_format.wraps import (
     new_account_key,
     pack_vault_key,
     unwrap_vault_key,

@@ -10,16 +10,21 @@ import os
 
 import asyncpg
 
-from shared_format.b64 import b64decode_std, b64encode_std
-from shared_format.handoff import (
+from engram_sync.shared_format.b64 import b64decode_std, b64encode_std
+from engram_sync.shared_format.handoff import (
     decode_public_key,
     new_handoff_keypair,
     open_handoff_wire,
     seal_vault_key,
 )
-from shared_format.recovery import generate_recovery_phrase
-from shared_format.recovery_proof import open_recovery_wrap, wrap_for_recovery
-from shared_format.wraps import new_account_key, pack_vault_key, wrap_vault_key, wrap_with_secret
+from engram_sync.shared_format.recovery import generate_recovery_phrase
+from engram_sync.shared_format.recovery_proof import open_recovery_wrap, wrap_for_recovery
+from engram_sync.shared_format.wraps import (
+    new_account_key,
+    pack_vault_key,
+    wrap_vault_key,
+    wrap_with_secret,
+)
 from tests.relay.accounts.helpers import http, signin, signup
 from tests.relay.conftest import Relay
 from tests.relay.support import client, new_device_id, new_vault_id, run_db

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.db.embedded import EmbeddedPostgres
+from engram_sync.relay.db.embedded import EmbeddedPostgres
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from relay.db.embedded import (
+from engram_sync.relay.db.embedded import (
     SYSTEM_USER,
     EmbeddedPostgres,
     EmbeddedPostgresError,

@@ -21,9 +21,9 @@ from urllib.parse import unquote, urlsplit
 import asyncpg
 import pytest
 
-from relay.db import embedded
-from relay.db.embedded import PASSWORD_FILE, EmbeddedPostgres
-from relay.db.migrate import current_revision, head_revision, upgrade_to_head
+from engram_sync.relay.db import embedded
+from engram_sync.relay.db.embedded import PASSWORD_FILE, EmbeddedPostgres
+from engram_sync.relay.db.migrate import current_revision, head_revision, upgrade_to_head
 from tests.relay.conftest import free_port
 from tests.relay.test_cli import BIN, _env, _relay, _wait_ready
 
@@ -228,7 +228,7 @@ def test_the_relay_and_its_admin_commands_work_and_never_print_the_password(
 _SYSTEM_PYTHON = Path("/usr/bin/python3")
 _AS_NOBODY = """
 import sys, asyncio, asyncpg
-from relay.db.embedded import EmbeddedPostgres
+from engram_sync.relay.db.embedded import EmbeddedPostgres
 pg = EmbeddedPostgres(sys.argv[2])
 if sys.argv[1] == "start":
     url = pg.start()

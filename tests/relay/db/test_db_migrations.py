@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 from alembic import command
 
-from relay.db.migrate import (
+from engram_sync.relay.db.migrate import (
     alembic_config,
     alembic_dir,
     current_revision,
@@ -359,7 +359,7 @@ def test_concurrent_upgrades_do_not_race(empty_database_url: str) -> None:
     """Several replicas starting at once: the advisory lock serialises the migrations."""
     import threading
 
-    from relay.db.migrate import current_revision, head_revision, upgrade_to_head
+    from engram_sync.relay.db.migrate import current_revision, head_revision, upgrade_to_head
 
     errors: list[BaseException] = []
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from relay.db.url import redact_url, resolve_database_url, to_libpq_url, to_sqlalchemy_url
+from engram_sync.relay.db.url import (
+    redact_url,
+    resolve_database_url,
+    to_libpq_url,
+    to_sqlalchemy_url,
+)
 
 EXPLICIT = "postgresql://explicit@db/relay"
 RELAY_ENV = "postgresql://relay-env@db/relay"

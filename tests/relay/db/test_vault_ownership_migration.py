@@ -12,7 +12,7 @@ import asyncio
 import asyncpg
 from alembic import command
 
-from relay.db.migrate import alembic_config, upgrade_to_head
+from engram_sync.relay.db.migrate import alembic_config, upgrade_to_head
 
 PHC = "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared_format.vault import store
+from engram_sync.shared_format.vault import store
 
 from .helpers import cached_passphrase_vault_key
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared_format.vault import normalize_content, normalized_hash, strip_prefixes
-from shared_format.vault.content_hash import WHITESPACE
+from engram_sync.shared_format.vault import normalize_content, normalized_hash, strip_prefixes
+from engram_sync.shared_format.vault.content_hash import WHITESPACE
 
 
 def sha(text: str) -> str:

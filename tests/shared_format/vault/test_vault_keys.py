@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.kdf.argon2 import Argon2id
 
-from shared_format.errors import VaultError
-from shared_format.vault import (
+from engram_sync.shared_format.errors import VaultError
+from engram_sync.shared_format.vault import (
     is_vault_key,
     legacy_passphrase_vault_key,
     machine_vault_key,
@@ -19,7 +19,7 @@ from shared_format.vault import (
     read_machine_id,
     vault_salt16,
 )
-from shared_format.vault.salt import write_new_salt
+from engram_sync.shared_format.vault.salt import write_new_salt
 
 from .helpers import MACHINE_ID, PASSPHRASE
 

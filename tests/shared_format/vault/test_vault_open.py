@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shared_format.errors import VaultError, WrongPassphraseError
-from shared_format.vault import (
+from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
+from engram_sync.shared_format.vault import (
     IntegrityError,
     Vault,
     VaultKeyKind,

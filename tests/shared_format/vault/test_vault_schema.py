@@ -1,7 +1,7 @@
 """Schema v10 (VAULT §3) and the sync_conflicts table (PROTOCOL §8), on real SQLCipher vaults.
 
 The expected tables below are transcribed by hand from VAULT.md, not derived
-from shared_format.vault.schema, so they check the implementation independently.
+from engram_sync.shared_format.vault.schema, so they check the implementation independently.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from shared_format.errors import VaultError
-from shared_format.vault import (
+from engram_sync.shared_format.errors import VaultError
+from engram_sync.shared_format.vault import (
     SOURCES,
     IntegrityError,
     Vault,

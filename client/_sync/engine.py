@@ -16,15 +16,19 @@ from typing import Final
 
 from msgspec import UnsetType
 
-from client.device import Device
-from client.errors import (
+from engram_sync.client._errors import (
     AnswerTooLargeError,
     DeviceRevokedError,
     RelayMisbehavedError,
     ResyncRequiredError,
     SyncError,
 )
-from client.local_store import (
+from engram_sync.client._sync.device import Device
+from engram_sync.client._sync.lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
+from engram_sync.client._sync.lock import sync_lock
+from engram_sync.client._sync.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
+from engram_sync.client._sync.state import SkippedBlob, SyncState
+from engram_sync.client._vault.store import (
     KnownVersion,
     PendingTombstone,
     apply_memory,
@@ -42,23 +46,19 @@ from client.local_store import (
     row_to_plaintext,
     rows_needing_push,
 )
-from client.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
-from client.sync_lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
-from client.sync_lock import sync_lock
-from client.sync_state import SkippedBlob, SyncState
-from shared_format.blob import NONCE_LEN, TAG_LEN, BlobCipher
-from shared_format.errors import FormatError
-from shared_format.keys import SyncKeys
-from shared_format.plaintext import (
+from engram_sync.shared_format.blob import NONCE_LEN, TAG_LEN, BlobCipher
+from engram_sync.shared_format.errors import FormatError
+from engram_sync.shared_format.keys import SyncKeys
+from engram_sync.shared_format.plaintext import (
     MemoryPlaintext,
     Tombstone,
     decode_plaintext,
     encode_memory,
     tombstone_plaintext,
 )
-from shared_format.timestamps import utc_now_rfc3339
-from shared_format.vault import Vault
-from shared_format.wire import PullResponse, PushResponse, SyncBlob
+from engram_sync.shared_format.timestamps import utc_now_rfc3339
+from engram_sync.shared_format.vault import Vault
+from engram_sync.shared_format.wire import PullResponse, PushResponse, SyncBlob
 
 PUSH_BATCH: Final = 500  # PROTOCOL §8
 PULL_PAGE: Final = 1000
@@ -187,7 +187,7 @@ class Syncer:
     def sync(self) -> SyncReport:
         """Pull, then push; pull and push again while the relay rejects stale clocks.
 
-        One sync per vault directory at a time (client.sync_lock); under the lock the
+        One sync per vault directory at a time (client._sync.lock); under the lock the
         device clock and the sync state are read again from disk, since another process
         may have synced since this one loaded them.
         """

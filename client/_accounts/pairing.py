@@ -5,14 +5,14 @@ The relay makes and redeems the first part; the secret part `SSSS-SSSS` is made
 here, on the admin's device, and never sent (shared_format.pairing). Both the
 admin's and the new device keep the whole code in the encrypted vault database
 (`sync_pairing_code`, one owner: this module) so that the handoff of K
-(client.team) is authenticated by it: the admin's device finds the code by the
+(client._accounts.team) is authenticated by it: the admin's device finds the code by the
 request's `pairing_id`, uses it for one exchange and forgets it. A code without
 the secret part (`engram-relay pair`) still redeems; the handoff then goes by
 fingerprints.
 
 A code gives a device access to the vault's ciphertext, not K: after redeeming,
-the vault is marked as waiting for its key (client.vault_keys), and the device
-asks for K with `engram-sync team request` (client.team).
+the vault is marked as waiting for its key (client._vault.keys), and the device
+asks for K with `engram-sync team request` (client._accounts.team).
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ import time
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from client.account_client import AccountClient
-from client.errors import ForbiddenError, RelayError, SyncError
-from client.session import VaultSession
-from client.sync_config import SyncConfig, save_sync_config
-from client.vault_keys import expect_vault_key, stored_vault_key
-from shared_format.pairing import (
+from engram_sync.client._accounts.account_client import AccountClient
+from engram_sync.client._errors import ForbiddenError, RelayError, SyncError
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.config import SyncConfig, save_sync_config
+from engram_sync.client._vault.keys import expect_vault_key, stored_vault_key
+from engram_sync.shared_format.pairing import (
     PairingCode,
     PairingCodeError,
     new_pairing_secret,
     parse_pairing_code,
     with_secret,
 )
-from shared_format.timestamps import utc_now_rfc3339
-from shared_format.vault import VaultKeyKind
+from engram_sync.shared_format.timestamps import utc_now_rfc3339
+from engram_sync.shared_format.vault import VaultKeyKind
 
 CODE_INVALID = "this pairing code is invalid, used or expired: ask the admin for a new one"
 # How long a whole code is kept for its handoff: the relay part lives 10 minutes, a

@@ -17,21 +17,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from client.account_client import AccountClient
-from client.atomic import write_json_atomic
-from client.errors import AuthError, ForbiddenError, RelayError, SyncError
-from client.pairing import require_passphrase_vault, save_link
-from client.relay_client import RelayClient
-from client.session import VaultSession
-from client.sync_config import CONFIG_FILE, load_config_file, load_sync_config
-from client.vault_keys import pack_keys, store_vault_key, verify_keys_on_relay
-from shared_format.b64 import Base64Error, b64decode_std, b64encode_std
-from shared_format.errors import KeyUnwrapError, RecoveryPhraseError
-from shared_format.login import login_secret, normalize_email
-from shared_format.recovery import generate_recovery_phrase, validate_recovery_phrase
-from shared_format.recovery_proof import open_recovery_wrap, wrap_for_recovery
-from shared_format.wire import AccountCreated, SessionIssued
-from shared_format.wraps import (
+from engram_sync.client._accounts.account_client import AccountClient
+from engram_sync.client._accounts.pairing import require_passphrase_vault, save_link
+from engram_sync.client._atomic import write_json_atomic
+from engram_sync.client._errors import AuthError, ForbiddenError, RelayError, SyncError
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.config import CONFIG_FILE, load_config_file, load_sync_config
+from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.client._vault.keys import pack_keys, store_vault_key, verify_keys_on_relay
+from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
+from engram_sync.shared_format.errors import KeyUnwrapError, RecoveryPhraseError
+from engram_sync.shared_format.login import login_secret, normalize_email
+from engram_sync.shared_format.recovery import generate_recovery_phrase, validate_recovery_phrase
+from engram_sync.shared_format.recovery_proof import open_recovery_wrap, wrap_for_recovery
+from engram_sync.shared_format.wire import AccountCreated, SessionIssued
+from engram_sync.shared_format.wraps import (
     new_account_key,
     unwrap_vault_key,
     unwrap_with_secret,

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from client.atomic import read_json, write_json_atomic
-from client.errors import SyncError
-from shared_format.timestamps import utc_now_rfc3339
-from shared_format.wire import MAX_VECTOR_CLOCK
+from engram_sync.client._atomic import read_json, write_json_atomic
+from engram_sync.client._errors import SyncError
+from engram_sync.shared_format.timestamps import utc_now_rfc3339
+from engram_sync.shared_format.wire import MAX_VECTOR_CLOCK
 
 DEVICE_FILE: Final = "device.json"
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from client.atomic import read_json, write_json_atomic
+from engram_sync.client._atomic import read_json, write_json_atomic
 
 STATE_FILE: Final = "sync_state.json"
 MAX_SKIPPED_KEPT: Final = 200

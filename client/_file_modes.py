@@ -1,5 +1,5 @@
 """A vault directory at rest is 0700 and every file in it 0600, whatever the umask it was
-made under (issue 13). New vaults are created so (shared_format.vault, client.atomic);
+made under (issue 13). New vaults are created so (shared_format.vault, client._atomic);
 opening one tightens what an older version or another tool left looser."""
 
 from __future__ import annotations

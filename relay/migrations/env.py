@@ -8,7 +8,7 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
-from relay.db.url import resolve_database_url, to_sqlalchemy_url
+from engram_sync.relay.db.url import resolve_database_url, to_sqlalchemy_url
 
 config = context.config
 

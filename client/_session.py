@@ -7,17 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from client.device import Device
-from client.errors import AuthError, SyncError
-from client.file_modes import tighten_modes
-from client.local_schema import migrate
-from client.relay_client import RelayClient
-from client.sync_config import SyncConfig, load_sync_config, save_sync_config
-from client.sync_state import SyncState
-from client.syncer import ProgressCallback, Syncer
-from client.vault_keys import session_sync_keys
-from shared_format.keys import SyncKeys, vault_id_v1, vault_id_v2
-from shared_format.vault import Vault, VaultKeyKind, open_vault
+from engram_sync.client._errors import AuthError, SyncError
+from engram_sync.client._file_modes import tighten_modes
+from engram_sync.client._sync.config import SyncConfig, load_sync_config, save_sync_config
+from engram_sync.client._sync.device import Device
+from engram_sync.client._sync.engine import ProgressCallback, Syncer
+from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.client._sync.state import SyncState
+from engram_sync.client._vault.keys import session_sync_keys
+from engram_sync.client._vault.schema import migrate
+from engram_sync.shared_format.keys import SyncKeys, vault_id_v1, vault_id_v2
+from engram_sync.shared_format.vault import Vault, VaultKeyKind, open_vault
 
 
 class NotLinkedError(SyncError):
@@ -60,7 +60,7 @@ class VaultSession:
         vault = open_vault(path, passphrase, create=create)
         try:
             tighten_modes(vault.path)
-            migrate(vault.conn)  # the client's own tables (client.local_schema)
+            migrate(vault.conn)  # the client's own tables (client._vault.schema)
             device = Device.load_or_create(path)
             return cls(
                 path=path,
@@ -86,7 +86,7 @@ class VaultSession:
 
     @property
     def keys(self) -> SyncKeys:
-        """The sync keys, once: a vault key K stored for the linked vault (client.vault_keys),
+        """The sync keys, once: a vault key K stored for the linked vault (client._vault.keys),
         else derived from the passphrase (PROTOCOL §2)."""
         if self._keys is None:
             self._keys = session_sync_keys(self.vault.conn, self.config.vault_id, self.passphrase)

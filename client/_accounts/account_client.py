@@ -18,11 +18,11 @@ from typing import NoReturn
 
 from msgspec import UNSET
 
-from client.errors import RelayMisbehavedError, one_line
-from client.relay_client import RelayClient, Retry, path_segment
-from shared_format.login import normalize_email
-from shared_format.timestamps import parse_rfc3339
-from shared_format.wire import (
+from engram_sync.client._errors import RelayMisbehavedError, one_line
+from engram_sync.client._sync.relay_client import RelayClient, Retry, path_segment
+from engram_sync.shared_format.login import normalize_email
+from engram_sync.shared_format.timestamps import parse_rfc3339
+from engram_sync.shared_format.wire import (
     AccountCreated,
     AccountInfo,
     AccountWraps,

@@ -4,7 +4,7 @@ The Engram tables and their `PRAGMA user_version` (VAULT §3) belong to the vaul
 format and are applied by `shared_format.vault`; this module never touches them.
 The sync tables added by this project (never pushed) are versioned separately in
 the one-row table `sync_schema`, and `migrate` brings a vault up to
-`SCHEMA_VERSION` when a session opens it (client.session). `sync_conflicts`
+`SCHEMA_VERSION` when a session opens it (client._session). `sync_conflicts`
 stays with the vault schema (shared_format.vault.schema), which creates it.
 
 Migration 1 is the tables exactly as they were created before this module
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-from client.errors import SyncError
+from engram_sync.client._errors import SyncError
 
 SCHEMA_TABLE: Final = "sync_schema"
 
@@ -44,7 +44,7 @@ _MIGRATION_1: Final = (
         weight REAL NOT NULL,
         PRIMARY KEY (source_id, target_id)
     )""",
-    # The vault key K this device holds (client.vault_keys), and a vault awaiting one.
+    # The vault key K this device holds (client._vault.keys), and a vault awaiting one.
     """CREATE TABLE IF NOT EXISTS sync_vault_key (
         vault_id TEXT PRIMARY KEY,
         k BLOB NOT NULL,
@@ -56,7 +56,8 @@ _MIGRATION_1: Final = (
         source TEXT NOT NULL,
         since TEXT NOT NULL
     )""",
-    # An open team handoff request (client.team): its ephemeral P-256 private key (PKCS8 DER).
+    # An open team handoff request (client._accounts.team): its ephemeral P-256 private key
+    # (PKCS8 DER).
     """CREATE TABLE IF NOT EXISTS sync_handoff_request (
         request_id TEXT PRIMARY KEY,
         server_url TEXT NOT NULL,
@@ -67,13 +68,15 @@ _MIGRATION_1: Final = (
         created_at TEXT NOT NULL,
         expires_at TEXT NOT NULL
     )""",
-    # PROTOCOL §14 step 4: the requester's SPAKE2 state (client.team), secret like the key.
+    # PROTOCOL §14 step 4: the requester's SPAKE2 state (client._accounts.team), secret like
+    # the key.
     """CREATE TABLE IF NOT EXISTS sync_handoff_pake (
         request_id TEXT PRIMARY KEY,
         pairing_id TEXT NOT NULL,
         state BLOB NOT NULL
     )""",
-    # PROTOCOL §14 step 4: whole pairing codes (client.pairing); `keep_until` is unix time.
+    # PROTOCOL §14 step 4: whole pairing codes (client._accounts.pairing); `keep_until` is
+    # unix time.
     """CREATE TABLE IF NOT EXISTS sync_pairing_code (
         pairing_id TEXT NOT NULL,
         role TEXT NOT NULL CHECK (role IN ('admin', 'requester')),

@@ -14,7 +14,7 @@ this device's own K to the request.
 Authenticating the sealer (PROTOCOL §14 step 4; docs/handoff.md):
 
 - *Pairing-code path.* A device linked with a whole code
-  (`ENG-XXXX-XXXX-XXXX-SSSS-SSSS`, client.pairing) posts a SPAKE2 message with
+  (`ENG-XXXX-XXXX-XXXX-SSSS-SSSS`, client._accounts.pairing) posts a SPAKE2 message with
   its request; the admin's device that issued the code finishes the exchange,
   binds the seal to it and authenticates it (shared_format.handoff_pake). No
   fingerprint to compare on either side.
@@ -38,20 +38,20 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from msgspec import UnsetType
 
-from client import pairing
-from client.account_client import AccountClient
-from client.errors import ForbiddenError, RelayError, SyncError
-from client.session import VaultSession
-from client.vault_keys import (
+from engram_sync.client._accounts import pairing
+from engram_sync.client._accounts.account_client import AccountClient
+from engram_sync.client._errors import ForbiddenError, RelayError, SyncError
+from engram_sync.client._session import VaultSession
+from engram_sync.client._vault.keys import (
     keys_open_relay_blobs,
     pack_keys,
     store_vault_key,
     stored_vault_key,
     verify_keys_on_relay,
 )
-from shared_format.b64 import b64url_encode
-from shared_format.errors import HandoffError
-from shared_format.handoff import (
+from engram_sync.shared_format.b64 import b64url_encode
+from engram_sync.shared_format.errors import HandoffError
+from engram_sync.shared_format.handoff import (
     HandoffKeyPair,
     decode_public_key,
     new_handoff_keypair,
@@ -59,7 +59,7 @@ from shared_format.handoff import (
     public_key_fingerprint,
     seal_vault_key,
 )
-from shared_format.handoff_pake import (
+from engram_sync.shared_format.handoff_pake import (
     SIDE_REQUESTER,
     RequesterPake,
     decode_pake_message,
@@ -67,11 +67,11 @@ from shared_format.handoff_pake import (
     pake_password,
     seal_vault_key_with_code,
 )
-from shared_format.keys import SyncKeys
-from shared_format.pairing import PairingCode
-from shared_format.timestamps import parse_rfc3339, utc_now_rfc3339
-from shared_format.wire import HandoffClaimed
-from shared_format.wraps import VaultKey
+from engram_sync.shared_format.keys import SyncKeys
+from engram_sync.shared_format.pairing import PairingCode
+from engram_sync.shared_format.timestamps import parse_rfc3339, utc_now_rfc3339
+from engram_sync.shared_format.wire import HandoffClaimed
+from engram_sync.shared_format.wraps import VaultKey
 
 DEFAULT_WAIT_SECS: Final = 900.0
 POLL_SECS: Final = 2.0

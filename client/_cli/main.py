@@ -20,10 +20,10 @@ from typing import Annotated, Any, Final
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from client import account as account_ops
-from client import cli_teams, pairing, vault_keys
-from client import conflicts as conflict_ops
-from client.cli_support import (
+from engram_sync.client._accounts import account as account_ops
+from engram_sync.client._accounts import pairing
+from engram_sync.client._cli import teams as cli_teams
+from engram_sync.client._cli.support import (
     DEFAULT_VAULT,
     OPTIONS,
     CliError,
@@ -32,10 +32,14 @@ from client.cli_support import (
     out,
     print_json,
 )
-from client.cli_teams import account_password
-from client.errors import SyncError
-from client.local_store import add_memory as store_add
-from client.local_store import (
+from engram_sync.client._cli.teams import account_password
+from engram_sync.client._errors import SyncError
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._vault import conflicts as conflict_ops
+from engram_sync.client._vault import keys as vault_keys
+from engram_sync.client._vault.store import add_memory as store_add
+from engram_sync.client._vault.store import (
     count_to_push,
     delete_memory,
     edit_memory,
@@ -44,10 +48,8 @@ from client.local_store import (
     list_memories,
     row_needs_push,
 )
-from client.session import VaultSession
-from client.syncer import SyncReport
-from shared_format.errors import FormatError, WrongPassphraseError
-from shared_format.plaintext import MemoryPlaintext, encode_memory
+from engram_sync.shared_format.errors import FormatError, WrongPassphraseError
+from engram_sync.shared_format.plaintext import MemoryPlaintext, encode_memory
 
 LAYERS: Final = ("episodic", "semantic", "imagined")
 

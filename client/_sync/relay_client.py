@@ -4,7 +4,7 @@ Every method returns the wire Struct of its route. Each call names its retry
 policy (:class:`Retry`, docs/retries.md): a `SAFE` call is retried on connection
 failures, timeouts, 5xx and 429 with exponential backoff and full jitter (honouring
 `Retry-After`); a `NEVER_AFTER_SEND` call only while the relay provably did not act
-on it. Other 4xx answers raise at once as typed errors (client.errors).
+on it. Other 4xx answers raise at once as typed errors (client._errors).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from urllib.parse import quote
 
 import httpx
 
-from client import __version__
-from client.errors import (
+from engram_sync import __version__
+from engram_sync.client._errors import (
     AnswerTooLargeError,
     OutcomeUnknownError,
     ProtocolError,
@@ -34,8 +34,8 @@ from client.errors import (
     one_line,
     relay_error,
 )
-from shared_format.errors import WireDecodeError
-from shared_format.wire import (
+from engram_sync.shared_format.errors import WireDecodeError
+from engram_sync.shared_format.wire import (
     DeviceRegistered,
     DeviceRevoked,
     DeviceRoster,

@@ -14,7 +14,7 @@ from typing import Any, Final
 import typer
 from rich.console import Console
 
-from client.session import VaultSession
+from engram_sync.client._session import VaultSession
 
 DEFAULT_VAULT: Final = Path("~/.engram/vault")
 

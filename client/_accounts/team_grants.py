@@ -13,11 +13,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from client.account_client import AccountClient
-from client.errors import DeviceRevokedError, ForbiddenError, RelayError, SyncError
-from client.session import VaultSession
-from shared_format.login import normalize_email
-from shared_format.wire import VaultGrantInfo
+from engram_sync.client._accounts.account_client import AccountClient
+from engram_sync.client._errors import DeviceRevokedError, ForbiddenError, RelayError, SyncError
+from engram_sync.client._session import VaultSession
+from engram_sync.shared_format.login import normalize_email
+from engram_sync.shared_format.wire import VaultGrantInfo
 
 FEATURE: Final = "vault-grants"  # in /v1/info `features` on relays with these routes
 T = TypeVar("T")

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from client.atomic import read_json, write_json_atomic
+from engram_sync.client._atomic import read_json, write_json_atomic
 
 CONFIG_FILE: Final = "config.json"
 DEFAULT_INTERVAL_SECS: Final = 300
@@ -36,7 +36,7 @@ class SyncConfig:
 
 def load_config_file(vault_dir: Path) -> dict[str, Any]:
     """The whole of the vault's config.json ({} when it does not exist); the one loader, for the
-    `sync` block here and the `account` block (client.account)."""
+    `sync` block here and the `account` block (client._accounts.account)."""
     path = vault_dir / CONFIG_FILE
     if not path.exists():
         return {}

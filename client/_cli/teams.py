@@ -13,9 +13,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from client import account as account_ops
-from client import pairing, team, team_grants
-from client.cli_support import (
+from engram_sync.client._accounts import account as account_ops
+from engram_sync.client._accounts import pairing, team, team_grants
+from engram_sync.client._cli.support import (
     OPTIONS,
     CliError,
     err,
@@ -23,8 +23,8 @@ from client.cli_support import (
     out,
     print_json,
 )
-from client.sync_config import load_sync_config
-from shared_format.timestamps import parse_rfc3339
+from engram_sync.client._sync.config import load_sync_config
+from engram_sync.shared_format.timestamps import parse_rfc3339
 
 account_app = typer.Typer(
     help="Your account on the relay: keeps vault keys wrapped, so new devices need no "

@@ -12,11 +12,11 @@ and otherwise from the passphrase (PROTOCOL §2).
 (a device linked by a pairing code): until K arrives, sync refuses to derive
 keys from the local passphrase, which would encrypt under the wrong keys.
 `sync_handoff_request` keeps the ephemeral private key of an open team handoff
-request (client.team), so a restarted command resumes it; `sync_handoff_pake` the
+request (client._accounts.team), so a restarted command resumes it; `sync_handoff_pake` the
 SPAKE2 state of such a request made with a pairing code, and `sync_pairing_code`
 the whole pairing codes (with their secret part, PROTOCOL §14 step 4) this device
-issued as an admin or redeemed as a new device (client.pairing). All of them are
-as secret as K and live only in this encrypted database; client.local_schema
+issued as an admin or redeemed as a new device (client._accounts.pairing). All of them are
+as secret as K and live only in this encrypted database; client._vault.schema
 creates and migrates them.
 """
 
@@ -25,13 +25,13 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-from client.errors import SyncError
-from client.relay_client import RelayClient
-from shared_format.blob import BlobCipher
-from shared_format.errors import BlobTamperedError, KeyUnwrapError
-from shared_format.keys import SyncKeys, derive_sync_keys
-from shared_format.timestamps import utc_now_rfc3339
-from shared_format.wraps import VaultKey, pack_vault_key, unpack_vault_key
+from engram_sync.client._errors import SyncError
+from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.shared_format.blob import BlobCipher
+from engram_sync.shared_format.errors import BlobTamperedError, KeyUnwrapError
+from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys
+from engram_sync.shared_format.timestamps import utc_now_rfc3339
+from engram_sync.shared_format.wraps import VaultKey, pack_vault_key, unpack_vault_key
 
 BLOB_SAMPLE: Final = 20
 SOURCES: Final = ("account", "handoff", "passphrase")

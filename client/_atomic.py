@@ -13,7 +13,7 @@ def write_json_atomic(path: Path, payload: Any, mode: int = 0o600) -> None:
     """Replace `path` with `payload` as JSON so a crash leaves the old or the new file.
 
     The temp file has a name of its own per write, so two writers never rename each
-    other's file away (the last rename wins; client.sync_lock keeps syncs apart).
+    other's file away (the last rename wins; client._sync.lock keeps syncs apart).
     """
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     tmp = Path(name)

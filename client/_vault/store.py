@@ -18,15 +18,15 @@ from typing import Any, Final
 
 import sqlcipher3
 
-from shared_format.plaintext import (
+from engram_sync.shared_format.plaintext import (
     Link,
     MemoryPlaintext,
     decode_plaintext,
     encode_memory,
     tombstone_plaintext,
 )
-from shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
-from shared_format.vault.content_hash import normalized_hash
+from engram_sync.shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
+from engram_sync.shared_format.vault.content_hash import normalized_hash
 
 DEFAULT_EMBEDDING_MODEL: Final = "all-MiniLM-L6-v2"
 
@@ -41,7 +41,7 @@ NEEDS_PUSH: Final = "(synced_at IS NULL OR modified_at > synced_at)"  # PROTOCOL
 
 def named_rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
     """`sql` run on a cursor of its own whose rows read by column name; the connection's
-    row factory is left as it is (the sync tables themselves: client.local_schema)."""
+    row factory is left as it is (the sync tables themselves: client._vault.schema)."""
     cursor = conn.cursor()
     cursor.row_factory = sqlcipher3.Row
     return cursor.execute(sql, params)
@@ -135,6 +135,31 @@ def list_memories(conn: sqlite3.Connection) -> list[MemoryPlaintext]:
     query = f"SELECT {_ENGRAM_COLUMNS} FROM engrams ORDER BY created_at, id"  # noqa: S608
     rows = named_rows(conn, query)
     return [row_to_plaintext(conn, r) for r in rows.fetchall()]
+
+
+def fts_phrases(query: str) -> str | None:
+    """`query`'s words as quoted FTS5 phrases, all required; None when it has no words.
+
+    Quoting keeps FTS5's own syntax (`AND`, `*`, `:`, parentheses) out of a user's text.
+    """
+    words = query.split()
+    if not words:
+        return None
+    return " ".join('"' + word.replace('"', '""') + '"' for word in words)
+
+
+def search_memories(conn: sqlite3.Connection, query: str, limit: int = 20) -> list[MemoryPlaintext]:
+    """The memories whose content has every word of `query`, best match first (VAULT §3:
+    `engrams_fts`, ranked by FTS5's bm25)."""
+    phrases = fts_phrases(query)
+    if phrases is None or limit <= 0:
+        return []
+    ids = conn.execute(
+        "SELECT id FROM engrams_fts WHERE engrams_fts MATCH ? ORDER BY rank LIMIT ?",
+        ("content:(" + phrases + ")", limit),
+    ).fetchall()
+    found = (get_memory(conn, memory_id) for (memory_id,) in ids)
+    return [memory for memory in found if memory is not None]
 
 
 def row_needs_push(row: sqlite3.Row) -> bool:

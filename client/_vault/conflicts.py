@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from client.local_store import (
+from engram_sync.client._vault.store import (
     apply_memory,
     delete_memory,
     get_row,
@@ -13,8 +13,8 @@ from client.local_store import (
     named_rows,
     next_modified_at,
 )
-from shared_format.plaintext import MemoryPlaintext, Tombstone, decode_plaintext
-from shared_format.timestamps import utc_now_rfc3339
+from engram_sync.shared_format.plaintext import MemoryPlaintext, Tombstone, decode_plaintext
+from engram_sync.shared_format.timestamps import utc_now_rfc3339
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Accounts and teams: sign-in, key wraps, pairing codes, the handoff and vault grants."""

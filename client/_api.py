@@ -1,0 +1,152 @@
+"""The public face of the client: a memory vault on this device, and its sync.
+
+`engram_sync.client` re-exports `Vault` (this module's only class) with the types and
+errors it uses; every other module of the client is private (docs/python-api.md).
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Literal
+
+from engram_sync.client._errors import RateLimitedError, RelayUnavailableError
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._vault import store
+from engram_sync.shared_format.plaintext import MemoryPlaintext
+
+log = logging.getLogger(__name__)
+
+Layer = Literal["episodic", "semantic", "imagined"]
+#: Called with the phase ("pull" or "push") and the counts so far, during a sync.
+Progress = Callable[[str, SyncReport], None]
+
+
+class Vault:
+    """A memory vault (an encrypted `engrams.db` in a directory) opened with its passphrase.
+
+    Open it with `Vault.open` (a context manager). Writes are local and immediate; `sync`
+    exchanges them, encrypted, with the relay the vault is linked to.
+    """
+
+    def __init__(self, session: VaultSession) -> None:
+        self._session = session
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], passphrase: str, *, create: bool = False) -> Vault:
+        """Open the vault in directory `path` (with `create`, make it first if missing).
+
+        Raises `WrongPassphraseError` when the passphrase does not open it; nothing is
+        written then.
+        """
+        return cls(VaultSession.open(Path(path).expanduser(), passphrase, create=create))
+
+    def close(self) -> None:
+        """Close the vault's database."""
+        self._session.close()
+
+    def __enter__(self) -> Vault:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def path(self) -> Path:
+        """The vault's directory."""
+        return self._session.path
+
+    @property
+    def device_id(self) -> str:
+        """This device's id (PROTOCOL §1)."""
+        return self._session.device.device_id
+
+    @property
+    def vault_id(self) -> str | None:
+        """The vault id on the relay, once linked."""
+        return self._session.config.vault_id
+
+    # -- memories ---------------------------------------------------------------------------
+
+    def add(
+        self,
+        content: str,
+        *,
+        tags: Iterable[str] = (),
+        project: str | None = None,
+        layer: Layer = "episodic",
+    ) -> str:
+        """Write a new memory; returns its id. It is pushed by the next `sync`."""
+        if not content.strip():
+            raise ValueError("a memory's content must not be empty")
+        with self._session.vault.transaction() as conn:
+            return store.add_memory(conn, content, layer=layer, tags=tags, project=project)
+
+    def get(self, memory_id: str) -> MemoryPlaintext | None:
+        """One memory, or None when there is none with this id."""
+        return store.get_memory(self._session.vault.conn, memory_id)
+
+    def list(self) -> list[MemoryPlaintext]:
+        """Every memory, oldest first."""
+        return store.list_memories(self._session.vault.conn)
+
+    def search(self, query: str, *, limit: int = 20) -> builtins.list[MemoryPlaintext]:
+        """The memories whose content has every word of `query`, best match first."""
+        return store.search_memories(self._session.vault.conn, query, limit)
+
+    def edit(self, memory_id: str, content: str) -> bool:
+        """Replace a memory's content; False when there is no such memory."""
+        if not content.strip():
+            raise ValueError("a memory's content must not be empty")
+        with self._session.vault.transaction() as conn:
+            return store.edit_memory(conn, memory_id, content)
+
+    def delete(self, memory_id: str) -> bool:
+        """Delete a memory (the deletion syncs too); False when there is no such memory."""
+        with self._session.vault.transaction() as conn:
+            return store.delete_memory(conn, memory_id)
+
+    # -- sync -------------------------------------------------------------------------------
+
+    def link(
+        self, relay_url: str, api_key: str, *, vault_id: str | None = None, label: str | None = None
+    ) -> str:
+        """Point the vault at a relay with an API key; returns the vault id it syncs as.
+
+        Without `vault_id`, the id comes from the passphrase (PROTOCOL §2).
+        """
+        return self._session.link(relay_url, api_key, vault_id, label)
+
+    def sync(self, *, progress: Progress | None = None) -> SyncReport:
+        """Pull what the other devices wrote, then push what this one wrote (PROTOCOL §8).
+
+        Raises `NotLinkedError` before `link`, and a `SyncError` subclass when the relay
+        refuses, cannot be reached, or answers what the protocol does not allow.
+        """
+        with self._session.relay() as relay:
+            return self._session.syncer(relay, progress).sync()
+
+    def watch(
+        self, *, interval: float | None = None, stop: threading.Event | None = None
+    ) -> Iterator[SyncReport]:
+        """Sync again and again, yielding each round's report, until `stop` is set.
+
+        Waits `interval` seconds (default: the vault's configured interval) between rounds.
+        A relay that is unreachable or rate-limits is retried on the next round; every
+        other error ends the watch.
+        """
+        every = interval if interval is not None else self._session.config.interval_secs
+        if every <= 0:
+            raise ValueError("interval must be positive")
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            try:
+                yield self.sync()
+            except (RelayUnavailableError, RateLimitedError) as exc:
+                log.warning("sync failed, retrying in %gs: %s", every, exc)
+            stop.wait(every)

@@ -1,0 +1,1 @@
+"""The engram-sync command line: one module of typer commands per area."""
