@@ -29,6 +29,14 @@ from engram_sync.relay.domain_errors import (
     ResyncRequiredError,
     ShuttingDownError,
 )
+from engram_sync.relay.idempotency import (
+    HEADER as IDEMPOTENCY_HEADER,
+)
+from engram_sync.relay.idempotency import (
+    IdempotencyKeyReusedError,
+    InvalidIdempotencyKeyError,
+    SealedAnswerError,
+)
 from engram_sync.relay.store.devices import DeviceQuotaError, LabelLockedError
 from engram_sync.relay.store.handoff import TooManyRequestsError
 from engram_sync.relay.store.owners import VaultOwnedError
@@ -171,6 +179,19 @@ def _label_locked(_: Request[Any, Any, Any], exc: LabelLockedError) -> Response[
             code="label_locked",
         ),
     )
+
+
+def _invalid_idempotency_key(
+    _: Request[Any, Any, Any], exc: InvalidIdempotencyKeyError
+) -> Response[Any]:
+    return _relay_error(_, bad_request(str(exc), code="invalid_request", field=IDEMPOTENCY_HEADER))
+
+
+def _idempotency_key_reused(
+    _: Request[Any, Any, Any], exc: IdempotencyKeyReusedError | SealedAnswerError
+) -> Response[Any]:
+    # docs/retries.md: one key, one request; a different body under it is the client's bug.
+    return _relay_error(_, RelayError(422, "idempotency_key_reused", str(exc)))
 
 
 def _vault_owned(_: Request[Any, Any, Any], exc: VaultOwnedError) -> Response[Any]:
@@ -317,6 +338,9 @@ EXCEPTION_HANDLERS: Final = {
     LabelLockedError: _label_locked,
     TooManyRequestsError: _too_many_handoffs,
     VaultOwnedError: _vault_owned,
+    InvalidIdempotencyKeyError: _invalid_idempotency_key,
+    IdempotencyKeyReusedError: _idempotency_key_reused,
+    SealedAnswerError: _idempotency_key_reused,
     ValidationException: _validation_error,
     HTTPException: _http_error,
     Exception: _internal_error,

@@ -27,6 +27,7 @@ from engram_sync.relay.state import RelayState
 from engram_sync.relay.store.accounts import purge_expired_sessions
 from engram_sync.relay.store.compaction import CompactionResult, compact_vaults
 from engram_sync.relay.store.handoff import purge_expired_requests
+from engram_sync.relay.store.idempotency import purge_expired_keys
 from engram_sync.relay.store.pairing import purge_expired_codes
 
 __all__ = ["MAINTENANCE_LOCK_KEY", "Sweep", "locked_sweep", "maintenance_round", "start", "stop"]
@@ -58,6 +59,7 @@ async def purge_expired(conn: asyncpg.Connection) -> dict[str, int]:
     sessions (PROTOCOL §13, §14); rows touched by kind."""
     return {
         "handoff_requests": await purge_expired_requests(conn),
+        "idempotency_keys": await purge_expired_keys(conn),
         "pairing_codes": await purge_expired_codes(conn),
         "sessions": await purge_expired_sessions(conn),
     }

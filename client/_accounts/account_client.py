@@ -4,11 +4,12 @@ A :class:`RelayClient` subclass: same retries, typed errors and redaction. Its
 bearer is a session token (`ses_…`) for the `/account` routes, an API key for
 the vault routes (handoff, pairing codes), or nothing for `/auth/*` and
 `/pair/redeem`. Every `password` argument is the *login secret*
-(shared_format.login), never the account password. Calls that a repeat could
-make act twice (sign-up, minting a key or a pairing code, posting a handoff
-request or seal) or that consume what they answer (redeeming a code, claiming a
-seal) are `Retry.NEVER_AFTER_SEND` (docs/retries.md): retried only while the
-relay provably did not act, else OutcomeUnknownError saying how to check.
+(shared_format.login), never the account password. Calls that create something
+(sign-up, minting a key, issuing or redeeming a pairing code, posting a handoff
+request) are `Retry.IDEMPOTENT` (docs/retries.md): sent with an Idempotency-Key and
+retried freely when the relay honours one, else retried only while the relay provably
+did not act. Claiming a seal, which the relay erases as it hands it over, stays
+`Retry.NEVER_AFTER_SEND`: on a lost answer, OutcomeUnknownError says how to check.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class AccountClient(RelayClient):
             "POST",
             "/auth/signup",
             AccountCreated,
-            retry=Retry.NEVER_AFTER_SEND,
+            retry=Retry.IDEMPOTENT,
             lost="the account may have been created; run `engram-sync account signin` "
             "with the same email and password",
             content=body,
@@ -142,7 +143,7 @@ class AccountClient(RelayClient):
             "POST",
             "/account/keys",
             MintedAccountKey,
-            retry=Retry.NEVER_AFTER_SEND,
+            retry=Retry.IDEMPOTENT,
             lost="a key may have been minted whose answer never arrived (it is unused); run "
             "the command again, then see the vault's devices with `engram-sync devices`",
             content=body,
@@ -209,20 +210,21 @@ class AccountClient(RelayClient):
             "POST",
             f"{_vault(vault_id)}/pairing-codes",
             PairingCodeIssued,
-            retry=Retry.NEVER_AFTER_SEND,
+            retry=Retry.IDEMPOTENT,
             lost="a pairing code may have been issued that nobody received (it expires "
             "unused); run `engram-sync team invite` again",
             content=body,
         )
 
     def redeem_pairing_code(self, code: str, device_id: str, label: str | None) -> PairingRedeemed:
-        """`POST /pair/redeem` (no bearer), never repeated once sent: a code works once."""
+        """`POST /pair/redeem` (no bearer); a retry under the same Idempotency-Key gets the
+        key the code was traded for (a code works once)."""
         body = encode_json(RedeemPairingCodeRequest(code=code, device_id=device_id, label=label))
         return self._call(
             "POST",
             "/pair/redeem",
             PairingRedeemed,
-            retry=Retry.NEVER_AFTER_SEND,
+            retry=Retry.IDEMPOTENT,
             lost="the pairing code may have been used up by this attempt; ask the admin "
             "for a new code",
             content=body,
@@ -253,7 +255,7 @@ class AccountClient(RelayClient):
             "POST",
             f"{_vault(vault_id)}/handoff",
             HandoffCreated,
-            retry=Retry.NEVER_AFTER_SEND,
+            retry=Retry.IDEMPOTENT,
             lost="a key request may have been posted; run `engram-sync team request` again "
             "and have the admin approve only the request with this device's fingerprint",
             content=body,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from enum import Enum
@@ -55,6 +56,11 @@ log = logging.getLogger(__name__)
 
 USER_AGENT: Final = f"engram-sync/{__version__}"
 DEVICE_HEADER: Final = "X-Engram-Device"
+# docs/retries.md: a fresh key per call (22 characters of base64url), and the feature that
+# says the relay honours it.
+IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
+IDEMPOTENCY_KEY_BYTES: Final = 16
+IDEMPOTENCY_FEATURE: Final = "idempotency-keys"
 KEY_PREFIX_CHARS: Final = 6
 _REDACTED: Final = b"<api key>"
 # PROTOCOL §5, issue 13: every answer is read with a cap, so a relay cannot make the device
@@ -88,6 +94,10 @@ class Retry(Enum):
     # while the relay provably did not act (NOT_SENT errors, 429, NOT_PROCESSED 503s);
     # any other failure raises OutcomeUnknownError, which says how to check.
     NEVER_AFTER_SEND = "never_after_send"
+    # A call that creates something, sent with an `Idempotency-Key` (one per call, the same
+    # on every attempt): retried as SAFE when the relay lists `idempotency-keys` in
+    # /v1/info (a repeat then answers what the first attempt made), else NEVER_AFTER_SEND.
+    IDEMPOTENT = "idempotent"
 
 
 # Transport errors raised before any byte of the request left this machine.
@@ -170,6 +180,7 @@ class RelayClient:
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
+        self._features: frozenset[str] | None = None  # /v1/info features, asked once
         self._key_bytes = api_key.encode("utf-8") if api_key else None
         self._key_prefix = api_key[:KEY_PREFIX_CHARS] if api_key else None
         self._sleep = sleep
@@ -354,10 +365,14 @@ class RelayClient:
         body is read up to `max_bytes` (decoded) and within the answer deadline; past
         either the request fails (AnswerTooLargeError, or a timeout that is retried).
         """
-        once_sent = retry is Retry.NEVER_AFTER_SEND
-        if once_sent and not lost:
-            raise ValueError(f"{method} {path}: a NEVER_AFTER_SEND call must say what `lost` means")
+        if retry is not Retry.SAFE and not lost:
+            raise ValueError(f"{method} {path}: a {retry.name} call must say what `lost` means")
         extra = dict(headers or {})
+        if retry is Retry.IDEMPOTENT:
+            extra[IDEMPOTENCY_HEADER] = secrets.token_urlsafe(IDEMPOTENCY_KEY_BYTES)
+            honoured = self._relay_offers(IDEMPOTENCY_FEATURE)
+            retry = Retry.SAFE if honoured else Retry.NEVER_AFTER_SEND
+        once_sent = retry is Retry.NEVER_AFTER_SEND
         if content is not None:
             extra["Content-Type"] = "application/json"
         headers = extra or None
@@ -397,6 +412,17 @@ class RelayClient:
                 )  # fmt: skip
             self._sleep(delay)
             attempt += 1
+
+    def _relay_offers(self, feature: str) -> bool:
+        """Whether /v1/info lists `feature` (asked once per client; False if it cannot be
+        asked: an older relay, or one that is down, gets the cautious policy)."""
+        if self._features is None:
+            try:
+                self._features = frozenset(self.info().features)
+            except SyncError as exc:
+                log.info("relay %s: no /v1/info (%s); assuming no %s", self.base_url, exc, feature)
+                return False
+        return feature in self._features
 
     def _request(
         self,

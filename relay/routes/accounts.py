@@ -16,6 +16,7 @@ import hmac
 import logging
 from typing import Any, Final, TypeVar
 
+import asyncpg
 from litestar import Request, delete, get, post, put
 from litestar.params import FromPath
 
@@ -38,6 +39,7 @@ from engram_sync.relay.routes.account_support import (
     wrap_b64,
 )
 from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.routes.once import Once
 from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import accounts as store
 from engram_sync.relay.store import keys as key_store
@@ -105,27 +107,36 @@ async def _confirm_password(
 
 @post("/auth/signup", status_code=200, tags=["accounts"], opt={BODY_OPT: SignupRequest})
 async def signup(request: Request[Any, Any, Any]) -> AccountCreated:
-    """Create an account and sign it in (PROTOCOL §13); 409 `email_taken`."""
+    """Create an account and sign it in (PROTOCOL §13); 409 `email_taken`.
+
+    With an `Idempotency-Key`, a repeat answers the first sign-up's answer (docs/retries.md).
+    """
     limit_per_minute(request, f"signup:{client_ip(request)}", SIGNUP_PER_MINUTE)
     data = await decode_body(request, SignupRequest)
+    once = await Once.of(request, scope="anonymous")
+    replayed = await once.replay(AccountCreated)
+    if replayed is not None:
+        return replayed
     email = normal_email(data.email)
     password_hash = await passwords.hash_password(strong_password(data.password, "password"))
-    pool = relay_state(request).require_pool()
-    async with pool.acquire() as conn, conn.transaction():
+
+    async def create(conn: asyncpg.Connection) -> AccountCreated:
         created = await store.create_account(conn, email, password_hash)
         if created is None:
             raise RelayError(
                 409, "email_taken", "an account with this email exists: sign in instead"
             )
         token, expires_at = await store.create_session(conn, created.account_id)
-    log.info("account created", extra={"account_id": created.account_id})
-    return AccountCreated(
-        account_id=created.account_id,
-        email=created.email,
-        created_at=format_rfc3339(created.created_at),
-        session_token=token,
-        expires_at=format_rfc3339(expires_at),
-    )
+        log.info("account created", extra={"account_id": created.account_id})
+        return AccountCreated(
+            account_id=created.account_id,
+            email=created.email,
+            created_at=format_rfc3339(created.created_at),
+            session_token=token,
+            expires_at=format_rfc3339(expires_at),
+        )
+
+    return await once.run(AccountCreated, create)
 
 
 @post("/auth/signin", status_code=200, tags=["accounts"], opt={BODY_OPT: SigninRequest})
@@ -262,15 +273,17 @@ async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
     PROTOCOL §13: the first key for an unused vault id claims it for the account; a
     vault the operator or another account owns is 403 `vault_owned`. Admin on that
     vault unless `admin: false` (so it may revoke devices and seal handoffs); bound to
-    `device_id` if given (§10).
+    `device_id` if given (§10). With an `Idempotency-Key`, a repeat answers the key the
+    first request minted, and mints none (docs/retries.md).
     """
     session = await authenticate_session(request)
     data = await decode_body(request, MintAccountKeyRequest)
     vault_id = require_id(data.vault_id, "vault_id")
     device_id = None if data.device_id is None else require_id(data.device_id, "device_id")
     label = check_label(data.label)
-    pool = relay_state(request).require_pool()
-    async with pool.acquire() as conn, conn.transaction():
+    once = await Once.of(request, scope=f"account:{session.account_id}")
+
+    async def mint(conn: asyncpg.Connection) -> MintedAccountKey:
         # The claim and the key are one transaction: a refusal below rolls the claim back.
         await owners.claim_for_account(conn, session.account_id, vault_id)
         if device_id is not None and await store.device_revoked(conn, vault_id, device_id):
@@ -283,16 +296,18 @@ async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
             account_id=session.account_id,
             label=label,
         )
-    log.info("account key minted", extra={"account_id": session.account_id, "key_id": key_id})
-    return MintedAccountKey(
-        id=key_id,
-        key=key,
-        prefix=key[:8],
-        vault_id=vault_id,
-        device_id=device_id,
-        is_admin=data.admin,
-        label=label,
-    )
+        log.info("account key minted", extra={"account_id": session.account_id, "key_id": key_id})
+        return MintedAccountKey(
+            id=key_id,
+            key=key,
+            prefix=key[:8],
+            vault_id=vault_id,
+            device_id=device_id,
+            is_admin=data.admin,
+            label=label,
+        )
+
+    return await once.run(MintedAccountKey, mint)
 
 
 @delete("/account/keys/{key_id:str}", status_code=200, tags=["accounts"])

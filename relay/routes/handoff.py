@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import asyncpg
 from litestar import Request, delete, get, post
 from litestar.params import FromPath
 from msgspec import UNSET, UnsetType
@@ -26,6 +27,7 @@ from engram_sync.relay.errors import RelayError, bad_request, forbidden
 from engram_sync.relay.keys import Principal
 from engram_sync.relay.routes.account_support import check_label
 from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.routes.once import Once
 from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import handoff as store
 from engram_sync.relay.store.handoff import HandoffRow
@@ -146,22 +148,21 @@ async def create_handoff(
                 field="pairing_id",
             )
         pairing_id = paired[1]
-    # A limit reached raises TooManyRequestsError; relay/errors.py answers it (409).
-    row = await store.create(
-        relay_state(request).require_pool(),
-        vault_id,
-        public_key,
-        label,
-        principal.key_id,
-        pake=pake,
-        pairing_id=pairing_id,
-    )
-    return HandoffCreated(
-        request_id=row.request_id,
-        vault_id=vault_id,
-        expires_at=format_rfc3339(row.expires_at),
-        fingerprint=_fingerprint(row.public_key),
-    )
+    once = await Once.of(request, scope="key:" + principal.key_id)  # docs/retries.md
+
+    async def open_request(conn: asyncpg.Connection) -> HandoffCreated:
+        # A limit reached raises TooManyRequestsError; relay/errors.py answers it (409).
+        row = await store.create(
+            conn, vault_id, public_key, label, principal.key_id, pake=pake, pairing_id=pairing_id
+        )
+        return HandoffCreated(
+            request_id=row.request_id,
+            vault_id=vault_id,
+            expires_at=format_rfc3339(row.expires_at),
+            fingerprint=_fingerprint(row.public_key),
+        )
+
+    return await once.run(HandoffCreated, open_request)
 
 
 @get("/v1/vaults/{vault_id:str}/handoff", tags=["handoff"])

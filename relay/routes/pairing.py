@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Final
 
+import asyncpg
 from litestar import Request, post
 from litestar.params import FromPath
 
@@ -22,11 +23,16 @@ from engram_sync.relay.routes.account_support import check_label, client_ip
 from engram_sync.relay.routes.account_support import limit_per_minute as limit
 from engram_sync.relay.routes.accounts import REDEEM_PER_MINUTE
 from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.routes.once import Once
 from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import accounts as account_store
 from engram_sync.relay.store import owners
 from engram_sync.relay.store import pairing as store
-from engram_sync.shared_format.pairing import PairingCodeError, normalize_pairing_code
+from engram_sync.shared_format.pairing import (
+    PairingCodeError,
+    normalize_pairing_code,
+    pairing_code_hash,
+)
 from engram_sync.shared_format.timestamps import format_rfc3339
 from engram_sync.shared_format.wire import (
     CreatePairingCodeRequest,
@@ -70,28 +76,29 @@ async def create_pairing_code(
     created_by = await _creator(request, vault_id)
     data = await decode_body(request, CreatePairingCodeRequest, empty_ok=True)
     label = check_label(data.label)
-    try:
-        issued = await store.create_code(
-            relay_state(request).require_pool(),
-            vault_id,
+    once = await Once.of(request, scope=created_by)  # a repeat: the same code (docs/retries.md)
+
+    async def issue(conn: asyncpg.Connection) -> PairingCodeIssued:
+        try:
+            issued = await store.create_code(
+                conn, vault_id, label=label, device_bound=data.device_bound, created_by=created_by
+            )
+        except store.TooManyCodesError:
+            raise RelayError(
+                409,
+                "too_many_codes",
+                f"this vault already has {store.MAX_LIVE_CODES} unused pairing codes; use one "
+                "or wait for them to expire (10 minutes)",
+            ) from None
+        return PairingCodeIssued(
+            code=issued.code,
+            vault_id=vault_id,
+            expires_at=format_rfc3339(issued.expires_at),
             label=label,
             device_bound=data.device_bound,
-            created_by=created_by,
         )
-    except store.TooManyCodesError:
-        raise RelayError(
-            409,
-            "too_many_codes",
-            f"this vault already has {store.MAX_LIVE_CODES} unused pairing codes; use one or "
-            "wait for them to expire (10 minutes)",
-        ) from None
-    return PairingCodeIssued(
-        code=issued.code,
-        vault_id=vault_id,
-        expires_at=format_rfc3339(issued.expires_at),
-        label=label,
-        device_bound=data.device_bound,
-    )
+
+    return await once.run(PairingCodeIssued, issue)
 
 
 @post("/pair/redeem", status_code=200, tags=["pairing"], opt={BODY_OPT: RedeemPairingCodeRequest})
@@ -105,28 +112,38 @@ async def redeem_pairing_code(request: Request[Any, Any, Any]) -> PairingRedeeme
         raise bad_request(f"code: {exc}", code="invalid_request", field="code") from None
     device_id = require_id(data.device_id.strip(), "device_id")
     label = check_label(data.label)
-    try:
-        redeemed = await store.redeem(relay_state(request).require_pool(), code, device_id, label)
-    except store.DeviceRevokedError:
-        raise forbidden(
-            f"device {device_id} was revoked for this vault; pair it under a new device id",
-            code="device_revoked",
-        ) from None
-    if redeemed is None:
+    # A repeat under the same key gets the key the code was traded for (docs/retries.md);
+    # the scope is the code itself, which only its holder knows.
+    once = await Once.of(request, scope="pairing-code:" + pairing_code_hash(code).hex())
+
+    async def trade(conn: asyncpg.Connection) -> PairingRedeemed | None:
+        try:
+            redeemed = await store.redeem(conn, code, device_id, label)
+        except store.DeviceRevokedError:
+            raise forbidden(
+                f"device {device_id} was revoked for this vault; pair it under a new device id",
+                code="device_revoked",
+            ) from None
+        if redeemed is None:  # unknown, used or expired: committed (an expired code is erased)
+            return None
+        log.info("pairing code redeemed", extra={"key_id": redeemed.key_id})
+        return PairingRedeemed(
+            vault_id=redeemed.vault_id,
+            api_key=redeemed.api_key,
+            key_id=redeemed.key_id,
+            device_id=device_id,
+            label=redeemed.label,
+            device_bound=redeemed.device_bound,
+        )
+
+    traded = await once.run_or_nothing(PairingRedeemed, trade)
+    if traded is None:
         raise RelayError(
             410,
             "code_invalid",
             "this pairing code is unknown, already used or expired: ask for a new one",
         )
-    log.info("pairing code redeemed", extra={"key_id": redeemed.key_id})
-    return PairingRedeemed(
-        vault_id=redeemed.vault_id,
-        api_key=redeemed.api_key,
-        key_id=redeemed.key_id,
-        device_id=device_id,
-        label=redeemed.label,
-        device_bound=redeemed.device_bound,
-    )
+    return traded
 
 
 ROUTES: Final = [create_pairing_code, redeem_pairing_code]

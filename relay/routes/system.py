@@ -22,6 +22,7 @@ FEATURES = [
     "generation",
     "pull-origin",
     "vault-grants",  # PROTOCOL §13: /v1/vaults/{v}/grants (docs/vault-ownership.md)
+    "idempotency-keys",  # an Idempotency-Key makes creating POSTs retryable (docs/retries.md)
 ]
 
 

@@ -19,6 +19,8 @@ from typing import Final, TypeAlias
 
 import asyncpg
 
+from engram_sync.relay.store.transactions import Database, transaction
+
 HANDOFF_TTL: Final = timedelta(minutes=15)
 EXPIRED_ROW_GRACE: Final = timedelta(days=1)
 # PROTOCOL §14: open requests are limited per requesting key, not per vault, so one
@@ -91,7 +93,7 @@ def _row(record: asyncpg.Record) -> HandoffRow:
 
 
 async def create(
-    pool: asyncpg.Pool,
+    db: Database,
     vault_id: str,
     public_key: str,
     label: str,
@@ -103,7 +105,7 @@ async def create(
 ) -> HandoffRow:
     """Open a request; TooManyRequestsError when the requesting key already has
     MAX_PENDING_PER_KEY open (unclaimed, unexpired) ones, or the vault MAX_PENDING_PER_VAULT."""
-    async with pool.acquire() as conn, conn.transaction():
+    async with transaction(db) as conn:
         await conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended('engram-handoff:' || $1, 0))", vault_id
         )

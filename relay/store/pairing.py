@@ -16,6 +16,7 @@ from typing import Final
 import asyncpg
 
 from engram_sync.relay.store.accounts import device_revoked, insert_key
+from engram_sync.relay.store.transactions import Database, transaction
 from engram_sync.shared_format.pairing import new_pairing_code, pairing_code_hash
 
 PAIRING_TTL: Final = timedelta(minutes=10)
@@ -52,7 +53,7 @@ class Redemption:
 
 
 async def create_code(
-    pool: asyncpg.Pool,
+    db: Database,
     vault_id: str,
     *,
     label: str | None,
@@ -62,7 +63,7 @@ async def create_code(
 ) -> IssuedCode:
     """Issue a code for the vault; TooManyCodesError past MAX_LIVE_CODES live ones."""
     code = new_pairing_code()
-    async with pool.acquire() as conn, conn.transaction():
+    async with transaction(db) as conn:
         await conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended('engram-pairing:' || $1, 0))", vault_id
         )
@@ -88,12 +89,10 @@ async def create_code(
     return IssuedCode(code, expires_at)
 
 
-async def redeem(
-    pool: asyncpg.Pool, code: str, device_id: str, label: str | None
-) -> Redemption | None:
+async def redeem(db: Database, code: str, device_id: str, label: str | None) -> Redemption | None:
     """Redeem a code once; None when unknown, used or expired (an expired code is erased)."""
     code_hash = pairing_code_hash(code)
-    async with pool.acquire() as conn, conn.transaction():
+    async with transaction(db) as conn:
         # An expired code's row goes now, whoever asks (and `gc` sweeps the rest).
         await conn.execute(
             "DELETE FROM pairing_codes WHERE code_hash = $1 AND expires_at <= now()", code_hash

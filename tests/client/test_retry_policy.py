@@ -31,13 +31,13 @@ PINNED: dict[tuple[str, str], str] = {
     ("relay_client", "devices"): "SAFE",
     ("relay_client", "register_device"): "SAFE",
     ("relay_client", "revoke_device"): "SAFE",
-    ("account_client", "signup"): "NEVER_AFTER_SEND",
+    ("account_client", "signup"): "IDEMPOTENT",
     ("account_client", "signin"): "SAFE",
     ("account_client", "logout"): "SAFE",
     ("account_client", "recover_start"): "SAFE",
     ("account_client", "recover"): "SAFE",
     ("account_client", "account"): "SAFE",
-    ("account_client", "mint_key"): "NEVER_AFTER_SEND",
+    ("account_client", "mint_key"): "IDEMPOTENT",
     ("account_client", "wraps"): "SAFE",
     ("account_client", "password_wrap"): "SAFE",
     ("account_client", "put_password_wrap"): "SAFE",
@@ -45,9 +45,9 @@ PINNED: dict[tuple[str, str], str] = {
     ("account_client", "vault_wrap"): "SAFE",
     ("account_client", "put_vault_wrap"): "SAFE",
     ("account_client", "delete_vault_wrap"): "SAFE",
-    ("account_client", "create_pairing_code"): "NEVER_AFTER_SEND",
-    ("account_client", "redeem_pairing_code"): "NEVER_AFTER_SEND",
-    ("account_client", "handoff_request"): "NEVER_AFTER_SEND",
+    ("account_client", "create_pairing_code"): "IDEMPOTENT",
+    ("account_client", "redeem_pairing_code"): "IDEMPOTENT",
+    ("account_client", "handoff_request"): "IDEMPOTENT",
     ("account_client", "handoff_pending"): "SAFE",
     ("account_client", "handoff_status"): "SAFE",
     ("account_client", "handoff_seal"): "SAFE",  # a repeat is 409 already_sealed
@@ -98,18 +98,36 @@ MINTED = {
     "label": None,
 }
 Step = type[httpx.TransportError] | tuple[int, str]
+INFO: dict[str, Any] = {
+    "protocol": "engram-sync/5.1",
+    "max_blobs_per_push": 1000,
+    "max_blob_bytes": 1048576,
+    "max_pull_limit": 1000,
+    "max_body_bytes": 67108864,
+}
 
 
 class Script:
-    """Answers `steps` in order (an exception class is raised), then `final` with 200."""
+    """Answers `steps` in order (an exception class is raised), then `final` with 200.
 
-    def __init__(self, steps: list[Step], final: dict[str, Any]) -> None:
+    `GET /v1/info` is answered apart (not counted, not a step) with `features`: without
+    `idempotency-keys` an IDEMPOTENT call is retried as NEVER_AFTER_SEND.
+    """
+
+    def __init__(
+        self, steps: list[Step], final: dict[str, Any], features: tuple[str, ...] = ()
+    ) -> None:
         self.steps = steps
         self.final = final
+        self.features = features
         self.requests = 0
+        self.idempotency_keys: list[str | None] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/info":
+            return httpx.Response(200, json={**INFO, "features": list(self.features)})
         self.requests += 1
+        self.idempotency_keys.append(request.headers.get("Idempotency-Key"))
         if not self.steps:
             return httpx.Response(200, json=self.final)
         step = self.steps.pop(0)
@@ -220,3 +238,49 @@ def test_a_never_after_send_call_must_say_what_a_lost_answer_means() -> None:
     ):
         client._call("POST", "/x", dict, retry=Retry.NEVER_AFTER_SEND)
     assert script.requests == 0
+
+
+# -- IDEMPOTENT: an Idempotency-Key makes the creating calls retryable ----------------------
+
+
+@pytest.mark.parametrize(
+    "failure", [httpx.ReadTimeout, httpx.RemoteProtocolError, (503, "unavailable"), (500, "x")]
+)
+def test_a_mint_is_retried_under_one_key_when_the_relay_honours_keys(failure: Step) -> None:
+    script = Script([failure, failure], MINTED, features=("idempotency-keys",))
+    assert _mint(script) == "key_1"
+    assert script.requests == 3
+    (key,) = set(script.idempotency_keys)  # the same key on every attempt
+    assert key is not None
+    assert len(key) == 22
+    # the next call is another request: another key
+    again = Script([], MINTED, features=("idempotency-keys",))
+    _mint(again)
+    assert again.idempotency_keys[0] not in {None, key}
+
+
+def test_without_the_feature_the_key_is_sent_but_a_lost_answer_is_not_retried() -> None:
+    """The exclusion next to it: an older relay ignores the header, so no blind retry."""
+    script = Script([httpx.ReadTimeout], MINTED)
+    with pytest.raises(OutcomeUnknownError):
+        _mint(script)
+    assert script.requests == 1
+    assert script.idempotency_keys[0] is not None
+
+
+def test_a_relay_without_info_gets_the_cautious_policy() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/info":
+            return httpx.Response(404, json={"error": "no such route", "code": "not_found"})
+        raise httpx.ReadTimeout("lost", request=request)
+
+    with (
+        AccountClient(
+            "http://relay.test",
+            "ses_" + "s" * 40,
+            transport=httpx.MockTransport(answer),
+            sleep=lambda _: None,
+        ) as client,
+        pytest.raises(OutcomeUnknownError),
+    ):
+        client.mint_key("v1", device_id="d1", label=None)

@@ -2,9 +2,12 @@
 the real relay behind the lying proxy: the proxy forwards the request (the relay acts on it)
 and then holds the answer past the client's timeout, or answers 503 without forwarding.
 
-A key mint whose answer is lost is not sent again (one key on the relay, an error that
-says it may have happened); a push whose answer is lost is sent again and lands once
-(PROTOCOL §6); a mint refused with 503 `busy` before the relay saw it is retried.
+A key mint or sign-up whose answer is lost is sent again under the same Idempotency-Key
+and the relay answers what the first attempt made (one key, one account); against a relay
+that does not list `idempotency-keys` (the proxy strips it, as an older relay) it is not
+sent again, and the error says it may have happened. A push whose answer is lost is sent
+again and lands once (PROTOCOL §6); a mint refused with 503 `busy` before the relay saw it
+is retried either way.
 """
 
 from __future__ import annotations
@@ -41,6 +44,17 @@ def _lose(exchange: Exchange) -> Answer:
     return Answer(exchange.status, exchange.body, headers=exchange.headers, delay=HOLD_S)
 
 
+def _as_an_older_relay(scene: Scene) -> None:
+    """/v1/info without `idempotency-keys`: the client must not count on the header."""
+
+    def old_info(exchange: Exchange) -> Answer:
+        body = exchange.json()
+        body["features"] = [f for f in body["features"] if f != "idempotency-keys"]
+        return Answer(200, body)
+
+    scene.proxy.on("GET", r"^/v1/info$", old_info)
+
+
 def _keys(scene: Scene, vault_id: str) -> int:
     (row,) = scene.relay.sql("SELECT count(*) AS n FROM api_keys WHERE vault_id = $1", vault_id)
     return int(row["n"])
@@ -58,17 +72,32 @@ def account(scene: Scene) -> Iterator[AccountClient]:
         yield client
 
 
-def test_a_lost_mint_answer_mints_no_second_key(scene: Scene, account: AccountClient) -> None:
+def test_a_lost_mint_answer_is_retried_and_answers_the_first_key(
+    scene: Scene, account: AccountClient
+) -> None:
+    rule = scene.proxy.on("POST", KEYS, _lose, times=1)
+    minted = account.mint_key(scene.vault_id, device_id="dev-a", label="a")
+    assert rule.hits == 1
+    sent = scene.proxy.requests("POST", KEYS)
+    assert len(sent) == 2  # the lost one, and its retry
+    assert _keys(scene, scene.vault_id) == 1  # minted once; the retry got that key
+    (row,) = scene.relay.sql("SELECT id FROM api_keys WHERE vault_id = $1", scene.vault_id)
+    assert minted.id == row["id"]
+    # The positive case next to it: a new call is a new request and mints one more.
+    assert account.mint_key(scene.vault_id, device_id="dev-a", label="a").id != minted.id
+    assert _keys(scene, scene.vault_id) == 2
+
+
+def test_a_lost_mint_answer_from_an_older_relay_mints_no_second_key(
+    scene: Scene, account: AccountClient
+) -> None:
+    _as_an_older_relay(scene)
     rule = scene.proxy.on("POST", KEYS, _lose, times=1)
     with pytest.raises(OutcomeUnknownError, match="a key may have been minted"):
         account.mint_key(scene.vault_id, device_id="dev-a", label="a")
     assert rule.hits == 1
     assert len(scene.proxy.requests("POST", KEYS)) == 1  # not sent again
     assert _keys(scene, scene.vault_id) == 1  # the relay did mint it, once
-    # The positive case next to it: the same call with its answer intact mints one more.
-    minted = account.mint_key(scene.vault_id, device_id="dev-a", label="a")
-    assert minted.vault_id == scene.vault_id
-    assert _keys(scene, scene.vault_id) == 2
 
 
 def test_a_mint_refused_with_503_busy_before_processing_is_retried(
@@ -86,10 +115,22 @@ def test_a_mint_refused_with_503_busy_before_processing_is_retried(
     assert _keys(scene, scene.vault_id) == 1
 
 
-def test_a_mint_answered_503_unavailable_after_the_relay_acted_is_not_retried(
+def test_a_mint_answered_503_unavailable_after_the_relay_acted_is_retried_once_made(
     scene: Scene, account: AccountClient
 ) -> None:
-    """The exclusion next to the retried 503: `unavailable` may follow a commit."""
+    """`unavailable` may follow a commit: the retry under the same key answers that key."""
+    scene.proxy.on("POST", KEYS, lambda e: UNAVAILABLE, times=1)  # forwarded: it minted
+    minted = account.mint_key(scene.vault_id, device_id="dev-c", label="c")
+    assert len(scene.proxy.requests("POST", KEYS)) == 2
+    assert _keys(scene, scene.vault_id) == 1
+    assert minted.key
+
+
+def test_an_older_relay_answering_503_unavailable_after_acting_is_not_retried(
+    scene: Scene, account: AccountClient
+) -> None:
+    """The exclusion next to the retried 503: without idempotency keys it may have minted."""
+    _as_an_older_relay(scene)
     scene.proxy.on("POST", KEYS, lambda e: UNAVAILABLE, times=1)  # forwarded: it minted
     with pytest.raises(OutcomeUnknownError, match="HTTP 503"):
         account.mint_key(scene.vault_id, device_id="dev-c", label="c")
@@ -97,8 +138,22 @@ def test_a_mint_answered_503_unavailable_after_the_relay_acted_is_not_retried(
     assert _keys(scene, scene.vault_id) == 1
 
 
+def test_a_signup_whose_answer_was_lost_is_retried_into_one_account(scene: Scene) -> None:
+    handle = scene.blank_device("solo", "solo passphrase 7c1e")
+    device = Device(handle.path, handle.passphrase)
+    rule = scene.proxy.on("POST", r"/auth/signup$", lambda e: UNAVAILABLE, times=1)
+    result = device.run("account", "signup", "--relay", scene.proxy.url)
+    assert "Traceback" not in result.stderr
+    assert rule.hits == 1
+    assert len(scene.proxy.requests("POST", r"/auth/signup$")) == 2
+    (row,) = scene.relay.sql("SELECT count(*) AS n FROM accounts WHERE email = $1", EMAIL)
+    assert row["n"] == 1
+
+
 def test_the_cli_says_a_signup_whose_answer_was_lost_may_have_happened(scene: Scene) -> None:
-    """One line, exit 1, no traceback; then `account signin` (the check it names) works."""
+    """Against an older relay: one line, exit 1, no traceback; then `account signin` (the
+    check it names) works."""
+    _as_an_older_relay(scene)
     handle = scene.blank_device("solo", "solo passphrase 7c1e")
     device = Device(handle.path, handle.passphrase)
     rule = scene.proxy.on("POST", r"/auth/signup$", lambda e: UNAVAILABLE, times=1)
