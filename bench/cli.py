@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     command = "python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     data = runner.execute(settings, log)
-    data["targets"] = judge(data["sections"])
+    data["targets"] = judge(data["sections"], data["corpus"])
     env = data["environment"]  # the commit and date the run started at
     stem = f"{env['started_utc'][:10]}-{env['git_sha']}" + ("-quick" if settings.quick else "")
     settings.out.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,11 @@
 """Realistic blobs, made once per run and reused by every measurement.
 
 Each blob is the real `BlobCipher.seal` output of a real PROTOCOL §4 plaintext
-(a memory of about 100 characters of text with tags and a project): a raw
-ciphertext of about 600 bytes (nonce + AES-GCM + tag), about 800 base64
-characters on the wire. Envelopes for a given vault get their own real HMAC
-(the HMAC covers the vault id), so every blob a measurement sends is one a
-device could have sent.
+(a memory of about 100 characters of text with tags and a project), padded to
+its PADMÉ length as a device pads it (PROTOCOL §16): a raw ciphertext of about
+600 bytes (nonce + AES-GCM + tag), about 800 base64 characters on the wire.
+Envelopes for a given vault get their own real HMAC (the HMAC covers the vault
+id), so every blob a measurement sends is one a device could have sent.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from engram_sync.shared_format.b64 import b64encode_std
-from engram_sync.shared_format.blob import BlobCipher, blob_hmac
+from engram_sync.shared_format.blob import NONCE_LEN, TAG_LEN, BlobCipher, blob_hmac
 from engram_sync.shared_format.keys import SyncKeys
+from engram_sync.shared_format.padding import pad_plaintext
 from engram_sync.shared_format.plaintext import MemoryPlaintext, encode_memory
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.wire import SyncBlob
@@ -88,6 +89,11 @@ def memory_plaintext(rng: random.Random, memory_id: str, stamp: str) -> MemoryPl
     )
 
 
+def base64_chars(plaintext_bytes: int) -> int:
+    """Base64 characters of the ciphertext of a plaintext of that many bytes (§3)."""
+    return 4 * ((NONCE_LEN + plaintext_bytes + TAG_LEN + 2) // 3)
+
+
 def new_memory_id(rng: random.Random) -> str:
     """`mem_` + 16 characters of a UUIDv4, like a device makes them (VAULT §3)."""
     return "mem_" + str(uuid.UUID(int=rng.getrandbits(128), version=4))[:16]
@@ -101,6 +107,7 @@ class Corpus:
     ciphertexts: list[str]
     created_at: list[str]
     hmac_key: bytes
+    unpadded_chars: int = 0  # base64 characters the ciphertexts would take unpadded (§16)
 
     @property
     def size(self) -> int:
@@ -116,11 +123,14 @@ class Corpus:
         ids: list[str] = []
         texts: list[str] = []
         stamps: list[str] = []
+        unpadded = 0
         for _ in range(size):
             memory_id = new_memory_id(rng)
             stamp = utc_now_rfc3339()
+            text = encode_memory(memory_plaintext(rng, memory_id, stamp))
+            unpadded += base64_chars(len(text.encode("utf-8")))
             blob = cipher.seal(
-                encode_memory(memory_plaintext(rng, memory_id, stamp)),
+                pad_plaintext(text),  # PROTOCOL §16, as the client's push path does
                 vault_id="corpus",
                 memory_id=memory_id,
                 device_id="corpus",
@@ -131,11 +141,15 @@ class Corpus:
             ids.append(memory_id)
             texts.append(blob.ciphertext)
             stamps.append(stamp)
-        return cls(ids, texts, stamps, keys.hmac_key)
+        return cls(ids, texts, stamps, keys.hmac_key, unpadded)
 
     def mean_ciphertext_chars(self) -> float:
         """Mean base64 characters of a ciphertext."""
         return sum(map(len, self.ciphertexts)) / self.size
+
+    def padding_overhead(self) -> float:
+        """Stored ciphertext characters padded / unpadded - 1 (PROTOCOL §16, issue 16)."""
+        return sum(map(len, self.ciphertexts)) / self.unpadded_chars - 1.0
 
     def memory_id(self, index: int) -> str:
         """The memory id of blob `index`; past the corpus size, ids get a cycle suffix."""

@@ -238,7 +238,9 @@ def markdown(data: dict[str, Any], command: str, plots: list[str], plot_note: st
     lines.append(
         f"- Corpus: {corpus['blobs']:,} distinct blobs, mean ciphertext "
         f"{corpus['mean_ciphertext_bytes']:.0f} bytes ({corpus['mean_ciphertext_base64_chars']:.0f}"
-        f" base64 characters), sealed in {corpus['seal_s']:.1f} s before the run."
+        f" base64 characters), sealed in {corpus['seal_s']:.1f} s before the run; padded to "
+        f"PADMÉ lengths (PROTOCOL §16), which costs {corpus['padding_overhead']:.2%} of the "
+        "stored ciphertext characters."
     )
     return "\n".join(lines) + "\n"
 

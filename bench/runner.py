@@ -376,6 +376,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
             "blobs": corpus.size,
             "mean_ciphertext_base64_chars": corpus.mean_ciphertext_chars(),
             "mean_ciphertext_bytes": corpus.mean_ciphertext_chars() * 3 / 4,
+            "padding_overhead": corpus.padding_overhead(),
             "seal_s": corpus_s,
         },
         "sections": sections,

@@ -7,6 +7,7 @@ from typing import Any, Final, Literal
 
 P99_LIMIT_MS: Final = 25.0
 PULL_RSS_LIMIT_MB: Final = 300.0  # issue 14 item 5: RSS under 4 concurrent full pulls
+PADDING_OVERHEAD_LIMIT: Final = 0.03  # issue 16: PADMÉ padding's storage cost on the corpus
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Target:
         }
 
 
-def judge(sections: dict[str, Any]) -> list[dict[str, Any]]:
+def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target of the run with its verdict."""
     push = sections["relay_push"]["ratio_to_ceiling"]
     pull = sections["relay_pull"]["ratio_to_ceiling"]
@@ -87,6 +88,16 @@ def judge(sections: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     targets.append(pull_memory_target(sections["pull_memory"]))
+    targets.append(
+        Target(
+            "padding_storage_overhead",
+            "storage overhead of PADMÉ padding (PROTOCOL §16): corpus ciphertext characters "
+            "padded / unpadded - 1",
+            corpus["padding_overhead"],
+            PADDING_OVERHEAD_LIMIT,
+            "<=",
+        )
+    )
     return [t.as_json() for t in targets]
 
 

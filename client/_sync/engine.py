@@ -49,6 +49,7 @@ from engram_sync.client._vault.store import (
 from engram_sync.shared_format.blob import NONCE_LEN, TAG_LEN, BlobCipher
 from engram_sync.shared_format.errors import FormatError
 from engram_sync.shared_format.keys import SyncKeys
+from engram_sync.shared_format.padding import pad_plaintext, padded_size
 from engram_sync.shared_format.plaintext import (
     MemoryPlaintext,
     Tombstone,
@@ -446,7 +447,7 @@ class Syncer:
         items: list[tuple[str, str, str | None]] = []  # (id, plaintext, modified_at)
         for row in rows:
             text = encode_memory(row_to_plaintext(self.vault.conn, row))
-            if _ciphertext_chars(len(text.encode("utf-8"))) > self._blob_limit():
+            if _ciphertext_chars(padded_size(text)) > self._blob_limit():  # PROTOCOL §16
                 if row["id"] not in report.oversized:
                     report.oversized.append(row["id"])
                 continue
@@ -467,7 +468,7 @@ class Syncer:
         clocks = self.device.reserve_clocks(len(items))  # persisted before anything is sent
         blobs = [
             self.cipher.seal(
-                text,
+                pad_plaintext(text),  # PROTOCOL §16: every blob this device writes is padded
                 vault_id=self.vault_id,
                 memory_id=memory_id,
                 device_id=self.device.device_id,

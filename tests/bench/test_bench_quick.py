@@ -35,6 +35,7 @@ TARGETS = {
     "push_p99_shared_vault",
     "push_p99_vault_per_device",
     "relay_rss_concurrent_full_pulls",
+    "padding_storage_overhead",
 }
 
 
@@ -107,6 +108,7 @@ def test_every_section_has_numbers(report: tuple[dict[str, Any], Path]) -> None:
     profile = sections["client_e2e"]["profile"]
     for side in ("push", "pull"):
         assert 0 < len(profile[f"{side}_top_cumulative"]) <= 15
+    assert 0 < data["corpus"]["padding_overhead"] < 0.125  # PADMÉ's bound from L = 16 on
     assert sections["peer"]["available"] is False
     assert "not available" in sections["peer"]["note"]
 

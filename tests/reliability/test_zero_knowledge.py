@@ -17,11 +17,13 @@ import asyncpg
 
 from engram_sync.client._accounts import account, pairing, team
 from engram_sync.client._session import VaultSession
+from engram_sync.client._vault import store as local_store
 from engram_sync.client._vault.keys import pack_keys
 from engram_sync.shared_format.login import login_secret
+from engram_sync.shared_format.plaintext import encode_memory
 from tests.e2e.conftest import DeviceHandle, make_device
 from tests.e2e.helpers import add, delete, edit
-from tests.relay.conftest import METRICS_TOKEN, Relay
+from tests.relay.conftest import METRICS_TOKEN, Relay, RelayThread, base_config
 from tests.reliability.support import RelayProcess
 
 PASSWORD = "zk account password " + secrets.token_hex(4)
@@ -165,3 +167,56 @@ def test_nothing_secret_reaches_the_relay(fresh_database_url: str, tmp_path: Pat
     assert '"request_id"' in logs
     assert all(key[:8] in logs for key in api_keys if key)  # prefixes are fine, and present
     assert "engram_relay_blobs_accepted_total" in metrics
+
+
+# --- PROTOCOL §16: the relay learns a memory's size bucket, not its size --------------------
+
+
+def _plaintext_bytes(device: DeviceHandle, memory_id: str) -> tuple[int, int]:
+    """(unpadded §4 plaintext bytes, content bytes) of a local memory."""
+    with device.open() as session:
+        memory = local_store.get_memory(session.vault.conn, memory_id)
+        assert memory is not None
+    return len(encode_memory(memory).encode("utf-8")), len(memory.content.encode("utf-8"))
+
+
+def _memory_of_size(device: DeviceHandle, size: int) -> str:
+    """A memory whose unpadded §4 plaintext is exactly `size` bytes."""
+    memory_id = add(device, "x")
+    for _ in range(3):  # a timestamp without microseconds is shorter: measure, then adjust
+        total, content = _plaintext_bytes(device, memory_id)
+        edit(device, memory_id, "x" * (size - (total - content)))
+        if _plaintext_bytes(device, memory_id)[0] == size:
+            return memory_id
+    raise AssertionError(f"could not make a memory of {size} plaintext bytes")
+
+
+async def _ciphertext_chars(database_url: str) -> dict[str, int]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT memory_id, length(ciphertext) AS n FROM blobs")
+        return {r["memory_id"]: r["n"] for r in rows}
+    finally:
+        await conn.close()
+
+
+def test_sizes_inside_one_padme_bucket_give_equal_ciphertexts(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    import asyncio
+
+    # By hand from PROTOCOL §16: 1024 <= L < 2048 has E = 10, S = 4, a step of 64, so
+    # 1090 and 1150 both pad to 1152 bytes and 1160 pads to 1216.
+    server = RelayThread(base_config(fresh_database_url)).start()
+    try:
+        relay = Relay(server.url, fresh_database_url, None)  # type: ignore[arg-type]
+        alpha = make_device(tmp_path, relay, "alpha")
+        small, large, next_bucket = (_memory_of_size(alpha, n) for n in (1090, 1150, 1160))
+        alpha.sync()
+        alpha.restart()
+    finally:
+        server.stop()
+    chars = asyncio.run(_ciphertext_chars(fresh_database_url))
+    assert chars[small] == chars[large] == 4 * ((12 + 1152 + 16 + 2) // 3)
+    # the positive case next to it: the next bucket is visibly longer
+    assert chars[next_bucket] == 4 * ((12 + 1216 + 16 + 2) // 3)
