@@ -30,6 +30,7 @@ from engram_sync.client._errors import (
 )
 from engram_sync.client._session import NotLinkedError
 from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.live import LiveStatus
 from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
 from engram_sync.shared_format.plaintext import Link, MemoryPlaintext
 
@@ -43,6 +44,7 @@ __all__ = [
     "ForbiddenError",
     "Layer",
     "Link",
+    "LiveStatus",
     "Memory",
     "NotLinkedError",
     "OutcomeUnknownError",

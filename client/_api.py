@@ -7,20 +7,18 @@ errors it uses; every other module of the client is private (docs/python-api.md)
 from __future__ import annotations
 
 import builtins
-import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
-from engram_sync.client._errors import RateLimitedError, RelayUnavailableError
+from engram_sync.client._errors import RateLimitedError, RelayUnavailableError, SyncError
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.live import LiveStatus, LiveSync
 from engram_sync.client._vault import store
 from engram_sync.shared_format.plaintext import MemoryPlaintext
-
-log = logging.getLogger(__name__)
 
 Layer = Literal["episodic", "semantic", "imagined"]
 #: Called with the phase ("pull" or "push") and the counts so far, during a sync.
@@ -132,21 +130,38 @@ class Vault:
             return self._session.syncer(relay, progress).sync()
 
     def watch(
-        self, *, interval: float | None = None, stop: threading.Event | None = None
+        self,
+        *,
+        interval: float | None = None,
+        stop: threading.Event | None = None,
+        on_report: Callable[[SyncReport], None] | None = None,
+        on_status: Callable[[LiveStatus], None] | None = None,
     ) -> Iterator[SyncReport]:
-        """Sync again and again, yielding each round's report, until `stop` is set.
+        """Sync live until `stop` is set, yielding each sync's report (docs/live-sync.md).
 
-        Waits `interval` seconds (default: the vault's configured interval) between rounds.
-        A relay that is unreachable or rate-limits is retried on the next round; every
-        other error ends the watch.
+        A sync runs as soon as the relay's live feed says another device pushed (PROTOCOL
+        §15; the long-poll, or the timer alone, where the relay or a proxy offers no
+        stream), as soon as this vault changes (a write through this `Vault` between two
+        reports, or by another program into its database, seen within about a second),
+        and every `interval` seconds whatever happens (default: the vault's configured
+        interval). `on_report` gets each report as it is yielded; `on_status` each change
+        of the `LiveStatus` (connected, catching up, offline, ...). A relay that is
+        unreachable or rate-limits is retried with backoff; every other error ends the
+        watch (`DeviceRevokedError` when the relay revoked this device, `NotLinkedError`
+        at once before `link`).
         """
         every = interval if interval is not None else self._session.config.interval_secs
-        if every <= 0:
-            raise ValueError("interval must be positive")
-        stop = stop or threading.Event()
-        while not stop.is_set():
-            try:
-                yield self.sync()
-            except (RelayUnavailableError, RateLimitedError) as exc:
-                log.warning("sync failed, retrying in %gs: %s", every, exc)
-            stop.wait(every)
+        live = LiveSync(
+            self._session,
+            interval=every,
+            stop=stop or threading.Event(),
+            retry=_transient,
+            on_report=on_report,
+            on_status=on_status,
+        )
+        yield from live.run()
+
+
+def _transient(error: SyncError) -> bool:
+    """The failures `watch` retries: the relay is away, or asks the device to slow down."""
+    return isinstance(error, RelayUnavailableError | RateLimitedError)

@@ -109,6 +109,11 @@ class RelayMisbehavedError(ProtocolError):
     a page that makes no progress): refused, nothing of it applied (issue 13)."""
 
 
+class FeedUnavailableError(ProtocolError):
+    """The live change feed (PROTOCOL §15) answered with something that is not an event
+    stream (a proxy in the way): the device falls back to the long-poll or to polling."""
+
+
 def one_line(text: str) -> str:
     """Collapse all whitespace (newlines included) into single spaces."""
     return " ".join(text.split())

@@ -33,9 +33,12 @@ from engram_sync.client._cli.support import (
     print_json,
 )
 from engram_sync.client._cli.teams import account_password
-from engram_sync.client._errors import SyncError
-from engram_sync.client._session import VaultSession
+from engram_sync.client._cli.watch_view import watch_view
+from engram_sync.client._errors import AuthError, DeviceRevokedError, ForbiddenError, SyncError
+from engram_sync.client._session import NotLinkedError, VaultSession
+from engram_sync.client._sync.device import ClockExhaustedError
 from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.live import LiveSync
 from engram_sync.client._vault import conflicts as conflict_ops
 from engram_sync.client._vault import keys as vault_keys
 from engram_sync.client._vault.store import add_memory as store_add
@@ -308,10 +311,17 @@ def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] 
 @app.command()
 def watch(
     interval: Annotated[
-        float | None, typer.Option("--interval", help="Seconds between syncs.", min=1)
+        float | None,
+        typer.Option(
+            "--interval",
+            help="Seconds between syncs when nothing else triggers one (the live feed and "
+            "local changes sync at once).",
+            min=1,
+        ),
     ] = None,
 ) -> None:
-    """Sync continuously until Ctrl-C or SIGTERM."""
+    """Sync live until Ctrl-C or SIGTERM: pull as soon as another device pushes, push as
+    soon as this vault changes (docs/live-sync.md)."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -320,25 +330,43 @@ def watch(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     with open_session() as session:
+        if not session.config.server_url or not session.config.vault_id:
+            raise CliError(
+                f"the vault at {session.path} is not linked to a relay: run `engram-sync link "
+                "--relay URL --api-key KEY` (or --account, or --code CODE) first"
+            )
         every = interval or session.config.interval_secs
-        err.print(f"syncing {session.path} every {every:g}s (Ctrl-C to stop)")
-        while not stop.is_set():
+        err.print(
+            f"watching {session.path} live (a sync at least every {every:g}s; Ctrl-C to stop)"
+        )
+        with watch_view(err) as view:
+            live = LiveSync(
+                session,
+                interval=every,
+                stop=stop,
+                retry=_watch_retries,
+                on_status=view.show,
+            )
             try:
-                report = _run_sync(session, show_progress=False)
-                notice = _repair_notice(report)
-                if notice:
-                    err.print(notice, highlight=False)
-                if report.applied or report.pushed or report.conflicts or report.invalid:
-                    out.print(
-                        f"pulled {report.pulled} (applied {report.applied}), "
-                        f"pushed {report.pushed}, conflicts {report.conflicts}"
-                    )
-            except SyncError as exc:
-                err.print(f"sync failed: {exc} (retrying in {every:g}s)")
-                if session.state.revoked:
-                    raise
-            stop.wait(every)
+                for report in live.run():
+                    notice = _repair_notice(report)
+                    if notice:
+                        view.say(notice)
+                    if report.applied or report.pushed or report.conflicts or report.invalid:
+                        view.say(
+                            f"pulled {report.pulled} (applied {report.applied}), "
+                            f"pushed {report.pushed}, conflicts {report.conflicts}",
+                            stdout=True,
+                        )
+            except DeviceRevokedError as exc:
+                raise CliError(f"{exc.message}; watch stopped") from None
     err.print("stopped")
+
+
+def _watch_retries(error: SyncError) -> bool:
+    """What `watch` retries with backoff: anything that may pass by itself. A wrong or
+    refused key, a revoked device and a vault the device cannot open end it."""
+    return not isinstance(error, AuthError | ForbiddenError | NotLinkedError | ClockExhaustedError)
 
 
 @app.command()

@@ -9,6 +9,7 @@ another pull and push, a bounded number of times.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from engram_sync.client._errors import (
 from engram_sync.client._sync.device import Device
 from engram_sync.client._sync.lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
 from engram_sync.client._sync.lock import sync_lock
+from engram_sync.client._sync.own_pushes import OwnSkip, own_commit_end, refuted_start
 from engram_sync.client._sync.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
 from engram_sync.client._sync.state import SkippedBlob, SyncState
 from engram_sync.client._vault.store import (
@@ -61,6 +63,8 @@ from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.vault import Vault
 from engram_sync.shared_format.wire import PullResponse, PushResponse, SyncBlob
 
+log = logging.getLogger(__name__)
+
 PUSH_BATCH: Final = 500  # PROTOCOL §8
 PULL_PAGE: Final = 1000
 DEFAULT_MAX_BLOB_BYTES: Final = 1_048_576
@@ -90,6 +94,10 @@ class SyncReport:
     repushed: int = 0  # versions the relay lacked, queued again by a reconcile
     cursor: int = 0
     oversized: list[str] = field(default_factory=list)
+    # issue 15 (client._sync.own_pushes): own blobs the cursor moved past without pulling
+    # them back, and whether a page showed that such a move was wrong (pulled again)
+    own_skipped: int = 0
+    own_skip_refuted: bool = False
 
 
 ProgressCallback = Callable[[str, SyncReport], None]
@@ -220,6 +228,13 @@ class Syncer:
             self.state.save()
         return report
 
+    def revoked_by_relay(self, why: str) -> DeviceRevokedError:
+        """The relay said this device is revoked (the live feed's `event: revoked`,
+        PROTOCOL §15): remembered like a push answer naming it (§8), and the error to raise."""
+        self._mark_revoked()
+        error = self._revoked_error()
+        return DeviceRevokedError(error.status, error.code, f"{error.message} ({why})")
+
     def _revoked_error(self) -> DeviceRevokedError:
         return DeviceRevokedError(403, "device_revoked", self._revoked_message())
 
@@ -279,6 +294,10 @@ class Syncer:
                 cursor = origin = 0
                 continue
             check_page(page, asked=cursor, limit=limit, relay_url=self.relay.base_url)
+            if seen is None and (start := self._refuted_skip(page.blobs, cursor)) is not None:
+                report.own_skip_refuted = True
+                cursor = origin = start
+                continue
             highest = self._apply_page(page.blobs, report, seen)
             self.device.observe(highest)
             assert isinstance(page.cursor, int)  # check_page
@@ -295,6 +314,24 @@ class Syncer:
         if isinstance(page.generation, str):
             self.state.generation = page.generation
         self.state.save()
+
+    def _refuted_skip(self, blobs: list[SyncBlob], asked: int) -> int | None:
+        """The cursor to pull again from when this page shows that a move past our own
+        pushes stepped over more than them (client._sync.own_pushes); the moves inside the
+        range pulled again are forgotten, so each refutation happens once."""
+        skips = self.state.own_skips
+        start = refuted_start(skips, blobs, self.device.device_id, asked)
+        if start is None:
+            return None
+        log.warning(
+            "the relay at %s sent one of this device's own blobs above the cursor its push "
+            "answer gave; pulling again from cursor %d (issue 15, docs/live-sync.md)",
+            self.relay.base_url, start,
+        )  # fmt: skip
+        self.state.own_skips = [skip for skip in skips if skip.end <= start]
+        self.state.cursor = start
+        self.state.save()
+        return start
 
     def _start_full_pull(self) -> dict[str, int]:
         self.state.full_pull = True
@@ -443,6 +480,23 @@ class Syncer:
             return True
         return isinstance(response.cursor, int) and response.cursor < self.state.cursor
 
+    def _skip_own_commit(
+        self, response: PushResponse, sent: list[str], clocks: list[int], report: SyncReport
+    ) -> None:
+        """Move the cursor past our own commit when the answer shows nothing else was
+        committed since our cursor (client._sync.own_pushes); else the next pull fetches it."""
+        if self.state.full_pull:
+            return
+        start = self.state.cursor
+        end = own_commit_end(response, cursor=start, sent=sent)
+        if end is None:
+            return
+        self.state.cursor = end
+        self.state.record_own_skip(OwnSkip(start, end, clocks[0], clocks[-1]))
+        self.state.save()
+        report.own_skipped += end - start
+        report.cursor = end
+
     def _push_rows(self, rows: list[sqlite3.Row], report: SyncReport) -> None:
         items: list[tuple[str, str, str | None]] = []  # (id, plaintext, modified_at)
         for row in rows:
@@ -485,6 +539,7 @@ class Syncer:
             self._mark_revoked()
             raise self._revoked_error()
         rejected = set(response.rejected)
+        self._skip_own_commit(response, [m for m, _, _ in items], clocks, report)
         with self.vault.transaction() as conn:
             for (memory_id, _, stamp), blob in zip(items, blobs, strict=True):
                 if memory_id in rejected:

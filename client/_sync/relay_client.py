@@ -9,12 +9,14 @@ on it. Other 4xx answers raise at once as typed errors (client._errors).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
 import secrets
+import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from enum import Enum
 from types import TracebackType
 from typing import Final, TypeVar
@@ -25,6 +27,7 @@ import httpx
 from engram_sync import __version__
 from engram_sync.client._errors import (
     AnswerTooLargeError,
+    FeedUnavailableError,
     OutcomeUnknownError,
     ProtocolError,
     RateLimitedError,
@@ -74,6 +77,8 @@ PULL_PAGE_BUDGET_BYTES: Final = 32 * 1024 * 1024
 # The whole answer must arrive within this many request timeouts: the per-read timeout
 # alone lets a relay trickle a byte every few seconds forever.
 ANSWER_DEADLINE_TIMEOUTS: Final = 4
+# The body of an error answer to the event stream (PROTOCOL §15) is read up to this much.
+MAX_ERROR_BYTES: Final = 64 * 1024
 
 # An idle connection is dropped by the client before the relay drops it (the relay closes
 # keep-alive connections idle for 5 s: relay.serving.KEEP_ALIVE_S). With both at 5 s, a
@@ -269,6 +274,7 @@ class RelayClient:
         limit: int | None = None,
         max_bytes: int = PULL_PAGE_BUDGET_BYTES,
         origin: int | None = None,
+        wait: int | None = None,
     ) -> PullResponse:
         """`GET /v1/vaults/{vault_id}/pull`: cursor mode (§9) when `cursor` is given,
         else the legacy `since` mode (§7). A stale cursor raises ResyncRequiredError; a
@@ -283,10 +289,56 @@ class RelayClient:
             params["limit"] = limit
         if origin is not None:
             params["origin"] = origin  # the cursor this pull began at (docs/pull-origin.md)
+        if wait is not None:
+            params["wait"] = wait  # PROTOCOL §15 long-poll: held up to `wait` seconds
         path = f"{_vault(vault_id)}/pull"
         return self._call(
             "GET", path, PullResponse, retry=Retry.SAFE, params=params, max_bytes=max_bytes
         )
+
+    @contextlib.contextmanager
+    def events(self, vault_id: str, *, cursor: int) -> Iterator[EventStream]:
+        """`GET /v1/vaults/{vault_id}/events?cursor=N` (PROTOCOL §15), one attempt: the
+        stream's raw bytes as they arrive (client._sync.sse parses them), closed on exit.
+
+        Read with the client's timeout between bytes (longer than the relay's 15 s ping).
+        An error answer raises its typed error (5xx and 429: RelayUnavailableError and
+        RateLimitedError); a 200 that is not an uncompressed `text/event-stream` raises
+        FeedUnavailableError (a proxy answering in its place, or buffering it).
+        """
+        path = f"{_vault(vault_id)}/events"
+        request = self._http.build_request(
+            "GET",
+            path,
+            params={"cursor": cursor},
+            headers={
+                "Accept": "text/event-stream",
+                "Accept-Encoding": "identity",
+                "Cache-Control": "no-cache",
+            },
+        )
+        try:
+            response = self._http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc, 1) from exc
+        try:
+            if not response.is_success:
+                answer = _capped_answer(response, request, MAX_ERROR_BYTES)
+                if answer.status_code == 429 or answer.status_code >= 500:
+                    raise self._gave_up(answer, 1)
+                raise self._error(answer)
+            kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            if kind != "text/event-stream" or encoding not in ("", "identity"):
+                raise FeedUnavailableError(
+                    one_line(
+                        f"the relay at {self.base_url} answered GET {path} with "
+                        f"{kind or 'no content type'} ({encoding}), not an event stream"
+                    )
+                )
+            yield EventStream(response)
+        finally:
+            response.close()
 
     def stats(self, vault_id: str) -> VaultStats:
         """`GET /v1/vaults/{vault_id}/stats`: live blob count and newest created_at."""
@@ -550,6 +602,44 @@ class RelayClient:
             f"{detail}) after {attempts} attempts; check the relay URL and your network",
             url=self.base_url,
         )
+
+
+class EventStream:
+    """An open event stream (RelayClient.events): its bytes, and a way to end it early."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+
+    def chunks(self) -> Iterator[bytes]:
+        """The raw bytes as they arrive; ends when the relay closes the stream."""
+        return self._response.iter_raw()
+
+    def abort(self) -> None:
+        """Shut the connection down from another thread, so that a read blocked on it
+        returns at once (closing the socket alone does not wake it on Linux)."""
+        stream = self._response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _capped_answer(response: httpx.Response, request: httpx.Request, cap: int) -> httpx.Response:
+    """An error answer of a streamed request with at most `cap` bytes of its body."""
+    body = bytearray()
+    try:
+        for chunk in response.iter_raw():
+            body += chunk[: cap - len(body)]
+            if len(body) >= cap:
+                break
+    except httpx.HTTPError:
+        pass  # what arrived is enough to name the error
+    return httpx.Response(
+        response.status_code,
+        headers=[(k, v) for k, v in response.headers.items() if k.lower() == "retry-after"],
+        content=bytes(body),
+        request=request,
+    )
 
 
 def _not_processed(response: httpx.Response) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from engram_sync.client._atomic import read_json, write_json_atomic
+from engram_sync.client._sync.own_pushes import MAX_OWN_SKIPS, OwnSkip
 
 STATE_FILE: Final = "sync_state.json"
 MAX_SKIPPED_KEPT: Final = 200
@@ -19,6 +20,11 @@ MAX_SKIPPED_KEPT: Final = 200
 
 def _text_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _own_skips(value: Any) -> list[OwnSkip]:
+    entries = value if isinstance(value, list) else []
+    return [skip for entry in entries if (skip := OwnSkip.from_json(entry)) is not None]
 
 
 @dataclass
@@ -49,6 +55,8 @@ class SyncState:
     full_pull: bool = False
     skipped: list[SkippedBlob] = field(default_factory=list)
     oversized: list[str] = field(default_factory=list)
+    # issue 15: the cursor moves past this device's own pushes (client._sync.own_pushes)
+    own_skips: list[OwnSkip] = field(default_factory=list)
 
     @classmethod
     def load(cls, vault_dir: Path) -> SyncState:
@@ -69,6 +77,7 @@ class SyncState:
             full_pull=bool(data.get("full_pull", False)),
             skipped=[SkippedBlob(**s) for s in data.get("skipped", [])],
             oversized=list(data.get("oversized", [])),
+            own_skips=_own_skips(data.get("own_skips")),
         )
 
     def refresh(self) -> None:
@@ -83,12 +92,18 @@ class SyncState:
             self.server_url, self.vault_id, self.cursor = server_url, vault_id, 0
             self.revoked = False
             self.generation, self.full_pull = None, False
+            self.own_skips = []
             self.save()
 
     def record_skipped(self, skipped: SkippedBlob) -> None:
         """Remember a skipped blob for `status` (the newest MAX_SKIPPED_KEPT)."""
         self.skipped.append(skipped)
         del self.skipped[:-MAX_SKIPPED_KEPT]
+
+    def record_own_skip(self, skip: OwnSkip) -> None:
+        """Remember a move past our own pushes (the newest MAX_OWN_SKIPS)."""
+        self.own_skips.append(skip)
+        del self.own_skips[:-MAX_OWN_SKIPS]
 
     def save(self) -> None:
         """Persist atomically."""

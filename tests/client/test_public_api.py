@@ -24,6 +24,7 @@ PUBLIC = [
     "ForbiddenError",
     "Layer",
     "Link",
+    "LiveStatus",
     "Memory",
     "NotLinkedError",
     "OutcomeUnknownError",
@@ -146,20 +147,18 @@ def test_watch_retries_an_unreachable_relay_and_ends_on_other_errors(
         # the same vault pointed at a port nothing listens on: every round fails to connect
         vault._session.config.server_url = "http://127.0.0.1:9"
         stop = threading.Event()
-        waits = 0
-        real_wait = stop.wait
+        offline: list[api.LiveStatus] = []
 
-        def counting_wait(timeout: float | None = None) -> bool:
-            nonlocal waits
-            waits += 1
-            if waits == 2:
-                stop.set()
-            return real_wait(0)
+        def on_status(status: api.LiveStatus) -> None:
+            if status.state == "offline":
+                offline.append(status)
+                if len(offline) == 2:
+                    stop.set()
 
-        stop.wait = counting_wait  # type: ignore[method-assign]
-        with caplog.at_level(logging.WARNING, logger="engram_sync.client._api"):
-            assert list(vault.watch(interval=0.01, stop=stop)) == []
-        assert waits == 2
+        with caplog.at_level(logging.WARNING, logger="engram_sync.client._sync.live"):
+            assert list(vault.watch(interval=0.01, stop=stop, on_status=on_status)) == []
+        assert len(offline) == 2
+        assert all("could not be reached" in (s.problem or "") for s in offline)
         assert sum("sync failed, retrying" in r.getMessage() for r in caplog.records) == 2
         # not retried: a refusal of the key ends the watch with its error
         vault._session.config.server_url = relay.url

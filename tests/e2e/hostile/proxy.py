@@ -11,6 +11,7 @@ same machinery.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 import time
@@ -55,6 +56,10 @@ class Answer:
     # sent as `chunks` copies of `body` without a Content-Length (chunked), when > 0
     chunks: int = 0
     chunk_delay: float = 0.0
+    # sent one by one, each after its delay, without a Content-Length, then the stream is
+    # held open `hold` more seconds (a scripted event stream, PROTOCOL §15)
+    pieces: list[tuple[float, bytes]] | None = None
+    hold: float = 0.0
 
     def raw(self) -> bytes:
         if isinstance(self.body, bytes):
@@ -200,6 +205,9 @@ class HostileProxy:
             if answer.chunks:
                 await self._stream(send, answer)
                 return
+            if answer.pieces is not None:
+                await self._pieces(send, receive, answer)
+                return
             status, headers, out = answer.status, answer.headers, answer.raw()
         await send(
             {
@@ -210,6 +218,21 @@ class HostileProxy:
             }
         )
         await send({"type": "http.response.body", "body": out})
+
+    async def _pieces(self, send: Any, receive: Any, answer: Answer) -> None:
+        headers = [(k.encode(), v.encode()) for k, v in answer.headers.items()]
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        try:
+            for delay, piece in answer.pieces or []:
+                if delay:
+                    await asyncio.sleep(delay)
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            if answer.hold:  # until the client hangs up, at most `hold` seconds
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_disconnected(receive), answer.hold)
+            await send({"type": "http.response.body", "body": b""})
+        except OSError:
+            return  # the client hung up
 
     async def _stream(self, send: Any, answer: Answer) -> None:
         headers = [(k.encode(), v.encode()) for k, v in answer.headers.items()]
@@ -223,6 +246,21 @@ class HostileProxy:
             await send({"type": "http.response.body", "body": b""})
         except OSError:
             return  # the client hung up, as it should past its cap
+
+
+async def _disconnected(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def event_stream(
+    *pieces: bytes | tuple[float, bytes], hold: float = 0.0, status: int = 200
+) -> Answer:
+    """An invented `text/event-stream` answer: `pieces` (bytes, or (delay, bytes)) in
+    order, then the stream held open `hold` seconds and closed."""
+    timed = [piece if isinstance(piece, tuple) else (0.0, piece) for piece in pieces]
+    headers = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+    return Answer(status, b"", headers=headers, pieces=timed, hold=hold)
 
 
 def rewrite_json(change: Callable[[Any], Any]) -> Action:

@@ -1,0 +1,456 @@
+"""The live change feed on the device (PROTOCOL §15; docs/live-sync.md).
+
+A thread that tells the watch loop (client._sync.live) when the vault has changed. It
+holds the relay's event stream when /v1/info lists `events`; falls back to the long-poll
+(`pull?cursor=N&wait=S`, feature `pull-wait`) when the stream is not offered or keeps
+failing (a proxy that buffers it, answers 404 or 405); and to nothing at all (the loop
+polls on its timer) when neither works. It reconnects with exponential backoff and full
+jitter, and never faster than `FeedTiming.reconnect_min_s`.
+
+Everything the relay sends is hostile input: lines and events are bounded
+(client._sync.sse), and a hint is only a wake-up. Its cursor must be an integer that does
+not go back on the stream; anything else is counted as a bad hint and ignored. A valid
+hint never moves the device's cursor: the loop pulls with its own cursor, so a relay that
+lies in hints can delay the device or make it pull for nothing (bounded by the loop's
+pulls per second), never make it skip or adopt anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+
+import httpx
+import msgspec
+
+from engram_sync.client._errors import (
+    AuthError,
+    DeviceRevokedError,
+    FeedUnavailableError,
+    ForbiddenError,
+    RelayError,
+    ResyncRequiredError,
+    SyncError,
+    one_line,
+)
+from engram_sync.client._sync.relay_client import EventStream, RelayClient
+from engram_sync.client._sync.sse import SseComment, SseEvent, SseParser, SseRetry, SseTooLargeError
+
+log = logging.getLogger(__name__)
+
+EVENTS_FEATURE: Final = "events"
+PULL_WAIT_FEATURE: Final = "pull-wait"
+MAX_CURSOR: Final = 2**63 - 1
+# A read timeout longer than the relay's 15 s ping (PROTOCOL §15), with room for a busy
+# machine: a stream silent this long is dead and is dropped.
+READ_TIMEOUT_S: Final = 45.0
+
+
+class FeedMode(Enum):
+    """How the device learns of changes."""
+
+    EVENTS = "events"  # the event stream
+    LONG_POLL = "long-poll"  # pull?wait=
+    POLL = "poll"  # nothing from the relay: the loop's timer
+
+
+@dataclass(frozen=True)
+class FeedTiming:
+    """The feed's delays and thresholds (tests make them short)."""
+
+    reconnect_min_s: float = 1.0  # the floor of every reconnect: no spinning
+    reconnect_max_s: float = 60.0  # the cap of the backoff (and of the relay's `retry:`)
+    backoff_base_s: float = 1.0
+    failures_before_fallback: int = 2  # streams in a row that failed before any item
+    long_poll_wait_s: int = 25  # S of pull?wait=S (PROTOCOL §15: 0 < S <= 60)
+    long_poll_min_cycle_s: float = 1.0  # one long-poll per this many seconds at most
+    early_answers_before_poll: int = 3  # empty long-polls answered at once, in a row
+    better_mode_retry_s: float = 300.0  # after a fallback, try the better mode again
+    hint_wait_s: float = 10.0  # after a hint, how long to wait for the loop to pull
+
+
+class _Hint(msgspec.Struct, frozen=True):
+    cursor: int
+
+
+class _Outcome(Enum):
+    HEALTHY = "healthy"  # it worked, then ended: reconnect soon
+    FAILED = "failed"  # it did not work: back off, maybe fall back
+    UNSUPPORTED = "unsupported"  # not offered here: fall back now
+    FINAL = "final"  # revoked, or the feed was stopped
+
+
+class FeedSignals:
+    """What the feed thread tells the watch loop; every method is thread-safe.
+
+    `wake` is set whenever something changed (a hint, the connection, a revocation), so
+    the loop can wait on it.
+    """
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self.consumed = threading.Event()
+        self._lock = threading.Lock()
+        self._hint: int | None = None
+        self.mode: FeedMode | None = None
+        self.connected = False
+        self.revoked: str | None = None
+        self.problem: str | None = None
+        self.bad_hints = 0
+        self.hints = 0
+
+    def offer_hint(self, cursor: int) -> None:
+        with self._lock:
+            self.hints += 1
+            self._hint = cursor if self._hint is None else max(self._hint, cursor)
+            self.consumed.clear()
+        self.wake.set()
+
+    def take_hint(self) -> int | None:
+        """The highest hint not yet taken (None: none); the loop takes it when it syncs."""
+        with self._lock:
+            hint, self._hint = self._hint, None
+        return hint
+
+    def hint_done(self) -> None:
+        """The loop has pulled after the hints it took."""
+        self.consumed.set()
+
+    def bad_hint(self, why: str) -> None:
+        with self._lock:
+            self.bad_hints += 1
+        log.warning("ignored a change hint from the relay: %s", why)
+
+    def set_link(self, mode: FeedMode | None, connected: bool, problem: str | None) -> None:
+        with self._lock:
+            changed = (self.mode, self.connected, self.problem) != (mode, connected, problem)
+            self.mode, self.connected, self.problem = mode, connected, problem
+        if changed:
+            self.wake.set()
+
+    def set_revoked(self, message: str) -> None:
+        with self._lock:
+            self.revoked = message
+        self.wake.set()
+
+
+def parse_hint(data: str, last: int | None) -> int | str:
+    """The cursor of a `change` event's data, or why it is not a usable hint."""
+    try:
+        hint = msgspec.json.decode(data, type=_Hint)
+    except msgspec.DecodeError as exc:
+        return f"not a change hint ({one_line(str(exc))[:120]})"
+    cursor = hint.cursor
+    if cursor < 0 or cursor > MAX_CURSOR:
+        return f"cursor {cursor} is outside 0..2^63-1"
+    if last is not None and cursor < last:
+        return f"cursor {cursor} goes back from {last}"
+    return cursor
+
+
+class LiveFeed:
+    """The feed thread for one vault: `start()`, then `stop()` (joins it)."""
+
+    def __init__(
+        self,
+        open_client: Callable[[], RelayClient],
+        vault_id: str,
+        cursor: Callable[[], int],
+        signals: FeedSignals,
+        *,
+        timing: FeedTiming | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._open_client = open_client
+        self._vault_id = vault_id
+        self._cursor = cursor
+        self.signals = signals
+        self.timing = timing or FeedTiming()
+        self._rng = rng or random.Random()  # noqa: S311 (jitter, not crypto)
+        self._stop = threading.Event()
+        self._stream: EventStream | None = None
+        self._stream_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="engram-sync-feed", daemon=True)
+        self._failures = 0
+        self._streams = 0  # streams opened, for tests and the status line
+        self._long_polls = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> LiveFeed:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread: an open stream is shut down, so a blocked read returns."""
+        self._stop.set()
+        with self._stream_lock:
+            if self._stream is not None:
+                self._stream.abort()
+        self._thread.join(timeout)
+
+    @property
+    def streams_opened(self) -> int:
+        return self._streams
+
+    @property
+    def long_polls(self) -> int:
+        return self._long_polls
+
+    # -- the thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            with self._open_client() as client:
+                self._serve(client)
+        except Exception:  # the feed must never take the watch down: it polls then
+            log.exception("the live change feed stopped; syncing on the timer only")
+            self.signals.set_link(FeedMode.POLL, False, "the live feed stopped (see the log)")
+
+    def _serve(self, client: RelayClient) -> None:
+        offered = self._offered(client)
+        if offered is None:
+            return
+        best = self._best_mode(offered)
+        mode, fell_back_at = best, 0.0
+        while not self._stop.is_set():
+            if (
+                mode is not best
+                and time.monotonic() - fell_back_at >= self.timing.better_mode_retry_s
+            ):
+                mode, self._failures = best, 0  # after a while, try the better mode again
+            if mode is FeedMode.POLL:
+                self.signals.set_link(FeedMode.POLL, False, self.signals.problem)
+                again = None if best is FeedMode.POLL else self.timing.better_mode_retry_s
+                if self._pause(again):
+                    return
+                continue
+            if mode is FeedMode.EVENTS:
+                outcome = self._stream_once(client)
+            else:
+                outcome = self._long_poll(client)
+            if outcome is _Outcome.FINAL:
+                return
+            if outcome is _Outcome.HEALTHY:
+                continue  # _stream_once waited before the reconnect and kept the count
+            self._failures += 1
+            worse = self._fallback(mode, offered)
+            if worse is not mode and (
+                outcome is _Outcome.UNSUPPORTED
+                or self._failures >= self.timing.failures_before_fallback
+            ):
+                log.info("live feed: %s not usable here, using %s", mode.value, worse.value)
+                mode, fell_back_at, self._failures = worse, time.monotonic(), 0
+                continue
+            if self._pause(self._backoff()):
+                return
+
+    def _offered(self, client: RelayClient) -> frozenset[str] | None:
+        """The relay's features (PROTOCOL §11), asked until it answers; None when stopped.
+        A relay without /v1/info offers no feed."""
+        attempt = 0
+        while not self._stop.is_set():
+            try:
+                return frozenset(client.info().features)
+            except RelayError as exc:
+                if exc.status in (404, 405, 501):
+                    return frozenset()
+                problem = str(exc)
+            except SyncError as exc:
+                problem = str(exc)
+            self.signals.set_link(None, False, one_line(problem)[:200])
+            attempt += 1
+            if self._pause(self._backoff(attempt)):
+                return None
+        return None
+
+    @staticmethod
+    def _best_mode(offered: frozenset[str]) -> FeedMode:
+        if EVENTS_FEATURE in offered:
+            return FeedMode.EVENTS
+        if PULL_WAIT_FEATURE in offered:
+            return FeedMode.LONG_POLL
+        return FeedMode.POLL
+
+    @staticmethod
+    def _fallback(mode: FeedMode, offered: frozenset[str]) -> FeedMode:
+        if mode is FeedMode.EVENTS and PULL_WAIT_FEATURE in offered:
+            return FeedMode.LONG_POLL
+        if mode is FeedMode.EVENTS:
+            return FeedMode.POLL
+        if mode is FeedMode.LONG_POLL:
+            return FeedMode.POLL
+        return mode
+
+    def _backoff(self, attempt: int | None = None) -> float:
+        """Full jitter over an exponential cap, never below the reconnect floor."""
+        n = self._failures if attempt is None else attempt
+        t = self.timing
+        cap = min(t.reconnect_max_s, t.backoff_base_s * 2.0 ** min(n, 32))
+        return t.reconnect_min_s + self._rng.uniform(0.0, max(0.0, cap - t.reconnect_min_s))
+
+    def _pause(self, seconds: float | None) -> bool:
+        """Wait `seconds` (None: until stopped); True when the feed was stopped."""
+        return self._stop.wait(seconds)
+
+    # -- the event stream -------------------------------------------------------------------
+
+    def _stream_once(self, client: RelayClient) -> _Outcome:
+        """One event stream from the device's cursor, until it ends (PROTOCOL §15)."""
+        items = 0
+        retry_ms: int | None = None
+        started = time.monotonic()
+        self._streams += 1
+        try:
+            with self._opened(client.events(self._vault_id, cursor=self._cursor())) as stream:
+                parser = SseParser()
+                last: int | None = None
+                for chunk in stream.chunks():
+                    for item in parser.feed(chunk):
+                        items += 1
+                        if items == 1:
+                            self.signals.set_link(FeedMode.EVENTS, True, None)
+                        if isinstance(item, SseRetry):
+                            retry_ms = item.millis
+                        elif isinstance(item, SseEvent):
+                            last = self._on_event(item, last)
+                            if self.signals.revoked is not None:
+                                return _Outcome.FINAL
+                        elif isinstance(item, SseComment):
+                            pass  # `: ping`: the stream is alive
+                    if self._stop.is_set():
+                        return _Outcome.FINAL
+            problem = "the relay closed the event stream"
+        except DeviceRevokedError as exc:
+            self.signals.set_revoked(str(exc))
+            return _Outcome.FINAL
+        except (AuthError, ForbiddenError) as exc:
+            self.signals.set_link(FeedMode.EVENTS, False, one_line(str(exc))[:200])
+            return _Outcome.FAILED  # the loop's sync reports the key problem itself
+        except FeedUnavailableError as exc:
+            self.signals.set_link(FeedMode.EVENTS, False, one_line(str(exc))[:200])
+            return _Outcome.UNSUPPORTED
+        except RelayError as exc:
+            self.signals.set_link(FeedMode.EVENTS, False, one_line(str(exc))[:200])
+            if exc.status in (400, 404, 405, 406, 501):
+                return _Outcome.UNSUPPORTED  # a relay or proxy without the route
+            return _Outcome.FAILED
+        except SseTooLargeError as exc:
+            log.warning("dropped the event stream: %s", exc)
+            problem = str(exc)
+            items = 0  # a hostile stream counts as a failure, whatever it sent before
+        except (SyncError, httpx.HTTPError) as exc:
+            problem = one_line(f"{type(exc).__name__}: {exc}")[:200]
+        if self._stop.is_set():
+            return _Outcome.FINAL
+        self.signals.set_link(FeedMode.EVENTS, False, problem)
+        if items == 0:
+            return _Outcome.FAILED
+        # PROTOCOL §15 `retry:` is honoured within [reconnect_min_s, reconnect_max_s]; a
+        # stream that ends soon after it began waits out the backoff as well.
+        delay = (retry_ms or 0) / 1000.0
+        delay = min(self.timing.reconnect_max_s, max(self.timing.reconnect_min_s, delay))
+        if time.monotonic() - started < self.timing.reconnect_min_s * 2:
+            self._failures += 1
+            delay = max(delay, self._backoff())
+        else:
+            self._failures = 0
+        delay += self._rng.uniform(0.0, delay / 2)
+        return _Outcome.FINAL if self._pause(delay) else _Outcome.HEALTHY
+
+    def _opened(self, manager: AbstractContextManager[EventStream]) -> _Held:
+        return _Held(self, manager)
+
+    def _on_event(self, event: SseEvent, last: int | None) -> int | None:
+        if event.event == "revoked":
+            self.signals.set_revoked(
+                "the relay ended the live feed because this device (or its key) was revoked"
+            )
+            return last
+        if event.event != "change":
+            return last  # unknown event types are ignored (additive)
+        parsed = parse_hint(event.data, last)
+        if isinstance(parsed, str):
+            self.signals.bad_hint(parsed)
+            return last
+        if parsed > self._cursor():
+            self.signals.offer_hint(parsed)
+        return parsed
+
+    # -- the long-poll ----------------------------------------------------------------------
+
+    def _long_poll(self, client: RelayClient) -> _Outcome:
+        """Long-polls (PROTOCOL §15) until one fails; each is a hint at most, never data:
+        a page asked with limit 1 only says whether there is anything past the cursor."""
+        early = 0
+        while not self._stop.is_set():
+            began = time.monotonic()
+            cursor = self._cursor()
+            self._long_polls += 1
+            try:
+                page = client.pull(
+                    self._vault_id, cursor=cursor, limit=1, wait=self.timing.long_poll_wait_s
+                )
+            except DeviceRevokedError as exc:
+                self.signals.set_revoked(str(exc))
+                return _Outcome.FINAL
+            except ResyncRequiredError:
+                page = None  # news: the loop's pull resyncs (PROTOCOL §9)
+            except RelayError as exc:
+                self.signals.set_link(FeedMode.LONG_POLL, False, one_line(str(exc))[:200])
+                return _Outcome.UNSUPPORTED if exc.status in (400, 404, 405) else _Outcome.FAILED
+            except (SyncError, httpx.HTTPError) as exc:
+                self.signals.set_link(FeedMode.LONG_POLL, False, one_line(str(exc))[:200])
+                return _Outcome.FAILED
+            self.signals.set_link(FeedMode.LONG_POLL, True, None)
+            self._failures = 0
+            head = page.head if page is not None and isinstance(page.head, int) else None
+            news = page is None or bool(page.blobs) or (head is not None and head != cursor)
+            took = time.monotonic() - began
+            if news:
+                early = 0
+                hint = head if head is not None and head > cursor else cursor + 1
+                self.signals.offer_hint(min(hint, MAX_CURSOR))
+                # wait for the loop to pull, or the same news would come back at once
+                if self.signals.consumed.wait(self.timing.hint_wait_s) and self._stop.is_set():
+                    return _Outcome.FINAL
+            elif took < min(1.0, self.timing.long_poll_wait_s / 2):
+                early += 1  # an empty answer at once: this relay (or proxy) does not hold
+                if early >= self.timing.early_answers_before_poll:
+                    self.signals.set_link(
+                        FeedMode.LONG_POLL, False, "the relay answers long-polls at once"
+                    )
+                    return _Outcome.UNSUPPORTED
+            else:
+                early = 0
+            rest = self.timing.long_poll_min_cycle_s - (time.monotonic() - began)
+            if rest > 0 and self._pause(rest):
+                return _Outcome.FINAL
+        return _Outcome.FINAL
+
+
+class _Held:
+    """Enter an event stream and keep it where `LiveFeed.stop` can abort it."""
+
+    def __init__(self, feed: LiveFeed, manager: AbstractContextManager[EventStream]) -> None:
+        self._feed, self._manager = feed, manager
+
+    def __enter__(self) -> EventStream:
+        stream = self._manager.__enter__()
+        with self._feed._stream_lock:
+            self._feed._stream = stream
+            if self._feed._stop.is_set():
+                stream.abort()
+        return stream
+
+    def __exit__(self, *exc: object) -> bool | None:
+        with self._feed._stream_lock:
+            self._feed._stream = None
+        return self._manager.__exit__(*exc)  # type: ignore[arg-type]
