@@ -21,13 +21,31 @@ from engram_sync.relay.bodies import document_api
 from engram_sync.relay.config import RelayConfig
 from engram_sync.relay.db.pool import create_pool
 from engram_sync.relay.errors import EXCEPTION_HANDLERS, RelayError
+from engram_sync.relay.feed import ChangeHub
+from engram_sync.relay.feed_listener import FeedListener
 from engram_sync.relay.metrics import RelayMetrics
 from engram_sync.relay.push_groups import PushGroups
 from engram_sync.relay.request_context import request_id_middleware
-from engram_sync.relay.routes import accounts, devices, grants, handoff, pairing, sync, system
+from engram_sync.relay.routes import (
+    accounts,
+    devices,
+    events,
+    grants,
+    handoff,
+    pairing,
+    sync,
+    system,
+)
 from engram_sync.relay.state import RelayState
 from engram_sync.relay.store.meta import read_generation
-from engram_sync.relay.store.push import PushJob, PushLimits, PushResult, Quota, push_group
+from engram_sync.relay.store.push import (
+    PushJob,
+    PushLimits,
+    PushResult,
+    Quota,
+    committed_heads,
+    push_group,
+)
 from engram_sync.shared_format.wire import MAX_BLOBS_PER_PUSH
 
 log = logging.getLogger(__name__)
@@ -138,9 +156,13 @@ def create_app(config: RelayConfig) -> Litestar:
     state.static_keys = {k.key_hash: k.principal for k in config.static_keys}
     limits = PushLimits(config.max_blob_bytes, Quota(config.quota_devices, config.quota_bytes))
 
+    hub = state.hub = ChangeHub(max_waiters=config.events_max_streams)
+
     async def run_group(jobs: list[PushJob]) -> list[PushResult]:
         state.metrics.push_group_size.observe(len(jobs))
-        return await push_group(state.require_pool(), jobs, limits)
+        results = await push_group(state.require_pool(), jobs, limits)  # NOTIFYs after commit
+        hub.publish_many(committed_heads(jobs, results))  # this process's waiters, at once
+        return results
 
     state.push_groups = PushGroups(
         run_group,
@@ -166,9 +188,12 @@ def create_app(config: RelayConfig) -> Litestar:
         )
         refresher = asyncio.create_task(_refresh_health(state))
         maintainer = maintenance.start(state)  # issue 14 item 17: compaction without `gc`
+        listener = FeedListener(config.database_url, hub)  # PROTOCOL §15: one per process
+        listener.start()
         try:
             yield
         finally:
+            await listener.stop()
             await maintenance.stop(maintainer)
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -185,6 +210,7 @@ def create_app(config: RelayConfig) -> Litestar:
             sync.pull,
             sync.stats,
             sync.stats_alias,
+            events.events,  # PROTOCOL §15
             devices.list_devices,
             devices.register_device,
             devices.revoke_device,

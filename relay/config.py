@@ -24,6 +24,10 @@ DEFAULT_MAX_PAGE_BYTES: Final = 8 * 1024 * 1024
 # Seconds between two background maintenance rounds (relay.maintenance); 0 turns it off.
 DEFAULT_MAINTENANCE_INTERVAL_S: Final = 300
 MIN_METRICS_TOKEN_CHARS: Final = 16
+# PROTOCOL §15: seconds between two `: ping` comments of an event stream, and how many
+# event streams and waiting long-polls one process holds (more get 503 `busy`).
+DEFAULT_EVENTS_PING_S: Final = 15.0
+DEFAULT_EVENTS_MAX_STREAMS: Final = 10_000
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class RelayConfig:
     static_keys: tuple[StaticKey, ...] = field(default=(), repr=False)
     # Proxy hops whose X-Forwarded-For is believed (relay.client_address); none by default.
     trusted_proxies: tuple[Network, ...] = ()
+    events_ping_s: float = DEFAULT_EVENTS_PING_S  # PROTOCOL §15 (relay.routes.events)
+    events_max_streams: int = DEFAULT_EVENTS_MAX_STREAMS
 
     def __post_init__(self) -> None:
         for name in ("quota_devices", "quota_bytes", "tombstone_retention_days"):
@@ -59,6 +65,10 @@ class RelayConfig:
                 f"ENGRAM_RELAY_METRICS_TOKEN must be at least {MIN_METRICS_TOKEN_CHARS} "
                 "characters (e.g. `openssl rand -hex 24`), or unset to serve no metrics"
             )
+        if not 0 < self.events_ping_s <= 3600:
+            raise ValueError("ENGRAM_RELAY_EVENTS_PING_S must be > 0 and <= 3600 seconds")
+        if self.events_max_streams < 1:
+            raise ValueError("ENGRAM_RELAY_EVENTS_MAX_STREAMS must be >= 1")
         if self.max_page_bytes < 1:
             raise ValueError("max_page_bytes must be >= 1")
         if self.push_lanes < 1:
@@ -86,6 +96,16 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
 
 
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+
+
 def config_from_env(
     database_url: str,
     env: Mapping[str, str] | None = None,
@@ -107,6 +127,9 @@ def config_from_env(
         "maintenance_interval_secs": _env_int(
             source, "ENGRAM_RELAY_MAINTENANCE_INTERVAL_S", DEFAULT_MAINTENANCE_INTERVAL_S
         ),
+        "events_max_streams": _env_int(
+            source, "ENGRAM_RELAY_EVENTS_MAX_STREAMS", DEFAULT_EVENTS_MAX_STREAMS
+        ),
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return RelayConfig(
@@ -114,5 +137,6 @@ def config_from_env(
         static_keys=tuple(parse_static_keys(source.get("SYNC_API_KEYS", ""))),
         metrics_token=source.get("ENGRAM_RELAY_METRICS_TOKEN", "").strip() or None,
         trusted_proxies=parse_trusted_proxies(source.get(ENV_TRUSTED_PROXIES, "")),
+        events_ping_s=_env_float(source, "ENGRAM_RELAY_EVENTS_PING_S", DEFAULT_EVENTS_PING_S),
         **values,
     )

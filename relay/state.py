@@ -15,6 +15,7 @@ from litestar import Request
 from msgspec import UNSET, UnsetType
 
 from engram_sync.relay.config import RelayConfig
+from engram_sync.relay.feed import ChangeHub
 from engram_sync.relay.keys import Principal
 from engram_sync.relay.metrics import RelayMetrics
 from engram_sync.relay.push_groups import PushGroups
@@ -44,6 +45,7 @@ class RelayState:
     pool: asyncpg.Pool | None = None
     static_keys: dict[bytes, Principal] = field(default_factory=dict)
     push_groups: PushGroups | None = None
+    hub: ChangeHub | None = None  # PROTOCOL §15: the live change feed (relay.feed)
     # PROTOCOL §17: read at startup, refreshed with the health counters (relay.app);
     # sent in /v1/info and every push and pull answer without a query of its own.
     generation: str | UnsetType = UNSET
@@ -53,6 +55,12 @@ class RelayState:
         if self.pool is None:
             raise RuntimeError("database pool is not open yet")
         return self.pool
+
+    def require_hub(self) -> ChangeHub:
+        """The change hub; only None before the app was built."""
+        if self.hub is None:
+            raise RuntimeError("the change hub is not set up")
+        return self.hub
 
     def require_push_groups(self) -> PushGroups:
         """The push lanes; only None before the app was built."""

@@ -13,7 +13,9 @@ from engram_sync.relay.bodies import BODY_OPT, decode_body
 from engram_sync.relay.errors import bad_request
 from engram_sync.relay.instants import parse_storable
 from engram_sync.relay.push_rules import check_structure
+from engram_sync.relay.routes.feed_support import listener_of
 from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.routes.long_poll import MAX_WAIT_S, held_pull
 from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import sync as store
 from engram_sync.relay.store.push import PushJob
@@ -62,7 +64,8 @@ async def push(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> Push
     )
 
 
-def _device_for_progress(request: Request[Any, Any, Any], bound: str | None) -> str | None:
+def device_for_progress(request: Request[Any, Any, Any], bound: str | None) -> str | None:
+    """The device a request speaks for: the key's bound device, else `X-Engram-Device`."""
     if bound is not None:
         return bound
     header = request.headers.get(DEVICE_HEADER)
@@ -79,6 +82,7 @@ async def pull(
     limit: Annotated[int | None, QueryParameter(ge=0)] = None,
     cursor: Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)] = None,
     origin: Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)] = None,
+    wait: Annotated[float | None, QueryParameter(gt=0, le=MAX_WAIT_S)] = None,
 ) -> PullResponse:
     """Legacy `since` mode (§7) or the commit-ordered `cursor` mode (§9).
 
@@ -86,23 +90,32 @@ async def pull(
     so it can never answer an empty page that claims `has_more` forever. A page also
     stops once its ciphertext passes `max_page_bytes` (at least one blob; §11).
     `origin` (additive, docs/pull-origin.md): the cursor this pull began at, against
-    which the compaction horizon is checked.
+    which the compaction horizon is checked. `wait=S` (0 < S <= 60, cursor mode only):
+    with nothing beyond the cursor, hold the answer until a commit or S seconds (§15).
     """
     state = relay_state(request)
     principal = await authorize(request, require_id(vault_id, "vault_id"))
     page_size = min(limit or DEFAULT_PULL_LIMIT, MAX_PULL_LIMIT)
     pool = state.require_pool()
     if cursor is not None:
-        device = _device_for_progress(request, principal.device_id)
-        page = await store.pull_by_cursor(
-            pool,
-            vault_id,
-            cursor,
-            page_size,
-            device,
-            max_bytes=state.config.max_page_bytes,
-            origin=origin,
-        )
+        device = device_for_progress(request, principal.device_id)
+
+        async def one_page() -> store.Page:
+            return await store.pull_by_cursor(
+                pool,
+                vault_id,
+                cursor,
+                page_size,
+                device,
+                max_bytes=state.config.max_page_bytes,
+                origin=origin,
+            )
+
+        if wait is None:
+            page = await one_page()
+        else:
+            listener = listener_of(request, state, vault_id, device)
+            page = await held_pull(state, listener, cursor, wait, one_page)
         state.metrics.pulls.labels("cursor").inc()
         state.metrics.blobs_pulled.inc(len(page.blobs))
         state.metrics.pull_lag.observe(page.lag)
@@ -112,6 +125,12 @@ async def pull(
             cursor=page.cursor,
             generation=state.generation,  # PROTOCOL §17, cached: no query of its own
             head=page.head,
+        )
+    if wait is not None:
+        raise bad_request(
+            "wait: a long-poll needs the cursor form of pull (`cursor=N&wait=S`)",
+            code="invalid_request",
+            field="wait",
         )
     instant = None
     if since:

@@ -23,6 +23,8 @@ FEATURES = [
     "pull-origin",
     "vault-grants",  # PROTOCOL §13: /v1/vaults/{v}/grants (docs/vault-ownership.md)
     "idempotency-keys",  # an Idempotency-Key makes creating POSTs retryable (docs/retries.md)
+    "events",  # PROTOCOL §15: GET /v1/vaults/{v}/events (docs/live-feed.md)
+    "pull-wait",  # PROTOCOL §15: pull?cursor=N&wait=S, the long-poll
 ]
 
 

@@ -21,6 +21,7 @@ from typing import Final, TypeAlias
 import asyncpg
 
 from engram_sync.relay.store import owners
+from engram_sync.relay.store.feed import announce_revocation
 from engram_sync.relay.store.keys import insert_api_key
 from engram_sync.shared_format.b64 import b64url_encode
 
@@ -355,13 +356,16 @@ async def account_keys(conn: Conn, account_id: str) -> list[AccountKey]:
 
 async def revoke_account_key(conn: Conn, account_id: str, key_id: str) -> bool:
     """Revoke one of the account's keys (idempotent); False when it is not the account's."""
-    status: str = await conn.execute(
+    rows = await conn.fetch(
         "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())"
-        " WHERE id = $1 AND account_id = $2",
+        " WHERE id = $1 AND account_id = $2 RETURNING vault_id",
         key_id,
         account_id,
     )
-    return status.split()[-1] != "0"
+    for row in rows:  # PROTOCOL §15: the key's event streams end (autocommit: committed)
+        if row["vault_id"] is not None:
+            await announce_revocation(conn, row["vault_id"])
+    return bool(rows)
 
 
 # --- expiry ------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncpg
 
+from engram_sync.relay.store.feed import announce_revocation
 from engram_sync.shared_format.timestamps import format_rfc3339
 from engram_sync.shared_format.wire import DeviceEntry
 
@@ -120,20 +121,27 @@ async def register(
 
 async def revoke(pool: asyncpg.Pool, vault_id: str, device_id: str) -> int:
     """Revoke a device and every key bound to it (idempotent); returns keys revoked now."""
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            """
-            INSERT INTO devices (vault_id, device_id, revoked_at) VALUES ($1, $2, now())
-            ON CONFLICT (vault_id, device_id)
-            DO UPDATE SET revoked_at = coalesce(devices.revoked_at, now())
-            """,
-            vault_id,
-            device_id,
-        )
-        status: str = await conn.execute(
-            "UPDATE api_keys SET revoked_at = now()"
-            " WHERE vault_id = $1 AND device_id = $2 AND revoked_at IS NULL",
-            vault_id,
-            device_id,
-        )
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            revoked = await _revoke(conn, vault_id, device_id)
+        await announce_revocation(conn, vault_id)  # PROTOCOL §15: after the commit
+    return revoked
+
+
+async def _revoke(conn: asyncpg.Connection, vault_id: str, device_id: str) -> int:
+    await conn.execute(
+        """
+        INSERT INTO devices (vault_id, device_id, revoked_at) VALUES ($1, $2, now())
+        ON CONFLICT (vault_id, device_id)
+        DO UPDATE SET revoked_at = coalesce(devices.revoked_at, now())
+        """,
+        vault_id,
+        device_id,
+    )
+    status: str = await conn.execute(
+        "UPDATE api_keys SET revoked_at = now()"
+        " WHERE vault_id = $1 AND device_id = $2 AND revoked_at IS NULL",
+        vault_id,
+        device_id,
+    )
     return int(status.split()[-1])

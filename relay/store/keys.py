@@ -8,6 +8,7 @@ from datetime import datetime
 import asyncpg
 
 from engram_sync.relay.keys import Principal, hash_key, key_prefix, mint_key, new_key_id
+from engram_sync.relay.store.feed import announce_revocation
 
 
 @dataclass(frozen=True)
@@ -142,10 +143,15 @@ async def list_keys(conn: asyncpg.Connection | asyncpg.Pool) -> list[KeyRecord]:
 
 async def revoke_key(conn: asyncpg.Connection | asyncpg.Pool, key_id: str) -> bool:
     """Revoke a key by id; False when no such key exists."""
-    status: str = await conn.execute(
-        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1", key_id
+    rows = await conn.fetch(
+        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1"
+        " RETURNING vault_id",
+        key_id,
     )
-    return status.split()[-1] != "0"
+    for row in rows:  # PROTOCOL §15: the key's event streams end (autocommit: committed)
+        if row["vault_id"] is not None:
+            await announce_revocation(conn, row["vault_id"])
+    return bool(rows)
 
 
 async def count_keys(conn: asyncpg.Connection | asyncpg.Pool) -> int:

@@ -20,6 +20,7 @@ import asyncpg
 
 from engram_sync.relay.domain_errors import PushRefusedError, QuotaExceededError
 from engram_sync.relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
+from engram_sync.relay.store.feed import announce
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,12 @@ async def push_group(
                 locked = await _lock_vaults(conn, vault_ids, limits.default_quota)
                 missing = [v for v in vault_ids if v not in locked]
                 if not missing:
-                    return await _decide_and_write(conn, jobs, locked, limits)
+                    results = await _decide_and_write(conn, jobs, locked, limits)
+            if not missing:
+                # PROTOCOL §15: committed now; one NOTIFY per vault of the group, on the
+                # same connection, outside the transaction (a failure is only logged).
+                await announce(conn, committed_heads(jobs, results))
+                return results
             # First push to a vault: its row is created on its own and committed, outside
             # the locking transaction, so no transaction ever holds a row it inserted while
             # it waits for another vault's lock (which could deadlock two groups).
@@ -206,6 +212,15 @@ async def push_group(
                 " INSERT INTO vaults (vault_id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING",
                 missing,
             )
+
+
+def committed_heads(jobs: list[PushJob], results: list[PushResult]) -> dict[str, int]:
+    """Each vault a group wrote to, with its sequence after the group's commit."""
+    heads: dict[str, int] = {}
+    for job, result in zip(jobs, results, strict=True):
+        if isinstance(result, PushOutcome) and result.plan.accepted:
+            heads[job.vault_id] = max(heads.get(job.vault_id, 0), result.cursor)
+    return heads
 
 
 async def _lock_vaults(

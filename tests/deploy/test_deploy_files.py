@@ -250,6 +250,7 @@ def test_caddyfile(tmp_path: Path) -> None:
     text = (DEPLOY / "Caddyfile").read_text()
     assert "{$ENGRAM_RELAY_DOMAIN}" in text
     assert "reverse_proxy relay:8788" in text
+    assert "flush_interval -1" in text  # PROTOCOL §15: event streams are never buffered
     caddy = find_tool("caddy")
     if caddy is None:
         pytest.skip("caddy not installed (apt-get install caddy); static checks ran")

@@ -64,6 +64,7 @@ def test_info_advertises_the_limits(http: httpx.Client) -> None:
     assert "cursor" in info["features"]
     assert "vault-grants" in info["features"]  # docs/vault-ownership.md
     assert "idempotency-keys" in info["features"]  # docs/retries.md
+    assert {"events", "pull-wait"} <= set(info["features"])  # PROTOCOL §15
 
 
 def test_ready_when_the_database_answers(http: httpx.Client) -> None:

@@ -1,0 +1,135 @@
+"""The change hub of one relay process (PROTOCOL §15): per-vault wake-ups for streams.
+
+Every event stream and long-poll of a vault waits on that vault's `VaultWatch`; the hub
+keeps a watch only while someone waits on it. A watch holds the highest sequence this
+process has heard of for its vault (from its own pushes, from the NOTIFYs other
+processes send, relay.feed_listener, and from the database read a waiter starts with)
+and an `epoch` that moves when every waiter should re-check who it is serving (a device
+of the vault was revoked, or the LISTEN connection was lost and is back: a notification
+may have been missed). Waking is one `asyncio.Event` per vault, swapped on each wake: an
+idle waiter costs a coroutine and nothing else (no timer beyond its ping, no query).
+
+Nothing here touches the database or HTTP: the cursor in PostgreSQL stays the truth, a
+watch only says when it is worth looking again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator, Mapping
+
+
+class VaultWatch:
+    """What the waiters of one vault share."""
+
+    __slots__ = ("_event", "epoch", "seq", "users", "version")
+
+    def __init__(self) -> None:
+        self.seq = 0  # the highest sequence heard of (0 = nothing yet)
+        self.epoch = 0  # moves when waiters must re-check their key or device
+        self.version = 0  # moves on every wake
+        self.users = 0
+        self._event = asyncio.Event()
+
+    def observe(self, seq: int) -> bool:
+        """Record `seq`; wake the waiters if it passes what was known. True when it did."""
+        if seq <= self.seq:
+            return False
+        self.seq = seq
+        self._wake()
+        return True
+
+    def recheck(self) -> None:
+        """Wake the waiters to re-check their key and device (a revocation, a reconnect)."""
+        self.epoch += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        self.version += 1
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    async def wait(self, version: int, timeout: float) -> bool:
+        """Wait until the watch moves past `version` or `timeout` seconds pass; True if it
+        moved. Take `version` before looking at `seq`/`epoch`, so no wake is lost between."""
+        if self.version != version:
+            return True
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await event.wait()
+        return self.version != version
+
+
+class HubFullError(Exception):
+    """The process holds as many streams and long-polls as it may (`max_waiters`)."""
+
+
+class ChangeHub:
+    """The watches of one process, plus the cap on how many waiters it holds."""
+
+    def __init__(self, *, max_waiters: int) -> None:
+        if max_waiters < 1:
+            raise ValueError("max_waiters must be >= 1")
+        self.max_waiters = max_waiters
+        self.waiters = 0
+        self._watches: dict[str, VaultWatch] = {}
+
+    def join(self, vault_id: str) -> VaultWatch:
+        """Take a place among the waiters of `vault_id` (`HubFullError` when the process is full);
+        give it back with `leave` exactly once."""
+        if self.waiters >= self.max_waiters:
+            raise HubFullError
+        watch = self._watches.get(vault_id)
+        if watch is None:
+            watch = self._watches[vault_id] = VaultWatch()
+        watch.users += 1
+        self.waiters += 1
+        return watch
+
+    def leave(self, vault_id: str, watch: VaultWatch) -> None:
+        """Give back a place `join` gave; the watch goes when its last waiter left."""
+        self.waiters -= 1
+        watch.users -= 1
+        if watch.users == 0 and self._watches.get(vault_id) is watch:
+            del self._watches[vault_id]
+
+    @contextlib.contextmanager
+    def watch(self, vault_id: str) -> Iterator[VaultWatch]:
+        """`join` for the length of a block."""
+        watch = self.join(vault_id)
+        try:
+            yield watch
+        finally:
+            self.leave(vault_id, watch)
+
+    def watched(self) -> list[str]:
+        """The vaults someone waits on now."""
+        return list(self._watches)
+
+    def publish(self, vault_id: str, seq: int) -> None:
+        """A commit reached `seq` in `vault_id` (dropped when nobody waits on the vault)."""
+        watch = self._watches.get(vault_id)
+        if watch is not None:
+            watch.observe(seq)
+
+    def publish_many(self, heads: Mapping[str, int]) -> None:
+        """`publish` for several vaults."""
+        for vault_id, seq in heads.items():
+            self.publish(vault_id, seq)
+
+    def recheck(self, vault_id: str) -> None:
+        """A device of `vault_id` was revoked: its waiters re-check."""
+        watch = self._watches.get(vault_id)
+        if watch is not None:
+            watch.recheck()
+
+    def recheck_all(self, heads: Mapping[str, int]) -> None:
+        """After the LISTEN connection came back: the heads read since, then every waiter
+        re-checks (a notification, of a commit or of a revocation, may have been lost)."""
+        for vault_id, watch in list(self._watches.items()):
+            seq = heads.get(vault_id)
+            if seq is not None:
+                watch.seq = max(watch.seq, seq)
+            watch.recheck()

@@ -1,0 +1,77 @@
+"""What the event stream and the long-poll share (PROTOCOL §15): a waiter's place in the
+process's change hub, and who it serves, re-checked without the rate limit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from litestar import Request
+
+from engram_sync.relay.errors import RelayError
+from engram_sync.relay.feed import ChangeHub, HubFullError, VaultWatch
+from engram_sync.relay.keys import hash_key
+from engram_sync.relay.state import RelayState
+from engram_sync.relay.store import feed as feed_store
+
+BUSY_RETRY_AFTER_S: Final = 5
+
+
+@dataclass(frozen=True)
+class Listener:
+    """Who a stream or long-poll serves: the device it speaks for and its minted key.
+    A static key with no device can never be revoked; the others are re-checked with one
+    query whenever the vault's watch asks for it (a revocation, a reconnect)."""
+
+    vault_id: str
+    device_id: str | None
+    key_hash: bytes | None  # None for a static key (SYNC_API_KEYS: never revoked here)
+
+    @property
+    def revocable(self) -> bool:
+        """True when a revocation could end this listener's stream."""
+        return self.device_id is not None or self.key_hash is not None
+
+    async def still_allowed(self, state: RelayState) -> bool:
+        """False once its device or key was revoked (PROTOCOL §10)."""
+        if not self.revocable:
+            return True
+        return await feed_store.still_allowed(
+            state.require_pool(), self.vault_id, self.device_id, self.key_hash
+        )
+
+
+def listener_of(
+    request: Request[Any, Any, Any],
+    state: RelayState,
+    vault_id: str,
+    device_id: str | None,
+) -> Listener:
+    """The listener of an authorized request (its bearer token was checked already)."""
+    token = request.headers.get("authorization", "").partition(" ")[2].strip()
+    digest = hash_key(token)
+    return Listener(vault_id, device_id, None if digest in state.static_keys else digest)
+
+
+def join(hub: ChangeHub, vault_id: str) -> VaultWatch:
+    """A place among the process's waiters, or 503 `busy` when it holds its cap."""
+    try:
+        return hub.join(vault_id)
+    except HubFullError:
+        raise RelayError(
+            503,
+            "busy",
+            "this relay holds as many event streams and long-polls as it may "
+            "(ENGRAM_RELAY_EVENTS_MAX_STREAMS); retry later, or pull on a timer",
+            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+        ) from None
+
+
+def device_revoked(listener: Listener) -> RelayError:
+    """403 `device_revoked`, as a pull by a revoked device gets (PROTOCOL §10)."""
+    return RelayError(
+        403,
+        "device_revoked",
+        f"device {listener.device_id} was revoked for this vault, or this key was; "
+        "ask an admin for a new device key",
+    )
