@@ -26,13 +26,16 @@ from engram_sync.client import Vault
 from engram_sync.relay.db.migrate import current_revision, head_revision
 from tests.deploy import docker_env
 from tests.deploy.docker_env import COMPOSE_HOST, PG_IMAGE, PYTHON_IMAGE, RELAY_IMAGE, Engine
-from tests.deploy.support import DEPLOY, ROOT, child_env, find_tool
+from tests.deploy.support import DEPLOY, ROOT, child_env, closed_port, find_tool
 
 PASSPHRASE = "a long passphrase both devices share"
 _FIRST_KEY = re.compile(r"First admin key[^\n]*\n\s*(\S+)")
 #: Waiting deadlines (not assertions on time): a container that is not up by then failed.
 READY_WAIT_S = 120
 HEALTH_WAIT_S = 150
+#: The first test also makes the engine: base images from nothing take about 5 minutes
+#: here, more on a slow mirror (the suite's 600 s per test would count that setup in).
+pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
@@ -267,3 +270,47 @@ def test_compose_up_migrates_and_logs_the_first_admin_key(engine: Engine, tmp_pa
             assert device.sync().pushed == 1
     finally:
         dc("down", "-v", "--timeout", "20", timeout=180)
+
+
+# --- where the engine cannot be made, the tests skip with the reason ----------------------
+
+
+def test_without_root_the_reason_is_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ENGRAM_DOCKER_TESTS", raising=False)
+    monkeypatch.setattr(docker_env.sys, "platform", "linux")
+    monkeypatch.setattr(docker_env.os, "geteuid", lambda: 1000)
+    reason = docker_env.unavailable_reason()
+    assert reason is not None
+    assert "needs root" in reason
+
+
+def test_without_the_debian_mirror_the_reason_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ENGRAM_DOCKER_TESTS", raising=False)
+    monkeypatch.setattr(docker_env.sys, "platform", "linux")
+    monkeypatch.setattr(docker_env.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(docker_env.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    mirror = f"http://127.0.0.1:{closed_port()}/debian"
+    monkeypatch.setattr(docker_env, "debian_mirror", lambda: mirror)
+    reason = docker_env.unavailable_reason()
+    assert reason is not None
+    assert f"no network to the Debian mirror ({mirror}/dists/bookworm/Release" in reason
+
+
+def test_without_apt_and_the_tools_the_reason_names_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ENGRAM_DOCKER_TESTS", raising=False)
+    monkeypatch.setattr(docker_env.sys, "platform", "linux")
+    monkeypatch.setattr(docker_env.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(docker_env.shutil, "which", lambda tool: None)
+    reason = docker_env.unavailable_reason()
+    assert reason is not None
+    assert "dockerd and debootstrap not installed, and no apt-get" in reason
+
+
+def test_the_mirror_is_read_from_apt_sources() -> None:
+    # The positive case of the three above: on a Debian machine apt names its mirror.
+    if not Path("/etc/apt").is_dir():
+        pytest.skip("not a Debian-like machine (no /etc/apt)")
+    mirror = docker_env.debian_mirror()
+    assert mirror is not None
+    assert mirror.startswith(("http://", "https://"))
+    assert not mirror.endswith("/")
