@@ -261,3 +261,40 @@ def test_a_push_answer_that_hides_another_commit_is_caught(scene: Scene, lie: bo
     assert theirs in contents(alpha)  # nothing of bravo's was skipped
     with alpha.open() as session:
         assert session.state.cursor == c + 2
+
+
+def test_a_relay_without_events_is_followed_by_the_long_poll(scene: Scene) -> None:
+    """/v1/info lists `pull-wait` but not `events` (an older relay, or a proxy known to
+    buffer streams): no stream is tried; the long-poll brings the news."""
+    dev, writer = scene.device("lp-only"), scene.device("writer4", through_proxy=False)
+    offer(scene, "pull-wait")
+    dev.restart()
+    watch = Watcher(dev.path).start()
+    try:
+        wait_for(lambda: watch.mode() == "long-poll", "the long-poll")
+        memory = add(writer, "news for a device without the event stream")
+        writer.sync()
+        wait_for(lambda: watch.applied >= 1, "the memory, through the long-poll")
+    finally:
+        watch.stop()
+    assert streams(scene) == 0
+    assert any("wait" in e.query for e in scene.proxy.requests("GET", r"/pull$"))
+    assert memory in contents(dev)
+
+
+def test_a_relay_without_either_is_polled_on_the_timer(scene: Scene) -> None:
+    dev, writer = scene.device("timer-only"), scene.device("writer5", through_proxy=False)
+    offer(scene)
+    dev.restart()
+    watch = Watcher(dev.path, interval=1.0).start()
+    try:
+        wait_for(lambda: watch.mode() == "poll", "polling")
+        memory = add(writer, "news for a device polling on its timer")
+        writer.sync()
+        wait_for(lambda: watch.applied >= 1, "the memory, on the timer")
+        assert any(s.state == "polling" for s in watch.statuses)
+    finally:
+        watch.stop()
+    assert streams(scene) == 0
+    assert not any("wait" in e.query for e in scene.proxy.requests("GET", r"/pull$"))
+    assert memory in contents(dev)

@@ -1,0 +1,188 @@
+"""Live sync through the real relay (issue 15, PROTOCOL §15): `engram-sync watch` and
+`Vault.watch()` learn of another device's push from the event stream (their timer set so
+far out that only the feed can explain the sync), push what another program writes into
+their engrams.db, end on revocation, refuse an unlinked vault with the fix, and do not
+download their own pushes again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from engram_sync.client import LiveStatus, SyncReport, Vault
+from tests.e2e.conftest import PASSPHRASE, VAULT_ID, DeviceHandle
+from tests.e2e.helpers import add, contents
+from tests.e2e.live_support import NEVER, Watcher, wait_for
+
+BIN = Path(sys.executable).parent
+ENV = dict(os.environ, ENGRAM_PASSPHRASE=PASSPHRASE)
+
+
+def start_watch(device: DeviceHandle) -> subprocess.Popen[str]:
+    device.restart()  # the CLI process opens the vault itself
+    return subprocess.Popen(
+        [str(BIN / "engram-sync"), "--vault", str(device.path), "watch", "--interval",
+         str(int(NEVER))],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def stop_watch(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+def holds(device: DeviceHandle, memory_id: str) -> bool:
+    held = memory_id in contents(device)
+    device.restart()  # close again: the watching process owns the vault
+    return held
+
+
+def test_a_push_reaches_a_watching_cli_device_through_the_event_stream(
+    devices: list[DeviceHandle],
+) -> None:
+    alpha, bravo, _ = devices
+    proc = start_watch(alpha)
+    try:
+        # the first sync and the stream: a memory pushed before the stream is up is still
+        # found (the stream starts at the device's cursor, PROTOCOL §15)
+        memory = add(bravo, "appears on alpha while it watches, from the feed alone")
+        bravo.sync()
+        wait_for(lambda: holds(alpha, memory), "the memory on the watching device")
+        later = add(bravo, "and a second one, once the stream is surely up")
+        bravo.sync()
+        wait_for(lambda: holds(alpha, later), "the second memory on the watching device")
+    finally:
+        code, out, err = stop_watch(proc)
+    assert code == 0, err
+    assert "status: connected (live events)" in err
+    assert "applied 1" in out
+    assert "stopped" in err
+
+
+def test_a_write_by_another_program_is_pushed_by_a_running_watch(
+    devices: list[DeviceHandle],
+) -> None:
+    alpha, bravo, _ = devices
+    proc = start_watch(alpha)
+    try:
+        wait_for(lambda: (alpha.path / "sync_state.json").exists(), "the watch's first sync")
+        # this test process is the other program: it writes into alpha's engrams.db through
+        # the library while the watch holds the vault open
+        with Vault.open(alpha.path, PASSPHRASE) as vault:
+            memory = vault.add("written by another program into engrams.db")
+
+        def arrived() -> bool:
+            bravo.sync()
+            return memory in contents(bravo)
+
+        wait_for(arrived, "the external write, pushed by the watch and pulled by bravo")
+    finally:
+        code, out, err = stop_watch(proc)
+    assert code == 0, err
+    assert "pushed 1" in out
+
+
+def test_revocation_ends_the_watch_with_a_clear_message(devices: list[DeviceHandle]) -> None:
+    alpha, bravo, _ = devices
+    with alpha.open() as session:
+        device_id = session.device.device_id
+    proc = start_watch(alpha)
+    try:
+        wait_for(lambda: (alpha.path / "sync_state.json").exists(), "the watch's first sync")
+        memory = add(bravo, "the stream is up once this arrives")
+        bravo.sync()
+        wait_for(lambda: holds(alpha, memory), "the memory on the watching device")
+        with bravo.relay_client() as admin:
+            admin.revoke_device(VAULT_ID, device_id)
+        wait_for(lambda: proc.poll() is not None, "the watch to end after the revocation")
+    finally:
+        code, _, err = stop_watch(proc)
+    assert code == 1, err
+    assert f"this device ({device_id}) was revoked" in err
+    assert "engram-sync link" in err  # what to do
+    with alpha.open() as session:
+        assert session.state.revoked
+
+
+def test_watch_on_an_unlinked_vault_exits_at_once_with_the_fix(tmp_path: Path) -> None:
+    vault = tmp_path / "unlinked"
+    init = subprocess.run([str(BIN / "engram-sync"), "--vault", str(vault), "init"], env=ENV,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert init.returncode == 0, init.stderr
+    done = subprocess.run([str(BIN / "engram-sync"), "--vault", str(vault), "watch"], env=ENV,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1
+    assert "not linked to a relay" in done.stderr
+    assert "engram-sync link --relay URL --api-key KEY" in done.stderr
+    # (the positive case, a linked vault watching, is every other test here)
+
+
+def test_own_pushes_are_not_pulled_back(devices: list[DeviceHandle]) -> None:
+    alpha, bravo, _ = devices
+    for n in range(3):
+        add(alpha, f"alpha {n}")
+    first = alpha.sync()
+    assert (first.pushed, first.own_skipped, first.cursor) == (3, 3, 3)
+    again = alpha.sync()
+    assert again.pulled == 0  # before issue 15 this pulled its own 3 blobs back
+    # with another device's commit in between, the next pull fetches the range as usual
+    theirs = add(bravo, "bravo's")
+    bravo.sync()  # seq 4
+    add(alpha, "alpha 3")  # alpha's next sync pulls seq 4 first, then pushes seq 5
+    third = alpha.sync()
+    assert (third.pulled, third.applied, third.own_skipped, third.cursor) == (1, 1, 1, 5)
+    assert theirs in contents(alpha)
+    assert alpha.sync().pulled == 0
+
+
+def test_a_watching_device_never_downloads_its_own_pushes(devices: list[DeviceHandle]) -> None:
+    alpha, bravo, _ = devices
+    alpha.restart()
+    watch = Watcher(alpha.path).start()
+    try:
+        with Vault.open(alpha.path, PASSPHRASE) as vault:
+            for n in range(3):
+                vault.add(f"external {n}")
+        wait_for(lambda: sum(r.pushed for r in list(watch.reports)) >= 3, "three pushes")
+        theirs = add(bravo, "from bravo")
+        bravo.sync()
+        wait_for(lambda: watch.applied >= 1, "bravo's memory on alpha")
+    finally:
+        watch.stop()
+    assert watch.error is None
+    assert sum(r.pulled for r in watch.reports) == 1  # bravo's blob only, never its own
+    assert theirs in contents(alpha)
+
+
+def test_vault_watch_in_the_library_is_live(devices: list[DeviceHandle]) -> None:
+    alpha, bravo, _ = devices
+    alpha.restart()
+    stop = threading.Event()
+    statuses: list[LiveStatus] = []
+    reports: list[SyncReport] = []
+    pushed: list[str] = []
+
+    def other_device() -> None:  # bravo, once alpha's feed is up
+        wait_for(lambda: any(s.state == "connected" for s in list(statuses)), "connected")
+        with Vault.open(bravo.path, PASSPHRASE) as vault:
+            pushed.append(vault.add("from bravo, to a library watch"))
+            vault.sync()
+
+    bravo.restart()
+    helper = threading.Thread(target=other_device, daemon=True)
+    helper.start()
+    with Vault.open(alpha.path, PASSPHRASE) as vault:
+        for _ in vault.watch(interval=NEVER, stop=stop, on_status=statuses.append,
+                                  on_report=reports.append):  # fmt: skip
+            if pushed and vault.get(pushed[0]) is not None:
+                stop.set()
+    helper.join(60)
+    assert next(s.mode for s in statuses if s.state == "connected") == "events"
+    assert sum(r.applied for r in reports) == 1
