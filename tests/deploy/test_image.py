@@ -9,12 +9,15 @@ and the Debian mirror (CI has both); skips with the reason elsewhere.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import resource
 import secrets
+import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -277,8 +280,8 @@ def test_compose_up_migrates_and_logs_the_first_admin_key(engine: Engine, tmp_pa
 
 def test_without_root_the_reason_is_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ENGRAM_DOCKER_TESTS", raising=False)
-    monkeypatch.setattr(docker_env.sys, "platform", "linux")
-    monkeypatch.setattr(docker_env.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     reason = docker_env.unavailable_reason()
     assert reason is not None
     assert "needs root" in reason
@@ -286,9 +289,9 @@ def test_without_root_the_reason_is_root(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_without_the_debian_mirror_the_reason_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ENGRAM_DOCKER_TESTS", raising=False)
-    monkeypatch.setattr(docker_env.sys, "platform", "linux")
-    monkeypatch.setattr(docker_env.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(docker_env.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda tool: f"/usr/bin/{tool}")
     mirror = f"http://127.0.0.1:{closed_port()}/debian"
     monkeypatch.setattr(docker_env, "debian_mirror", lambda: mirror)
     reason = docker_env.unavailable_reason()
@@ -298,9 +301,9 @@ def test_without_the_debian_mirror_the_reason_names_it(monkeypatch: pytest.Monke
 
 def test_without_apt_and_the_tools_the_reason_names_them(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ENGRAM_DOCKER_TESTS", raising=False)
-    monkeypatch.setattr(docker_env.sys, "platform", "linux")
-    monkeypatch.setattr(docker_env.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(docker_env.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
     reason = docker_env.unavailable_reason()
     assert reason is not None
     assert "dockerd and debootstrap not installed, and no apt-get" in reason
