@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--pull-memory-blobs", type=int, help="1 MiB blobs of the vault the "
                         "concurrent full pulls of the relay RSS target read (default 200; "
                         "24 with --quick)")  # fmt: skip
+    parser.add_argument("--import-memories", type=int, help="memories of the JSONL import "
+                        "(default 100000; 2000 with --quick)")  # fmt: skip
     return parser
 
 
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             out=args.out,
             workers=args.workers,
             pull_memory_blobs=args.pull_memory_blobs,
+            import_memories=args.import_memories,
         )
     except ValueError as exc:
         print(f"python -m bench: {exc}", file=sys.stderr)

@@ -163,6 +163,10 @@ def _figures(data: dict[str, Any]) -> list[str]:
         _row("8. pages per full pull", "", pulls["pages_per_pull"], "", "pages"),
         _row("8. slowest full pull", "", pulls["pull_seconds_max"], "", "s"),
     ]
+    imported = s["jsonl_import"]
+    rows.append(_summary_row(f"11. import {imported['memories']:,} memories from JSONL "
+                             f"(batches of {imported['batch']:,})",
+                             imported["memories_per_s"]))  # fmt: skip
     return _table(("figure", "min", "median", "max", "unit"), rows)
 
 

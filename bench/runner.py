@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from bench import ceiling, client_e2e, pull_memory
+from bench import ceiling, client_e2e, import_jsonl, pull_memory
 from bench.corpus import Corpus
 from bench.database import BenchDatabase
 from bench.env import environment
@@ -277,6 +277,26 @@ class Run:
             },
         }  # fmt: skip
 
+    # -- 11: JSONL import (issue 17) ---------------------------------------------------------
+
+    def jsonl_import(self) -> dict[str, Any]:
+        """M memories imported from a JSONL file into a fresh SQLCipher vault, per repeat."""
+        m = self.s.import_memories
+        runs: list[dict[str, Any]] = []
+        for r in range(self.s.repeats):
+            self.log(f"JSONL import repeat {r + 1}/{self.s.repeats}: {m} memories")
+            scratch = self.db.scratch / f"import-{r}"
+            scratch.mkdir(parents=True, exist_ok=True)
+            with self.monitor.phase("jsonl_import"):
+                runs.append(import_jsonl.measure(scratch, m))
+        return {
+            "memories": m,
+            "batch": runs[0]["batch"],
+            "file_bytes": runs[0]["file_bytes"],
+            "seconds": summary([run["seconds"] for run in runs], "s"),
+            "memories_per_s": summary([run["memories_per_s"] for run in runs], "memories/s"),
+        }
+
 
 def _expect(got: int, want: int, what: str) -> None:
     if got != want:
@@ -356,6 +376,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         sections["latency"] = latency
                         sections["client_e2e"] = run.client_e2e()
                         sections["pull_memory"] = run.pull_memory()
+                        sections["jsonl_import"] = run.jsonl_import()
                     finally:
                         loop.run(conn.close())
                 time.sleep(1.0)  # idle a moment: "after" is the relay at rest

@@ -38,6 +38,7 @@ class Settings:
     out: Path
     workers: int = 1  # relay worker processes (`engram-relay serve --workers`)
     pull_memory_blobs: int = 200  # 1 MiB blobs of the concurrent full pulls (bench.pull_memory)
+    import_memories: int = 100_000  # memories of the JSONL import (bench.import_jsonl)
 
     @classmethod
     def build(
@@ -52,6 +53,7 @@ class Settings:
         out: Path | None = None,
         workers: int | None = None,
         pull_memory_blobs: int | None = None,
+        import_memories: int | None = None,
     ) -> Settings:
         """Defaults for a full run or a quick one; explicit values win."""
         n_ = n if n is not None else (2_000 if quick else 100_000)
@@ -71,6 +73,9 @@ class Settings:
             pull_memory_blobs=pull_memory_blobs
             if pull_memory_blobs is not None
             else (24 if quick else 200),
+            import_memories=import_memories
+            if import_memories is not None
+            else (2_000 if quick else 100_000),
         )
         settings.validate()
         return settings
@@ -91,6 +96,8 @@ class Settings:
             raise ValueError("--workers must be >= 1")
         if self.pull_memory_blobs < 1:
             raise ValueError("--pull-memory-blobs must be >= 1")
+        if self.import_memories < 1:
+            raise ValueError("--import-memories must be >= 1")
 
     def as_json(self) -> dict[str, Any]:
         """The settings for the report."""

@@ -8,6 +8,7 @@ from typing import Any, Final, Literal
 P99_LIMIT_MS: Final = 25.0
 PULL_RSS_LIMIT_MB: Final = 300.0  # issue 14 item 5: RSS under 4 concurrent full pulls
 PADDING_OVERHEAD_LIMIT: Final = 0.03  # issue 16: PADMÉ padding's storage cost on the corpus
+IMPORT_RATE_LIMIT: Final = 10_000.0  # issue 17: memories/s imported from JSONL
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,17 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
             corpus["padding_overhead"],
             PADDING_OVERHEAD_LIMIT,
             "<=",
+        )
+    )
+    imported = sections["jsonl_import"]
+    targets.append(
+        Target(
+            "jsonl_import_rate",
+            f"memories/s of `engram-sync import` of {imported['memories']:,} memories from JSONL "
+            "into a fresh SQLCipher vault",
+            imported["memories_per_s"]["median"],
+            IMPORT_RATE_LIMIT,
+            ">=",
         )
     )
     return [t.as_json() for t in targets]

@@ -23,6 +23,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from engram_sync.client._accounts import account as account_ops
 from engram_sync.client._accounts import pairing
 from engram_sync.client._cli import teams as cli_teams
+from engram_sync.client._cli import transfer as cli_transfer
 from engram_sync.client._cli.support import (
     DEFAULT_VAULT,
     OPTIONS,
@@ -70,6 +71,7 @@ app.add_typer(conflicts_app, name="conflicts")
 app.add_typer(cli_teams.account_app, name="account")
 app.add_typer(cli_teams.vault_app, name="vault")
 app.add_typer(cli_teams.team_app, name="team")
+cli_transfer.register(app)
 
 
 @app.callback()

@@ -27,6 +27,7 @@ SECTIONS = (
     "relay_memory",
     "cpu",
     "pull_memory",
+    "jsonl_import",
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -36,6 +37,7 @@ TARGETS = {
     "push_p99_vault_per_device",
     "relay_rss_concurrent_full_pulls",
     "padding_storage_overhead",
+    "jsonl_import_rate",
 }
 
 

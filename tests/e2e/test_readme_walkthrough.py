@@ -45,6 +45,9 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, relay: Relay) -> Non
     assert '"content": "Deploy with make ship"' in out  # `show` on device B
     assert "Deploy with make ship-it" in out  # `list` on device A after B's edit
     assert "pending_pushes: 0" in out  # `status` on device B at the end
+    assert "added 1, skipped 0 duplicate(s), 0 invalid" in out  # `import -` on device A
+    exported = (tmp_path / "vault-a.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(exported) == 2  # `export`: the edited memory and the imported one
     assert (tmp_path / "vault-a" / "engrams.db").exists()
     assert (tmp_path / "vault-b" / "engrams.db").exists()
 

@@ -1,0 +1,523 @@
+"""Getting memories out of a vault and into one: JSONL export, and the import pipeline
+every source (JSONL, Markdown notes, another vault) feeds (docs/import-export.md).
+
+An export line is the memory's PROTOCOL §4 plaintext with two additive keys, present
+only when the vault holds them (§4: unknown keys are ignored on read): `agent_id` (an
+engrams column the plaintext does not carry) and `embedding_created_at` (when the
+embedding's own stamp is not the memory's `modified_at`). A deletion still waiting to
+be pushed exports as `{"deleted": true, "deleted_at": …, "id": …}`.
+
+Import writes new local rows, so the next sync pushes them (`synced_at` NULL, PROTOCOL
+§8). Ids, `created_at` and `modified_at` are kept as the line gives them (a line
+without an id gets a new one, without `created_at` the import's time); `modified_at` is
+written in the canonical form (VAULT §3: the push cursor compares text). Duplicates are
+skipped, as the reference store skips a capture it already holds: a memory whose id the
+vault already has (or an earlier line had), or whose normalized content hash (VAULT §4)
+one of them has; a link to a memory skipped for its content goes to the memory it
+duplicates. `keep_duplicates` turns the hash check off (the id check stays). A deletion
+line records a pending deletion for an id the vault does not hold; an import never
+deletes a memory the vault holds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sqlite3
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+import msgspec
+
+from engram_sync.client._vault.store import (
+    list_memories,
+    named_rows,
+    new_memory_id,
+)
+from engram_sync.shared_format.plaintext import (
+    LINK_TYPES,
+    SOURCES,
+    STRENGTH_RANGE,
+    VALENCE_RANGE,
+    Layer,
+    Link,
+    MemoryPlaintext,
+    PrivacyLevel,
+)
+from engram_sync.shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
+from engram_sync.shared_format.vault.content_hash import normalized_hash
+
+DEFAULT_BATCH: Final = 5000  # memories per import transaction
+IMPORT_CACHE_KIB: Final = -65536  # PRAGMA cache_size during an import: 64 MiB (negative = KiB)
+MAX_ID_CHARS: Final = 256  # PROTOCOL §6 check 1: a longer id would make every push a 400
+DEFAULT_EMBEDDING_MODEL: Final = "all-MiniLM-L6-v2"
+
+
+# --- export ----------------------------------------------------------------------------------
+
+
+def export_lines(conn: sqlite3.Connection, *, include_deleted: bool = False) -> Iterator[str]:
+    """One JSON line per memory, oldest first; then, with `include_deleted`, one per
+    pending deletion (module docstring)."""
+    agents = dict(conn.execute("SELECT id, agent_id FROM engrams WHERE agent_id IS NOT NULL"))
+    stamps = dict(conn.execute("SELECT engram_id, created_at FROM engram_embeddings"))
+    for memory in list_memories(conn):
+        record: dict[str, Any] = msgspec.structs.asdict(memory)
+        agent = agents.get(memory.id)
+        if agent is not None:
+            record["agent_id"] = agent
+        stamp = stamps.get(memory.id)
+        if memory.embedding is not None and stamp is not None and stamp != memory.modified_at:
+            record["embedding_created_at"] = stamp
+        yield msgspec.json.encode(record, order="sorted").decode()
+    if include_deleted:
+        for row in named_rows(
+            conn, "SELECT id, deleted_at FROM tombstones ORDER BY deleted_at, id"
+        ):
+            tomb = {"deleted": True, "deleted_at": row["deleted_at"], "id": row["id"]}
+            yield msgspec.json.encode(tomb, order="sorted").decode()
+
+
+# --- what an import is fed -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImportMemory:
+    """One memory to import, with the engrams values the plaintext does not carry."""
+
+    memory: MemoryPlaintext
+    where: str  # "line 3", "notes/a.md:12": how the summary names it
+    agent_id: str | None = None
+    embedding_created_at: str | None = None
+
+
+@dataclass(frozen=True)
+class ImportTombstone:
+    """A deletion to record (an export made with --include-deleted)."""
+
+    memory_id: str
+    deleted_at: str
+    where: str
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """An input that is not a memory, and why."""
+
+    where: str
+    reason: str
+
+
+ImportItem = ImportMemory | ImportTombstone | Invalid
+
+
+class _Link(msgspec.Struct):
+    link_type: str
+    target_id: str
+    weight: float = 0.5
+
+
+class ImportFields(msgspec.Struct):
+    """A JSONL line: a full PROTOCOL §4 plaintext, the fields of `list --json`, or less
+    (only `content` is required). Unknown keys (`synced`) are ignored."""
+
+    content: str
+    id: str | None = None
+    layer: Layer = "episodic"
+    created_at: str | None = None
+    modified_at: str | None = None
+    scope: str = "moment"
+    content_type: str = "text"
+    source: str = "user"
+    privacy_level: PrivacyLevel = "cloud_first"
+    context: Any = msgspec.field(default_factory=dict)
+    last_retrieved: str | None = None
+    occurred_at: str | None = None
+    project: str | None = None
+    tags: list[str] = msgspec.field(default_factory=list)
+    strength: float = 1.0
+    valence: float = 0.0
+    retrievals: int = 0
+    imagined: bool = False
+    grounded: bool = False
+    links: list[_Link] = msgspec.field(default_factory=list)
+    embedding: list[float] | None = None
+    embedding_model: str | None = None
+    agent_id: str | None = None
+    embedding_created_at: str | None = None
+
+
+class _Probe(msgspec.Struct):
+    deleted: Any = False
+    id: Any = None
+    deleted_at: Any = None
+
+
+_decode_probe = msgspec.json.Decoder(_Probe).decode
+_decode_line = msgspec.json.Decoder(ImportFields).decode
+
+
+# The canonical form (shared_format.timestamps.format_rfc3339), what vaults write: a shape
+# check and the date's own check spare the full parse.
+_CANONICAL_SHAPE: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00", re.ASCII)
+
+
+def _canonical(text: str, name: str) -> str:
+    """`text` in the canonical RFC 3339 form; ValueError naming the field if it is not one."""
+    if _CANONICAL_SHAPE.fullmatch(text):  # what vaults write: only the date needs checking
+        try:
+            datetime.fromisoformat(text)
+        except ValueError:
+            pass
+        else:
+            return text
+    try:
+        return format_rfc3339(parse_rfc3339(text))
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def _clamp(value: float, bounds: tuple[float, float]) -> float:
+    return min(max(value, bounds[0]), bounds[1])
+
+
+def memory_from_fields(line: ImportFields, where: str, now: str) -> ImportMemory:
+    """The memory a decoded line describes, normalised as a pulled memory is (PROTOCOL §4);
+    ValueError names what makes it unusable."""
+    if not line.content.strip():
+        raise ValueError("content is empty")
+    memory_id = line.id if line.id is not None else new_memory_id()
+    if not memory_id or len(memory_id) > MAX_ID_CHARS:
+        raise ValueError(f"id must be 1 to {MAX_ID_CHARS} characters")
+    created_at = line.created_at or now
+    canonical_created = _canonical(created_at, "created_at")  # kept as written, but checked
+    if line.modified_at is None or line.modified_at == created_at:
+        modified_at = canonical_created
+    else:
+        modified_at = _canonical(line.modified_at, "modified_at")
+    for name, value in (("strength", line.strength), ("valence", line.valence)):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number")
+    if line.embedding is not None and not all(math.isfinite(v) for v in line.embedding):
+        raise ValueError("embedding values must be finite numbers")
+    links: list[Link] = []
+    for link in line.links:
+        if link.link_type not in LINK_TYPES:
+            raise ValueError(f"unknown link_type {link.link_type!r}")
+        if not math.isfinite(link.weight) or not link.target_id:
+            raise ValueError("a link needs a target_id and a finite weight")
+        links.append(Link(link.link_type, link.target_id, link.weight))  # type: ignore[arg-type]
+    memory = MemoryPlaintext(
+        id=memory_id,
+        content=line.content,
+        layer=line.layer,
+        scope=line.scope,
+        content_type=line.content_type,
+        source=line.source if line.source in SOURCES else "system",  # VAULT §5
+        privacy_level=line.privacy_level,
+        context=line.context,
+        created_at=created_at,
+        modified_at=modified_at,
+        last_retrieved=line.last_retrieved,
+        occurred_at=line.occurred_at,
+        project=line.project,
+        tags=line.tags,
+        strength=_clamp(line.strength, STRENGTH_RANGE),
+        valence=_clamp(line.valence, VALENCE_RANGE),
+        retrievals=line.retrievals,
+        imagined=line.imagined,
+        grounded=line.grounded,
+        links=links,
+        embedding=line.embedding,
+        embedding_model=line.embedding_model,
+    )
+    return ImportMemory(memory, where, line.agent_id, line.embedding_created_at)
+
+
+def parse_jsonl_line(raw: bytes, where: str, now: str) -> ImportItem | None:
+    """One JSONL line as an import item; None for a blank line."""
+    if not raw.strip():
+        return None
+    try:
+        probe = _decode_probe(raw)
+        if probe.deleted is True:
+            if not isinstance(probe.id, str) or not probe.id or len(probe.id) > MAX_ID_CHARS:
+                return Invalid(where, "a deletion needs an id of 1 to 256 characters")
+            stamp = probe.deleted_at if isinstance(probe.deleted_at, str) else now
+            return ImportTombstone(probe.id, _canonical(stamp, "deleted_at"), where)
+        return memory_from_fields(_decode_line(raw), where, now)
+    except (msgspec.DecodeError, ValueError) as exc:
+        return Invalid(where, str(exc))
+    except RecursionError:
+        return Invalid(where, "JSON nested too deeply")
+
+
+def jsonl_items(lines: Iterable[bytes], first_line: int = 1) -> Iterator[ImportItem]:
+    """Import items of JSONL input, numbered from `first_line`."""
+    now = utc_now_rfc3339()
+    for number, raw in enumerate(lines, start=first_line):
+        item = parse_jsonl_line(raw, f"line {number}", now)
+        if item is not None:
+            yield item
+
+
+def vault_items(conn: sqlite3.Connection) -> Iterator[ImportItem]:
+    """Every memory of another open vault, as its export would give them."""
+    now = utc_now_rfc3339()
+    for number, line in enumerate(export_lines(conn), start=1):
+        item = parse_jsonl_line(line.encode("utf-8"), f"memory {number}", now)
+        if item is not None:
+            yield item
+
+
+# --- the import ------------------------------------------------------------------------------
+
+
+@dataclass
+class ImportSummary:
+    """What an import did (or, dry, would do)."""
+
+    added: int = 0
+    duplicates: int = 0
+    deletions: int = 0  # tombstones recorded
+    invalid: list[Invalid] = field(default_factory=list)
+    duplicate_where: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        """The summary as `import --json` prints it."""
+        return {
+            "added": self.added,
+            "duplicates": self.duplicates,
+            "deletions": self.deletions,
+            "invalid": [{"where": i.where, "reason": i.reason} for i in self.invalid],
+        }
+
+
+_INSERT_ENGRAM: Final = (
+    "INSERT INTO engrams (rowid, id, layer, source, privacy_level, content, context, strength,"
+    " valence, retrievals, imagined, grounded, created_at, last_retrieved, project, tags,"
+    " content_hash, scope, content_type, occurred_at, modified_at, synced_at, agent_id)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)"
+)
+# VAULT §3: the full-text row is written by code, with the engram's rowid.
+_INSERT_FTS: Final = "INSERT INTO engrams_fts (rowid, id, content) VALUES (?, ?, ?)"
+_INSERT_EMBEDDING: Final = (
+    "INSERT OR REPLACE INTO engram_embeddings (engram_id, embedding, model, dimensions,"
+    " created_at) VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_PENDING_LINK: Final = (
+    "INSERT OR REPLACE INTO sync_pending_links (source_id, target_id, link_type, weight)"
+    " VALUES (?, ?, ?, ?)"
+)
+_encode_json = msgspec.json.Encoder().encode
+
+
+class Importer:
+    """Feeds items into a vault in batches of `batch` memories, one transaction each.
+
+    `begin`/`commit` are the vault's transaction statements (the caller's connection is in
+    autocommit mode). With `dry_run` nothing is written; the summary is the same.
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        dry_run: bool = False,
+        keep_duplicates: bool = False,
+        batch: int = DEFAULT_BATCH,
+    ) -> None:
+        self.conn = conn
+        self.dry_run = dry_run
+        self.keep_duplicates = keep_duplicates
+        self.batch = max(1, batch)
+        self.summary = ImportSummary()
+        self._ids: set[str] = {row[0] for row in conn.execute("SELECT id FROM engrams")}
+        self._hashes: dict[str, str] = {}  # content hash -> the id that has it
+        # a memory skipped for its content -> the id it duplicates: links to it go there
+        self._aliases: dict[str, str] = {}
+        if not keep_duplicates:
+            for memory_id, stored, content in conn.execute(
+                "SELECT id, content_hash, content FROM engrams"
+            ):
+                self._hashes.setdefault(stored or normalized_hash(content), memory_id)
+        self._tombstones: set[str] = {row[0] for row in conn.execute("SELECT id FROM tombstones")}
+        self._pending: list[tuple[ImportMemory, str]] = []
+        self._linked = False  # whether this import wrote a pending link
+        self._pending_tombs: list[ImportTombstone] = []
+
+    def feed(self, item: ImportItem) -> None:
+        """Classify one item; a full batch is written at once."""
+        if isinstance(item, Invalid):
+            self.summary.invalid.append(item)
+            return
+        if isinstance(item, ImportTombstone):
+            self._feed_tombstone(item)
+            return
+        memory = item.memory
+        digest = normalized_hash(memory.content)
+        same = None if self.keep_duplicates else self._hashes.get(digest)
+        if memory.id in self._ids or same is not None:
+            if same is not None and memory.id not in self._ids:
+                self._aliases[memory.id] = same
+            self.summary.duplicates += 1
+            self.summary.duplicate_where.append(item.where)
+            return
+        self._ids.add(memory.id)
+        self._hashes.setdefault(digest, memory.id)
+        self.summary.added += 1
+        self._pending.append((item, digest))
+        if len(self._pending) >= self.batch:
+            self.flush()
+
+    def _feed_tombstone(self, item: ImportTombstone) -> None:
+        # An import only adds: a deletion is recorded for an id the vault does not hold,
+        # so it reaches the relay at the next sync; a memory the vault holds is kept.
+        if item.memory_id in self._ids or item.memory_id in self._tombstones:
+            self.summary.duplicates += 1
+            self.summary.duplicate_where.append(item.where)
+            return
+        self._tombstones.add(item.memory_id)
+        self.summary.deletions += 1
+        self._pending_tombs.append(item)
+
+    def feed_all(self, items: Iterable[ImportItem]) -> ImportSummary:
+        """Feed every item, then write what is left."""
+        previous = int(self.conn.execute("PRAGMA cache_size").fetchone()[0])
+        # A larger page cache for the import's index inserts (a connection setting only).
+        self.conn.execute(f"PRAGMA cache_size = {min(previous, IMPORT_CACHE_KIB)}")
+        try:
+            for item in items:
+                self.feed(item)
+            self.flush(last=True)
+        finally:
+            self.conn.execute(f"PRAGMA cache_size = {previous}")
+        return self.summary
+
+    def flush(self, *, last: bool = False) -> None:
+        """Write the pending batch in one transaction; the `last` one also points links
+        to a memory skipped as a duplicate at the memory it duplicates."""
+        memories, tombs = self._pending, self._pending_tombs
+        self._pending, self._pending_tombs = [], []
+        relink = last and bool(self._aliases)
+        if self.dry_run or (not memories and not tombs and not relink):
+            return
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._write(memories, tombs)
+            if relink:
+                conn.executemany(
+                    "UPDATE OR REPLACE sync_pending_links SET target_id = ? WHERE target_id = ?",
+                    [(same, skipped) for skipped, same in self._aliases.items()],
+                )
+                _resolve_pending_links(conn)
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _write(
+        self, memories: list[tuple[ImportMemory, str]], tombs: list[ImportTombstone]
+    ) -> None:
+        conn = self.conn
+        # The batch's rowids are given, so its full-text rows need no lookup by id.
+        first = int(conn.execute("SELECT coalesce(max(rowid), 0) + 1 FROM engrams").fetchone()[0])
+        rowids = range(first, first + len(memories))
+        conn.executemany(
+            _INSERT_ENGRAM,
+            [(r, *_engram_values(i, d)) for r, (i, d) in zip(rowids, memories, strict=True)],
+        )
+        conn.executemany(
+            _INSERT_FTS,
+            [
+                (r, i.memory.id, i.memory.content)
+                for r, (i, _) in zip(rowids, memories, strict=True)
+            ],
+        )
+        ids = [(item.memory.id,) for item, _ in memories]
+        revived = [row for row in ids if row[0] in self._tombstones]
+        if revived:  # a memory deleted here and imported again: it is back, no deletion
+            conn.executemany("DELETE FROM tombstones WHERE id = ?", revived)
+        conn.executemany(
+            _INSERT_EMBEDDING,
+            [_embedding_values(item) for item, _ in memories if item.memory.embedding is not None],
+        )
+        aliases = self._aliases
+        links = [
+            (
+                item.memory.id,
+                aliases.get(link.target_id, link.target_id),
+                link.link_type,
+                link.weight,
+            )
+            for item, _ in memories
+            for link in item.memory.links
+        ]
+        if links:
+            conn.executemany(_INSERT_PENDING_LINK, links)
+            self._linked = True
+        if self._linked:  # a later memory may be the target of an earlier one's link
+            _resolve_pending_links(conn)
+        conn.executemany(
+            "INSERT OR IGNORE INTO tombstones (id, deleted_at) VALUES (?, ?)",
+            [(t.memory_id, t.deleted_at) for t in tombs],
+        )
+
+
+def _engram_values(item: ImportMemory, digest: str) -> tuple[Any, ...]:
+    m = item.memory
+    return (
+        m.id,
+        m.layer,
+        m.source,
+        m.privacy_level,
+        m.content,
+        _encode_json(m.context).decode(),
+        m.strength,
+        m.valence,
+        m.retrievals,
+        int(m.imagined),
+        int(m.grounded),
+        m.created_at,
+        m.last_retrieved,
+        m.project,
+        json.dumps(m.tags, ensure_ascii=False),  # as client._vault.store writes tags
+        digest,
+        m.scope,
+        m.content_type,
+        m.occurred_at,
+        m.modified_at,
+        item.agent_id,
+    )
+
+
+def _embedding_values(item: ImportMemory) -> tuple[Any, ...]:
+    values = item.memory.embedding or []
+    return (
+        item.memory.id,
+        struct.pack(f"<{len(values)}d", *values),  # VAULT §3: little-endian f64
+        item.memory.embedding_model or DEFAULT_EMBEDDING_MODEL,
+        len(values),
+        item.embedding_created_at or item.memory.modified_at,
+    )
+
+
+def _resolve_pending_links(conn: sqlite3.Connection) -> None:
+    """Links whose two ends now exist become engram_links rows; the others wait in
+    sync_pending_links, as a pulled memory's do (client._vault.store)."""
+    conn.execute(
+        "INSERT OR REPLACE INTO engram_links (source_id, target_id, weight, link_type)"
+        " SELECT p.source_id, p.target_id, p.weight, p.link_type FROM sync_pending_links p"
+        " WHERE EXISTS (SELECT 1 FROM engrams WHERE id = p.source_id)"
+        " AND EXISTS (SELECT 1 FROM engrams WHERE id = p.target_id)"
+    )
+    conn.execute(
+        "DELETE FROM sync_pending_links WHERE EXISTS (SELECT 1 FROM engrams WHERE id = source_id)"
+        " AND EXISTS (SELECT 1 FROM engrams WHERE id = target_id)"
+    )
