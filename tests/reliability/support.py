@@ -26,8 +26,10 @@ class RelayProcess:
         log_path: Path | None = None,
         log_level: str = "warning",
         bin_dir: Path = BIN,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.bin_dir = bin_dir  # the environment whose `engram-relay` runs
+        self.env = env or {}  # more variables for the process (ENGRAM_RELAY_*)
         self.log_path = log_path
         self.log_level = log_level
         self.port = free_port()
@@ -40,6 +42,7 @@ class RelayProcess:
             os.environ,
             SYNC_API_KEYS=f"{ADMIN_KEY}:100000",
             ENGRAM_RELAY_METRICS_TOKEN=METRICS_TOKEN,
+            **self.env,
         )
         log = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(

@@ -1,0 +1,109 @@
+"""The change hub of one relay process (relay/feed.py, PROTOCOL §15) on its own: pure
+asyncio, no database. And which vaults a group commit announces (relay/store/push.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engram_sync.relay.domain_errors import QuotaExceededError
+from engram_sync.relay.feed import ChangeHub, HubFullError
+from engram_sync.relay.push_rules import PushPlan, check_structure
+from engram_sync.relay.store.push import PushJob, PushOutcome, committed_heads
+from engram_sync.shared_format.wire import MAX_BLOBS_PER_PUSH
+from tests.relay.support import Sealer
+
+LONG = 60.0  # never reached when things work
+
+
+def test_a_publish_wakes_the_vaults_waiters_only() -> None:
+    async def go() -> None:
+        hub = ChangeHub(max_waiters=10)
+        with hub.watch("a") as a, hub.watch("b") as b:
+            va, vb = a.version, b.version
+            woke_a = asyncio.create_task(a.wait(va, LONG))
+            woke_b = asyncio.create_task(b.wait(vb, 0.05))
+            await asyncio.sleep(0)
+            hub.publish("a", 7)
+            assert await woke_a is True
+            assert await woke_b is False  # b was not woken: its wait timed out
+            assert (a.seq, b.seq) == (7, 0)
+
+    asyncio.run(go())
+
+
+def test_an_older_or_equal_sequence_wakes_nobody() -> None:
+    async def go() -> None:
+        hub = ChangeHub(max_waiters=10)
+        with hub.watch("a") as a:
+            hub.publish("a", 5)
+            version = a.version
+            hub.publish("a", 5)
+            hub.publish("a", 3)
+            assert a.version == version
+            assert await a.wait(version, 0.01) is False
+            assert a.seq == 5
+
+    asyncio.run(go())
+
+
+def test_a_wake_between_reading_the_version_and_waiting_is_not_lost() -> None:
+    async def go() -> None:
+        hub = ChangeHub(max_waiters=10)
+        with hub.watch("a") as a:
+            version = a.version
+            hub.publish("a", 1)  # before the wait starts
+            assert await a.wait(version, LONG) is True
+
+    asyncio.run(go())
+
+
+def test_recheck_all_moves_every_epoch_and_takes_the_heads() -> None:
+    async def go() -> None:
+        hub = ChangeHub(max_waiters=10)
+        with hub.watch("a") as a, hub.watch("b") as b:
+            hub.publish("a", 4)
+            epochs = (a.epoch, b.epoch)
+            hub.recheck_all({"a": 2, "b": 9})
+            assert (a.epoch, b.epoch) == (epochs[0] + 1, epochs[1] + 1)
+            assert (a.seq, b.seq) == (4, 9)  # a head read never lowers what was heard
+            hub.recheck("a")
+            assert (a.epoch, b.epoch) == (epochs[0] + 2, epochs[1] + 1)
+
+    asyncio.run(go())
+
+
+def test_the_cap_and_the_watch_lifetime() -> None:
+    async def go() -> None:
+        hub = ChangeHub(max_waiters=2)
+        with hub.watch("a"), hub.watch("a") as second:
+            with pytest.raises(HubFullError), hub.watch("b"):
+                pass
+            assert hub.watched() == ["a"]
+            assert second.users == 2
+        assert hub.waiters == 0
+        assert hub.watched() == []  # no watch kept for a vault nobody waits on
+        hub.publish("a", 1)  # dropped, nothing kept
+        assert hub.watched() == []
+        with hub.watch("b"):  # places are back
+            assert hub.watched() == ["b"]
+
+    asyncio.run(go())
+
+
+def _outcome(cursor: int, accepted: int) -> PushOutcome:
+    checked = check_structure(Sealer("a").blobs(accepted), MAX_BLOBS_PER_PUSH) if accepted else []
+    return PushOutcome(plan=PushPlan(accepted=checked), cursor=cursor)
+
+
+def test_a_group_commit_announces_each_vault_once_at_its_head() -> None:
+    jobs = [PushJob(v, [], None) for v in ("a", "b", "a", "c", "d")]
+    results = [
+        _outcome(3, 2),
+        _outcome(10, 1),
+        _outcome(5, 2),  # the same vault later in the group: its head after the commit
+        _outcome(8, 0),  # nothing accepted: nothing to announce
+        QuotaExceededError("bytes", 1, 2),  # refused: nothing written
+    ]
+    assert committed_heads(jobs, results) == {"a": 5, "b": 10}
