@@ -49,6 +49,8 @@ def serve() -> None:
 
     # The bench's key as a static key (SYNC_API_KEYS), so that every worker knows it.
     os.environ["SYNC_API_KEYS"] = f"{os.environ[ENV_KEY]}:{KEY_RATE}"
+    # bench.live_feed holds 10,000 idle event streams: the default cap is 1,000 a process.
+    os.environ.setdefault("ENGRAM_RELAY_MAX_CONNECTIONS", "12000")
     url = os.environ[ENV_DATABASE_URL]
     workers = int(os.environ.get(ENV_WORKERS, "1"))
     export_for_workers(url, {}, "warning", "text")

@@ -167,6 +167,19 @@ def _figures(data: dict[str, Any]) -> list[str]:
     rows.append(_summary_row(f"11. import {imported['memories']:,} memories from JSONL "
                              f"(batches of {imported['batch']:,})",
                              imported["memories_per_s"]))  # fmt: skip
+    feed = s["live_feed"]
+    idle, wake = feed["idle"], feed["wake"]
+    rows += [
+        _row(f"13. relay RSS before {idle['subscribers']:,} idle event streams", "",
+             idle["rss_before_mb"], "", "MiB"),
+        _row(f"13. relay RSS with {idle['subscribers']:,} idle event streams", "",
+             idle["rss_idle_mb"], "", "MiB"),
+        _row("13. extra RSS per idle event stream", "", idle["extra_kib_per_subscriber"], "",
+             "KiB"),
+        _row(f"13. push -> change hint, {wake['rounds']} pushes: p50", "", wake["p50_ms"], "",
+             "ms"),
+        _row("13. push -> change hint: p99", "", wake["p99_ms"], "", "ms"),
+    ]  # fmt: skip
     return _table(("figure", "min", "median", "max", "unit"), rows)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from bench import ceiling, client_e2e, import_jsonl, pull_memory
+from bench import ceiling, client_e2e, import_jsonl, live_feed, pull_memory
 from bench.corpus import Corpus
 from bench.database import BenchDatabase
 from bench.env import environment
@@ -277,6 +277,15 @@ class Run:
             },
         }  # fmt: skip
 
+    # -- 13: the live change feed (issue 15) ---------------------------------------------------
+
+    def live_feed(self) -> dict[str, Any]:
+        """Idle event streams' RSS, and push -> change hint latency (bench.live_feed)."""
+        self.log("live change feed: idle event streams, then push -> wake")
+        return live_feed.measure(
+            self.loop, self.monitor, self.relay.url, self.relay.key, quick=self.s.quick
+        )
+
     # -- 11: JSONL import (issue 17) ---------------------------------------------------------
 
     def jsonl_import(self) -> dict[str, Any]:
@@ -377,6 +386,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         sections["client_e2e"] = run.client_e2e()
                         sections["pull_memory"] = run.pull_memory()
                         sections["jsonl_import"] = run.jsonl_import()
+                        sections["live_feed"] = run.live_feed()
                     finally:
                         loop.run(conn.close())
                 time.sleep(1.0)  # idle a moment: "after" is the relay at rest

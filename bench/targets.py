@@ -9,6 +9,8 @@ P99_LIMIT_MS: Final = 25.0
 PULL_RSS_LIMIT_MB: Final = 300.0  # issue 14 item 5: RSS under 4 concurrent full pulls
 PADDING_OVERHEAD_LIMIT: Final = 0.03  # issue 16: PADMÉ padding's storage cost on the corpus
 IMPORT_RATE_LIMIT: Final = 10_000.0  # issue 17: memories/s imported from JSONL
+WAKE_P50_LIMIT_MS: Final = 15.0  # issue 15: push -> applied on the other device, p50
+WAKE_P99_LIMIT_MS: Final = 75.0  # and p99 (here only the relay's part: push -> hint)
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,40 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
             ">=",
         )
     )
+    targets += live_feed_targets(sections["live_feed"])
     return [t.as_json() for t in targets]
+
+
+def live_feed_targets(feed: dict[str, Any]) -> list[Target]:
+    """Issue 15: idle event streams cost at most 200 MB per 10,000 (scaled to the count of
+    a quick run), and a push wakes a stream of its vault quickly (bench.live_feed)."""
+    idle, wake = feed["idle"], feed["wake"]
+    return [
+        Target(
+            "live_feed_idle_rss",
+            f"extra relay RSS with {idle['subscribers']:,} idle event streams over "
+            f"{idle['vaults']} vaults (MiB)",
+            idle["extra_rss_mb"],
+            idle["limit_mb"],
+            "<=",
+            detail=f"({idle['extra_kib_per_subscriber']:.1f} KiB a stream)",
+        ),
+        Target(
+            "live_feed_wake_p50",
+            f"push start -> `event: change` on a stream of the vault, p50 of "
+            f"{wake['rounds']} pushes (ms; the relay's share of issue 15's 15 ms)",
+            wake["p50_ms"],
+            WAKE_P50_LIMIT_MS,
+            "<=",
+        ),
+        Target(
+            "live_feed_wake_p99",
+            f"push start -> `event: change`, p99 of {wake['rounds']} pushes (ms)",
+            wake["p99_ms"],
+            WAKE_P99_LIMIT_MS,
+            "<=",
+        ),
+    ]
 
 
 def pull_memory_target(pulls: dict[str, Any]) -> Target:

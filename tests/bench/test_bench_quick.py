@@ -28,6 +28,7 @@ SECTIONS = (
     "cpu",
     "pull_memory",
     "jsonl_import",
+    "live_feed",
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -38,6 +39,9 @@ TARGETS = {
     "relay_rss_concurrent_full_pulls",
     "padding_storage_overhead",
     "jsonl_import_rate",
+    "live_feed_idle_rss",
+    "live_feed_wake_p50",
+    "live_feed_wake_p99",
 }
 
 

@@ -7,22 +7,29 @@ two `engram-relay serve` processes on one PostgreSQL, real HTTP, real NOTIFY.
   reaches the vault's head: 3 rounds here, 20 with ENGRAM_SLOW=1;
 - what committed while no connection listened is found by the re-read after the
   reconnect (a commit that sent no notification at all);
-- the notification of a push arrives only once its blobs are visible to a pull.
+- the notification of a push arrives only once its blobs are visible to a pull;
+- PostgreSQL restarted under open streams: they reach the head of a later push (1
+  restart here, 5 with ENGRAM_SLOW=1).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
 
+from engram_sync.relay.db.embedded import EmbeddedPostgres
+from engram_sync.relay.db.migrate import upgrade_to_head
 from engram_sync.relay.db.url import to_libpq_url
-from tests.relay.conftest import ADMIN_KEY
+from tests.relay.conftest import ADMIN_KEY, free_port
 from tests.relay.sse import Message, messages, next_event
 from tests.relay.support import (
     Sealer,
@@ -213,3 +220,56 @@ async def _notified_after_commit(relay: RelayProcess) -> None:
         assert heard.empty()  # no second notification for a commit
     finally:
         await conn.close()
+
+
+RESTARTS = 5 if SLOW else 1
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL of this test's own, so it can be stopped and started."""
+    base = Path(tempfile.mkdtemp(prefix="engram-feed-pg-"))
+    server = EmbeddedPostgres(base / "pg", port=free_port(), settings={"fsync": "off"})
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_streams_reach_the_head_after_a_database_restart(own_postgres: EmbeddedPostgres) -> None:
+    """PostgreSQL stopped and started under open streams: the streams (idle, they hold no
+    database connection) stay open, the LISTEN connection comes back by itself, and a push
+    after the restart, through the other process, reaches every stream."""
+    upgrade_to_head(own_postgres.url)
+    env = {"ENGRAM_RELAY_EVENTS_PING_S": PING_S}
+    first, second = RelayProcess(own_postgres.url, env=env), RelayProcess(own_postgres.url, env=env)
+    first.start()
+    second.start()
+    try:
+        vault = new_vault_id()
+        sealer = Sealer(vault)
+        with ExitStack() as held, http(second) as pusher:
+            feeds = [held.enter_context(stream(first, vault, 0, new_device_id())) for _ in range(2)]
+            for restart in range(RESTARTS):
+                old = listening(first)
+                own_postgres.stop()
+                own_postgres.start()
+                for relay in (first, second):
+                    wait_for(lambda r=relay: ready(r), "the relay ready again")
+                head = push_ok(pusher, vault, [sealer.blob(f"restart-{restart}", 1)])["cursor"]
+                assert listening(first) != old
+                for feed in feeds:
+                    reach(feed, head)
+            assert head == RESTARTS
+    finally:
+        first.stop()
+        second.stop()
+
+
+def ready(relay: RelayProcess) -> bool:
+    try:
+        return httpx.get(f"{relay.url}/ready", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -1,0 +1,178 @@
+"""The live change feed (PROTOCOL §15, issue 15 "Figures"): what idle event streams cost
+the relay, and how soon a push wakes a stream.
+
+- Idle subscribers: `subscribers` event streams (`GET /v1/vaults/{v}/events`) over 100
+  vaults, each on its own connection of a minimal asyncio client, each read up to its
+  `retry:` line and the first ping-free moment; the relay's RSS (its workers included)
+  before and after, once all are connected and idle. The relay is told to take that many
+  connections (`ENGRAM_RELAY_MAX_CONNECTIONS`, bench.relay_process).
+- Push -> wake: one stream on a vault, then `rounds` single-blob pushes to it one after
+  the other; the time from a push's start to its `event: change` arriving on the stream.
+  The relay's share of "a memory appears on the other device": the device's own pull,
+  decrypt and apply come on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+import secrets
+import time
+import uuid
+from typing import Any, Final
+
+import httpx
+import msgspec
+
+from bench.monitor import ResourceMonitor
+from bench.relay_load import BenchError, headers
+from bench.stats import percentile
+from engram_sync.shared_format import BlobCipher, SyncKeys
+
+VAULTS: Final = 100
+FULL_SUBSCRIBERS: Final = 10_000
+QUICK_SUBSCRIBERS: Final = 200
+FULL_ROUNDS: Final = 300
+QUICK_ROUNDS: Final = 20
+CONNECT_AT_ONCE: Final = 200  # streams opened concurrently while connecting
+MB: Final = 1024 * 1024
+
+
+class _Stream:
+    """One event stream on a raw asyncio connection (HTTP/1.1, chunked)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, url: httpx.URL, key: str, vault_id: str, cursor: int) -> _Stream:
+        host, port = url.host, url.port or 80
+        reader, writer = await asyncio.open_connection(host, port)
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers(key, str(uuid.uuid4())).items())
+        writer.write(
+            f"GET /v1/vaults/{vault_id}/events?cursor={cursor} HTTP/1.1\r\n"
+            f"Host: {host}:{port}\r\n{head}\r\n".encode("latin-1")
+        )
+        status = await reader.readuntil(b"\r\n\r\n")
+        if b" 200 " not in status.split(b"\r\n", 1)[0]:
+            raise BenchError(f"event stream refused: {status[:80]!r}")
+        stream = cls(reader, writer)
+        if await stream.message() != "retry: 2000":
+            raise BenchError("the event stream did not start with retry: 2000")
+        return stream
+
+    async def message(self) -> str:
+        """The next SSE message's text (chunk framing stripped)."""
+        text = ""
+        while "\n\n" not in text:
+            size = int((await self.reader.readuntil(b"\r\n")).strip(), 16)
+            if size == 0:
+                raise BenchError("the event stream ended")
+            text += (await self.reader.readexactly(size + 2))[:-2].decode()
+        return text.strip("\n")
+
+    async def change(self) -> int:
+        """The cursor of the next `event: change` (pings skipped)."""
+        while True:
+            text = await self.message()
+            if text.startswith("event: change"):
+                return int(text.rsplit(":", 1)[1].strip(" }"))
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+
+
+def _raise_fd_limit(wanted: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
+
+
+async def idle_subscribers(
+    base_url: str, key: str, monitor: ResourceMonitor, subscribers: int
+) -> dict[str, Any]:
+    """RSS of the relay before and with `subscribers` idle event streams."""
+    _raise_fd_limit(subscribers + 1024)
+    url = httpx.URL(base_url)
+    vaults = [f"feed-{secrets.token_hex(4)}-{i}" for i in range(VAULTS)]
+    await asyncio.sleep(1.0)  # the relay at rest: "before" is not the last phase's tail
+    before = monitor.rss_mb()
+    streams: list[_Stream] = []
+    started = time.perf_counter()
+    try:
+        for first in range(0, subscribers, CONNECT_AT_ONCE):
+            batch = range(first, min(first + CONNECT_AT_ONCE, subscribers))
+            streams += await asyncio.gather(
+                *(_Stream.open(url, key, vaults[i % VAULTS], 0) for i in batch)
+            )
+        connect_s = time.perf_counter() - started
+        await asyncio.sleep(2.0)  # idle
+        after = monitor.rss_mb()
+    finally:
+        await asyncio.gather(*(s.close() for s in streams))
+    extra = max(0.0, after - before)
+    return {
+        "subscribers": subscribers,
+        "vaults": VAULTS,
+        "connect_s": connect_s,
+        "rss_before_mb": before,
+        "rss_idle_mb": after,
+        "extra_rss_mb": extra,
+        "extra_kib_per_subscriber": extra * 1024 / subscribers,
+        "limit_mb": 200.0 * subscribers / FULL_SUBSCRIBERS,
+    }
+
+
+async def push_to_wake(base_url: str, key: str, rounds: int) -> dict[str, Any]:
+    """Milliseconds from a push's start to its change hint on a stream of the vault."""
+    vault_id = f"wake-{secrets.token_hex(6)}"
+    cipher = BlobCipher(SyncKeys(secrets.token_bytes(32), secrets.token_bytes(32)))
+    device = str(uuid.uuid4())
+    latencies: list[float] = []
+    stream = await _Stream.open(httpx.URL(base_url), key, vault_id, 0)
+    try:
+        async with httpx.AsyncClient(
+            base_url=base_url, headers=headers(key, device), timeout=60
+        ) as http:
+            for i in range(rounds):
+                blob = cipher.seal(
+                    f'{{"content":"live {i}","id":"m{i}"}}',
+                    vault_id=vault_id,
+                    memory_id=f"m{i}",
+                    device_id=device,
+                    vector_clock=1,
+                    deleted=False,
+                )
+                body = msgspec.json.encode({"blobs": [blob]})
+                started = time.perf_counter()
+                answer = await http.post(f"/v1/vaults/{vault_id}/push", content=body)
+                answer.raise_for_status()
+                head = answer.json()["cursor"]
+                while await stream.change() < head:
+                    pass
+                latencies.append((time.perf_counter() - started) * 1000)
+    finally:
+        await stream.close()
+    latencies.sort()
+    return {
+        "rounds": rounds,
+        "p50_ms": percentile(latencies, 50),
+        "p99_ms": percentile(latencies, 99),
+        "max_ms": max(latencies),
+    }
+
+
+def measure(
+    loop: asyncio.Runner, monitor: ResourceMonitor, base_url: str, key: str, *, quick: bool
+) -> dict[str, Any]:
+    """The report's `live_feed` section."""
+    subscribers = QUICK_SUBSCRIBERS if quick else FULL_SUBSCRIBERS
+    rounds = QUICK_ROUNDS if quick else FULL_ROUNDS
+    with monitor.phase("live_feed_idle"):
+        idle = loop.run(idle_subscribers(base_url, key, monitor, subscribers))
+    with monitor.phase("live_feed_wake"):
+        wake = loop.run(push_to_wake(base_url, key, rounds))
+    return {"idle": idle, "wake": wake}
