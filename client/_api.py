@@ -18,6 +18,7 @@ from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.live import LiveStatus, LiveSync
 from engram_sync.client._vault import store
+from engram_sync.client._vault.search import SearchFilters, search_memories
 from engram_sync.shared_format.plaintext import MemoryPlaintext
 
 Layer = Literal["episodic", "semantic", "imagined"]
@@ -93,9 +94,21 @@ class Vault:
         """Every memory, oldest first."""
         return store.list_memories(self._session.vault.conn)
 
-    def search(self, query: str, *, limit: int = 20) -> builtins.list[MemoryPlaintext]:
-        """The memories whose content has every word of `query`, best match first."""
-        return store.search_memories(self._session.vault.conn, query, limit)
+    def search(
+        self,
+        query: str,
+        *,
+        limit: int = 20,
+        tags: Iterable[str] = (),
+        project: str | None = None,
+        layer: Layer | None = None,
+    ) -> builtins.list[MemoryPlaintext]:
+        """The memories whose content has every word of `query` or, when none has them all,
+        any of them (a substring search where the index cannot answer), best bm25 rank
+        first, then the most recently modified, then by id (docs/search.md). `tags` (all of
+        them), `project` and `layer` narrow the search."""
+        filters = SearchFilters(tuple(tags), project, layer)
+        return search_memories(self._session.vault.conn, query, limit, filters)
 
     def edit(self, memory_id: str, content: str) -> bool:
         """Replace a memory's content; False when there is no such memory."""

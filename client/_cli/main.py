@@ -22,6 +22,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from engram_sync.client._accounts import account as account_ops
 from engram_sync.client._accounts import pairing
+from engram_sync.client._cli import search as cli_search
 from engram_sync.client._cli import teams as cli_teams
 from engram_sync.client._cli import transfer as cli_transfer
 from engram_sync.client._cli.support import (
@@ -72,6 +73,7 @@ app.add_typer(cli_teams.account_app, name="account")
 app.add_typer(cli_teams.vault_app, name="vault")
 app.add_typer(cli_teams.team_app, name="team")
 cli_transfer.register(app)
+cli_search.register(app)
 
 
 @app.callback()

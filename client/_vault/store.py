@@ -137,31 +137,6 @@ def list_memories(conn: sqlite3.Connection) -> list[MemoryPlaintext]:
     return [row_to_plaintext(conn, r) for r in rows.fetchall()]
 
 
-def fts_phrases(query: str) -> str | None:
-    """`query`'s words as quoted FTS5 phrases, all required; None when it has no words.
-
-    Quoting keeps FTS5's own syntax (`AND`, `*`, `:`, parentheses) out of a user's text.
-    """
-    words = query.split()
-    if not words:
-        return None
-    return " ".join('"' + word.replace('"', '""') + '"' for word in words)
-
-
-def search_memories(conn: sqlite3.Connection, query: str, limit: int = 20) -> list[MemoryPlaintext]:
-    """The memories whose content has every word of `query`, best match first (VAULT §3:
-    `engrams_fts`, ranked by FTS5's bm25)."""
-    phrases = fts_phrases(query)
-    if phrases is None or limit <= 0:
-        return []
-    ids = conn.execute(
-        "SELECT id FROM engrams_fts WHERE engrams_fts MATCH ? ORDER BY rank LIMIT ?",
-        ("content:(" + phrases + ")", limit),
-    ).fetchall()
-    found = (get_memory(conn, memory_id) for (memory_id,) in ids)
-    return [memory for memory in found if memory is not None]
-
-
 def row_needs_push(row: sqlite3.Row) -> bool:
     """PROTOCOL §8: `synced_at IS NULL OR modified_at > synced_at`."""
     synced = row["synced_at"]

@@ -78,7 +78,12 @@ def test_a_vault_adds_gets_lists_searches_edits_and_deletes(tmp_path: Path) -> N
         assert [m.id for m in vault.list()] == [first, second]
         assert [m.id for m in vault.search("deploy")] == [first]
         assert [m.id for m in vault.search("ship make")] == [first]  # every word, any order
-        assert vault.search("deploy lunch") == []  # not every word in one memory
+        # no memory has every word: then any word will do (docs/search.md)
+        assert {m.id for m in vault.search("deploy lunch")} == {first, second}
+        assert [m.id for m in vault.search("lunch", layer="semantic")] == [second]
+        assert vault.search("lunch", layer="episodic") == []
+        assert [m.id for m in vault.search("deploy", tags=["ops"], project="infra")] == [first]
+        assert vault.search("deploy", tags=["ops", "other"]) == []  # every tag given
         assert vault.search("") == []
         assert vault.search('AND "(* content:') == []  # FTS syntax is plain text here
         assert vault.edit(first, "Deploy with make ship-it")

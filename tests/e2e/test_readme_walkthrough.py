@@ -48,6 +48,7 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, relay: Relay) -> Non
     assert "added 1, skipped 0 duplicate(s), 0 invalid" in out  # `import -` on device A
     exported = (tmp_path / "vault-a.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(exported) == 2  # `export`: the edited memory and the imported one
+    assert "Rotate the API keys every 90 days" in out  # `search` found the imported memory
     assert (tmp_path / "vault-a" / "engrams.db").exists()
     assert (tmp_path / "vault-b" / "engrams.db").exists()
 

@@ -1,0 +1,84 @@
+"""`engram-sync search QUERY`: the vault's full-text index, as `Vault.search` reads it
+(client._vault.search; docs/search.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final
+
+import typer
+
+from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
+from engram_sync.client._vault.search import DEFAULT_LIMIT, SearchFilters, search
+from engram_sync.client._vault.store import get_row, row_needs_push
+
+LAYERS: Final = ("episodic", "semantic", "imagined")
+_MODE_NOTE: Final = {
+    "any": "no memory has every word; these have some of them",
+    "substring": "searched the text for the query as written (no word the index can match)",
+}
+
+
+def register(app: typer.Typer) -> None:
+    """Add `search` to the `engram-sync` app."""
+    app.command("search")(search_command)
+
+
+def search_command(
+    query: Annotated[str, typer.Argument(help="Words to find (all of them, else any).")],
+    tag: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tag", help="Only memories with this tag (repeatable: all of them).", metavar="TAG"
+        ),
+    ] = None,
+    project: Annotated[
+        str | None, typer.Option("--project", help="Only this project's memories.", metavar="P")
+    ] = None,
+    layer: Annotated[
+        str | None,
+        typer.Option(
+            "--layer", help="Only this layer: episodic, semantic or imagined.", metavar="LAYER"
+        ),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", help="At most this many results.", min=1, metavar="N")
+    ] = DEFAULT_LIMIT,
+    json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+) -> None:
+    """Search memories: best match first, then the most recently modified, then by id."""
+    if layer is not None and layer not in LAYERS:
+        raise CliError(f"--layer must be one of {', '.join(LAYERS)}, not {layer!r}")
+    if not query.strip():
+        raise CliError("the query is empty: give the words to search for")
+    with open_session() as session:
+        conn = session.vault.conn
+        result = search(
+            conn, query, limit=limit, filters=SearchFilters(tuple(tag or ()), project, layer)
+        )
+        items: list[dict[str, Any]] = []
+        for memory in result.memories:
+            row = get_row(conn, memory.id)
+            items.append(
+                {
+                    "id": memory.id,
+                    "content": memory.content,
+                    "layer": memory.layer,
+                    "tags": memory.tags,
+                    "project": memory.project,
+                    "created_at": memory.created_at,
+                    "modified_at": memory.modified_at,
+                    "synced": row is not None and not row_needs_push(row),
+                }
+            )
+    if json_out:
+        print_json({"mode": result.mode, "results": items})
+        return
+    if not items:
+        err.print(f"no memory matches {query!r}", markup=False)
+        return
+    note = _MODE_NOTE.get(result.mode)
+    if note:
+        err.print(note)
+    for item in items:
+        first_line = item["content"].splitlines()[0] if item["content"] else ""
+        out.print(f"{item['id']}  {item['modified_at'][:19]}  {first_line[:80]}", markup=False)
