@@ -12,6 +12,7 @@ import asyncio
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ import pytest
 from engram_sync.relay.db.embedded import EmbeddedPostgres
 from engram_sync.relay.db.migrate import upgrade_to_head
 from engram_sync.relay.db.url import to_libpq_url
+from tests.citus_cluster import CitusCluster, CitusUnavailableError, running_cluster
 
 
 def database_url_for(server_url: str, database: str) -> str:
@@ -91,3 +93,23 @@ def fresh_database_url(empty_database_url: str) -> str:
     """A brand-new database migrated to head, dropped after the test."""
     upgrade_to_head(empty_database_url)
     return empty_database_url
+
+
+@pytest.fixture(scope="session")
+def citus_cluster() -> Iterator[CitusCluster]:
+    """A Citus coordinator and two workers for the session (issue 18, tests/citus_cluster.py).
+
+    Citus is built once into a cache outside the repository (about 1-2 min on 2 cores the
+    first time); skipped with the reason when it cannot be built here (no gcc/make).
+    """
+    try:
+        with running_cluster(Path(sys.executable)) as (cluster, _build_s, _start_s):
+            yield cluster
+    except CitusUnavailableError as exc:
+        pytest.skip(f"Citus unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def citus_url(citus_cluster: CitusCluster) -> str:
+    """DATABASE_URL of a database on the coordinator, Citus created and the workers added."""
+    return citus_cluster.create_database("engram_relay")

@@ -1,0 +1,71 @@
+"""The test Citus cluster itself (tests/citus_cluster.py, issue 18): a coordinator and two
+workers on 127.0.0.1, reached with the password only, and data that really spreads."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+
+import asyncpg
+import pytest
+
+from tests.citus_cluster import HOST, CitusCluster
+
+
+async def _fetch(url: str, sql: str) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(url)
+    try:
+        return list(await conn.fetch(sql))
+    finally:
+        await conn.close()
+
+
+def test_the_coordinator_has_two_active_workers(citus_url: str) -> None:
+    workers = asyncio.run(_fetch(citus_url, "SELECT * FROM citus_get_active_worker_nodes()"))
+    assert len(workers) == 2
+    coordinator = asyncio.run(
+        _fetch(citus_url, "SELECT nodename FROM pg_dist_node WHERE groupid = 0")
+    )
+    assert [row["nodename"] for row in coordinator] == [HOST]
+
+
+def test_a_distributed_table_spreads_over_both_workers(citus_cluster: CitusCluster) -> None:
+    url = citus_cluster.create_database("spread")
+    try:
+
+        async def go() -> list[asyncpg.Record]:
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.execute("CREATE TABLE t (k text PRIMARY KEY)")
+                await conn.execute("SELECT create_distributed_table('t', 'k')")
+                await conn.execute("INSERT INTO t SELECT g::text FROM generate_series(1, 100) g")
+                return list(
+                    await conn.fetch(
+                        "SELECT nodeport, count(*) FROM citus_shards GROUP BY nodeport"
+                    )
+                )
+            finally:
+                await conn.close()
+
+        ports = {row["nodeport"] for row in asyncio.run(go())}
+        assert ports == {worker.port for worker in citus_cluster.workers}
+    finally:
+        citus_cluster.drop_database("spread")
+
+
+def test_nodes_refuse_a_login_without_the_password(citus_cluster: CitusCluster) -> None:
+    url = citus_cluster.url(citus_cluster.coordinator, "postgres")
+    no_password = url.replace(f":{citus_cluster.password}@", "@")
+    assert no_password != url
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        asyncio.run(_fetch(no_password, "SELECT 1"))
+    assert asyncio.run(_fetch(url, "SELECT 1"))  # and the password lets one in
+
+
+def test_the_servers_run_as_a_non_root_user(citus_cluster: CitusCluster) -> None:
+    pid = int((citus_cluster.coordinator.data_dir / "postmaster.pid").read_text().split()[0])
+    owner = os.stat(f"/proc/{pid}").st_uid
+    assert owner != 0
+    if os.geteuid() == 0:
+        assert pwd.getpwuid(owner).pw_name == "embedded_postgres"
