@@ -19,6 +19,7 @@ from engram_sync.relay.cli_options import DatabaseUrl, DataDir
 from engram_sync.relay.cli_support import CliError, check_vault, on_connection, run_db
 from engram_sync.relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
 from engram_sync.relay.connections import limits_from_env
+from engram_sync.relay.db.citus import CitusError
 from engram_sync.relay.db.failures import DatabaseFailureError
 from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.relay.ids import check_id
@@ -129,10 +130,26 @@ def _first_admin_key(url: str, *, has_static: bool) -> str | None:
 
 
 @app.command()
-def migrate(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
+def migrate(
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+    citus: Annotated[
+        bool,
+        typer.Option(
+            "--citus",
+            help="The database is a Citus coordinator: create the citus extension if "
+            "missing, then distribute every table by vault_id or make it a reference "
+            "table (deploy/SCALING.md). Detected without the flag once the extension exists.",
+        ),
+    ] = False,
+) -> None:
     """Apply database migrations (forward-only) and exit."""
-    with database(database_url, data_dir, migrate=True):
-        out.print("database is at the latest schema")
+    try:
+        with database(database_url, data_dir, migrate=True, citus=citus):
+            suffix = " (distributed on Citus)" if citus else ""
+            out.print(f"database is at the latest schema{suffix}")
+    except CitusError as exc:
+        raise CliError(str(exc)) from None
 
 
 @keys_app.command("create")

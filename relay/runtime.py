@@ -26,8 +26,13 @@ def default_relay_dir() -> Path:
 
 
 @contextlib.contextmanager
-def database(database_url: str | None, data_dir: Path | None, *, migrate: bool) -> Iterator[str]:
+def database(
+    database_url: str | None, data_dir: Path | None, *, migrate: bool, citus: bool = False
+) -> Iterator[str]:
     """Yield a usable database URL, starting (and later stopping) an embedded server if needed.
+
+    ``citus``: migrate for Citus (create the extension, distribute the tables, issue 18);
+    a database that has the extension is distributed by every migrate anyway.
 
     A database failure in the block (or in the migrations) leaves it as a
     `DatabaseFailureError`: one line saying what is wrong and what to do, chained to the
@@ -36,7 +41,7 @@ def database(database_url: str | None, data_dir: Path | None, *, migrate: bool) 
     if url is not None:
         with _explained(url):
             if migrate:
-                upgrade_to_head(url)
+                upgrade_to_head(url, citus_mode=citus)
             yield url
         return
     # attach/detach: the last process using the server stops it, and one that died
@@ -46,7 +51,7 @@ def database(database_url: str | None, data_dir: Path | None, *, migrate: bool) 
     try:
         with _explained(url):
             if migrate:
-                upgrade_to_head(url)
+                upgrade_to_head(url, citus_mode=citus)
             yield url
     finally:
         server.detach()

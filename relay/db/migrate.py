@@ -16,6 +16,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
+from engram_sync.relay.db import citus
 from engram_sync.relay.db.url import redact_url, to_sqlalchemy_url
 
 __all__ = [
@@ -67,8 +68,13 @@ def head_revision() -> str:
     return head
 
 
-def upgrade_to_head(database_url: str) -> None:
-    """Apply every pending migration to ``database_url`` (a no-op when up to date)."""
+def upgrade_to_head(database_url: str, *, citus_mode: bool = False) -> None:
+    """Apply every pending migration to ``database_url`` (a no-op when up to date).
+
+    On Citus (``citus_mode``: create the extension if missing; or detected: the database
+    has the citus extension) the tables are then placed by ``relay.db.citus.distribute``,
+    under the same lock (issue 18, deploy/SCALING.md).
+    """
     log.info(
         "migrating database url=%s",
         redact_url(database_url),
@@ -82,6 +88,8 @@ def upgrade_to_head(database_url: str) -> None:
             lock_connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK})
             try:
                 command.upgrade(alembic_config(database_url), "head")
+                if citus_mode or citus.has_citus(lock_connection):
+                    citus.distribute(database_url, create_extension=citus_mode)
             finally:
                 lock_connection.execute(
                     text("SELECT pg_advisory_unlock(:key)"), {"key": _MIGRATION_LOCK}
