@@ -155,6 +155,18 @@ def _figures(data: dict[str, Any]) -> list[str]:
         _row("7. relay RSS peak (under load)", "", mem["rss_peak_mb"], "", "MiB"),
         _row("7. relay RSS after the load", "", mem["rss_end_mb"], "", "MiB"),
     ]
+    d = s["digest"]
+    rows += [
+        _summary_row(f"12. find 1 divergent memory in {d['vault_blobs']:,} blobs: round trips",
+                     d["round_trips"]),
+        _summary_row("12. find it: answer bytes", d["answer_bytes"]),
+        _summary_row(f"12. upsert {d['upsert_blobs']:,} blobs with the digest column",
+                     d["upsert_with_s"]),
+        _summary_row(f"12. upsert {d['upsert_blobs']:,} blobs without it", d["upsert_without_s"]),
+        _summary_row("12. upsert with / without - 1", d["database_overhead"]),
+        _row("12. push path hashing per blob", "", d["python_us_per_blob"], "", "us"),
+        _row("12. push cost of the digest (database + hashing)", "", d["push_overhead"], "", "x"),
+    ]  # fmt: skip
     pulls = s["pull_memory"]
     words = f"{pulls['concurrent_pulls']} concurrent full pulls of {pulls['blobs']} 1 MiB blobs"
     rows += [

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from bench import ceiling, client_e2e, import_jsonl, live_feed, pull_memory
+from bench.anti_entropy import measure as measure_anti_entropy
 from bench.corpus import Corpus
 from bench.database import BenchDatabase
 from bench.env import environment
@@ -381,6 +382,9 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         sections = run.throughput()
                         sections["sweep"] = run.sweep()
                         sections["pull_vs_size"] = run.pull_vs_size()
+                        sections["digest"] = measure_anti_entropy(  # figure 12, PROTOCOL §18
+                            run, sections["relay_push"]["blobs_per_s"]["median"]
+                        )
                         latency, latencies = run.latency()
                         sections["latency"] = latency
                         sections["client_e2e"] = run.client_e2e()

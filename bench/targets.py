@@ -8,6 +8,9 @@ from typing import Any, Final, Literal
 P99_LIMIT_MS: Final = 25.0
 PULL_RSS_LIMIT_MB: Final = 300.0  # issue 14 item 5: RSS under 4 concurrent full pulls
 PADDING_OVERHEAD_LIMIT: Final = 0.03  # issue 16: PADMÉ padding's storage cost on the corpus
+FIND_ROUND_TRIPS: Final = 3.0  # issue 16: one divergent memory found in <= 3 round trips
+FIND_BYTES: Final = 16 * 1024.0  # and <= 16 KB of answers
+DIGEST_PUSH_OVERHEAD: Final = 0.02  # push throughput with the digest within 2% of without
 IMPORT_RATE_LIMIT: Final = 10_000.0  # issue 17: memories/s imported from JSONL
 WAKE_P50_LIMIT_MS: Final = 15.0  # issue 15: push -> applied on the other device, p50
 WAKE_P99_LIMIT_MS: Final = 75.0  # and p99 (here only the relay's part: push -> hint)
@@ -91,6 +94,7 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
             )
         )
     targets.append(pull_memory_target(sections["pull_memory"]))
+    targets += digest_targets(sections["digest"])
     targets.append(
         Target(
             "padding_storage_overhead",
@@ -143,6 +147,38 @@ def live_feed_targets(feed: dict[str, Any]) -> list[Target]:
             f"push start -> `event: change`, p99 of {wake['rounds']} pushes (ms)",
             wake["p99_ms"],
             WAKE_P99_LIMIT_MS,
+            "<=",
+        ),
+    ]
+
+
+def digest_targets(digest: dict[str, Any]) -> list[Target]:
+    """Figure 12 (bench.anti_entropy, PROTOCOL §18): finding one divergent memory, and the
+    push cost of keeping the digest."""
+    blobs = f"{digest['vault_blobs']:,}"
+    return [
+        Target(
+            "digest_find_round_trips",
+            f"round trips to find one divergent memory in a vault of {blobs} blobs",
+            digest["round_trips"]["median"],
+            FIND_ROUND_TRIPS,
+            "<=",
+            extra_ok=digest["found"],
+            detail="and found" if digest["found"] else "NOT found",
+        ),
+        Target(
+            "digest_find_bytes",
+            f"answer bytes to find it (vault of {blobs} blobs)",
+            digest["answer_bytes"]["median"],
+            FIND_BYTES,
+            "<=",
+        ),
+        Target(
+            "digest_push_overhead",
+            "push cost of keeping the digest: upsert with / without the digest column - 1, "
+            "plus the push path's hashing per blob / relay push time per blob",
+            digest["push_overhead"],
+            DIGEST_PUSH_OVERHEAD,
             "<=",
         ),
     ]

@@ -36,6 +36,8 @@ from engram_sync.relay.routes import (
     sync,
     system,
 )
+from engram_sync.relay.routes.digest import digest as digest_route
+from engram_sync.relay.routes.digest import fetch as fetch_route
 from engram_sync.relay.state import RelayState
 from engram_sync.relay.store.meta import read_generation
 from engram_sync.relay.store.push import (
@@ -210,6 +212,8 @@ def create_app(config: RelayConfig) -> Litestar:
             sync.pull,
             sync.stats,
             sync.stats_alias,
+            digest_route,  # PROTOCOL §18
+            fetch_route,
             events.events,  # PROTOCOL §15
             devices.list_devices,
             devices.register_device,

@@ -35,6 +35,7 @@ from engram_sync.client._cli.support import (
     print_json,
 )
 from engram_sync.client._cli.teams import account_password
+from engram_sync.client._cli.verify import verify
 from engram_sync.client._cli.watch_view import watch_view
 from engram_sync.client._errors import AuthError, DeviceRevokedError, ForbiddenError, SyncError
 from engram_sync.client._session import NotLinkedError, VaultSession
@@ -72,6 +73,7 @@ app.add_typer(conflicts_app, name="conflicts")
 app.add_typer(cli_teams.account_app, name="account")
 app.add_typer(cli_teams.vault_app, name="vault")
 app.add_typer(cli_teams.team_app, name="team")
+app.command("verify")(verify)  # PROTOCOL §18 (client._cli.verify)
 cli_transfer.register(app)
 cli_search.register(app)
 

@@ -24,6 +24,7 @@ from engram_sync.client._errors import (
     ResyncRequiredError,
     SyncError,
 )
+from engram_sync.client._sync.anti_entropy import DIGEST_FEATURE, AntiEntropy, DigestReport
 from engram_sync.client._sync.device import Device
 from engram_sync.client._sync.lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
 from engram_sync.client._sync.lock import sync_lock
@@ -94,6 +95,9 @@ class SyncReport:
     repushed: int = 0  # versions the relay lacked, queued again by a reconcile
     cursor: int = 0
     oversized: list[str] = field(default_factory=list)
+    # PROTOCOL §18: the anti-entropy check at the end of the sync (None: the relay does not
+    # offer the digest, or the sync was told not to check)
+    digest: DigestReport | None = None
     # issue 15 (client._sync.own_pushes): own blobs the cursor moved past without pulling
     # them back, and whether a page showed that such a move was wrong (pulled again)
     own_skipped: int = 0
@@ -177,6 +181,7 @@ class Syncer:
         pull_page: int = PULL_PAGE,
         lock_wait: float = DEFAULT_LOCK_WAIT_SECS,
         page_budget: int = PULL_PAGE_BUDGET_BYTES,
+        check_digest: bool = True,
     ) -> None:
         self.vault = vault
         self.cipher = BlobCipher(keys)
@@ -190,6 +195,7 @@ class Syncer:
         self.lock_wait = lock_wait
         self.page_budget = page_budget
         self._max_blob_bytes: int | None = None
+        self.check_digest = check_digest
 
     # -- the whole cycle --------------------------------------------------------------------
 
@@ -216,6 +222,8 @@ class Syncer:
                 self.push(report)
                 if report.rejected == rejected_before and not self.state.full_pull:
                     break
+            if self.check_digest and self.relay.offers(DIGEST_FEATURE):
+                report.digest = self.anti_entropy(report, repair=True)
             self.state.last_error = None
             self.state.last_sync_at = utc_now_rfc3339()
         except DeviceRevokedError:
@@ -234,6 +242,12 @@ class Syncer:
         self._mark_revoked()
         error = self._revoked_error()
         return DeviceRevokedError(error.status, error.code, f"{error.message} ({why})")
+
+    def anti_entropy(self, report: SyncReport, *, repair: bool) -> DigestReport:
+        """PROTOCOL §18: compare this device's digest with the relay's; on a mismatch
+        narrow it down by bucket and, with `repair`, fetch what the device lacks and push
+        what the relay lacks (client._sync.anti_entropy; docs/digest.md)."""
+        return AntiEntropy(self, report).run(repair=repair)
 
     def _revoked_error(self) -> DeviceRevokedError:
         return DeviceRevokedError(403, "device_revoked", self._revoked_message())

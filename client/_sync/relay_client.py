@@ -38,6 +38,7 @@ from engram_sync.client._errors import (
     one_line,
     relay_error,
 )
+from engram_sync.shared_format.digest import DigestAnswer, FetchRequest, FetchResponse
 from engram_sync.shared_format.errors import WireDecodeError
 from engram_sync.shared_format.wire import (
     DeviceRegistered,
@@ -358,6 +359,45 @@ class RelayClient:
         """`DELETE /v1/vaults/{vault_id}/devices/{device_id}`: admin key; idempotent."""
         path = f"{_vault(vault_id)}/devices/{path_segment(device_id)}"
         return self._call("DELETE", path, DeviceRevoked, retry=Retry.SAFE)
+
+    # PROTOCOL §18 (docs/digest.md) -------------------------------------------------
+
+    def offers(self, feature: str) -> bool:
+        """Whether the relay's /v1/info lists `feature` (asked once per client)."""
+        return self._relay_offers(feature)
+
+    def digest(
+        self,
+        vault_id: str,
+        *,
+        bucket: int | None = None,
+        entries: bool = False,
+        every_bucket: bool = False,
+        after: str = "",
+    ) -> DigestAnswer:
+        """`GET /v1/vaults/{vault_id}/digest`: the vault's, one bucket's (`bucket`), one
+        bucket's list a page at a time (`entries`, from `after`), or every bucket's."""
+        params: dict[str, str | int] = {}
+        if bucket is not None:
+            params["bucket"] = bucket
+        if entries:
+            params["list"] = 1
+            if after:
+                params["after"] = after
+        if every_bucket:
+            params["buckets"] = 1
+        path = f"{_vault(vault_id)}/digest"
+        return self._call("GET", path, DigestAnswer, retry=Retry.SAFE, params=params)
+
+    def fetch(
+        self, vault_id: str, memory_ids: list[str], *, max_bytes: int = PULL_PAGE_BUDGET_BYTES
+    ) -> FetchResponse:
+        """`POST /v1/vaults/{vault_id}/fetch`: the current blobs of up to 1000 memories."""
+        body = encode_json(FetchRequest(memory_ids=memory_ids))
+        path = f"{_vault(vault_id)}/fetch"
+        return self._call(
+            "POST", path, FetchResponse, retry=Retry.SAFE, content=body, max_bytes=max_bytes
+        )
 
     # -- machinery --------------------------------------------------------------
 

@@ -89,8 +89,18 @@ _MIGRATION_1: Final = (
     )""",
 )
 
+_MIGRATION_2: Final = (
+    # PROTOCOL §18 (docs/digest.md): tombstones the relay showed as compacted (its bucket
+    # list lacks them), at the clock it lacked; left out of this device's digest while
+    # the known clock of the memory is still that one. The known clock itself stays (LWW).
+    """CREATE TABLE IF NOT EXISTS sync_digest_compacted (
+        memory_id TEXT PRIMARY KEY,
+        vector_clock INTEGER NOT NULL
+    )""",
+)
+
 # MIGRATIONS[n - 1] takes the sync schema from version n - 1 to n. Append only.
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1,)
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 

@@ -22,6 +22,7 @@ FEATURES = [
     "generation",
     "pull-origin",
     "vault-grants",  # PROTOCOL §13: /v1/vaults/{v}/grants (docs/vault-ownership.md)
+    "digest",  # PROTOCOL §18: /v1/vaults/{v}/digest and /fetch (docs/digest.md)
     "idempotency-keys",  # an Idempotency-Key makes creating POSTs retryable (docs/retries.md)
     "events",  # PROTOCOL §15: GET /v1/vaults/{v}/events (docs/live-feed.md)
     "pull-wait",  # PROTOCOL §15: pull?cursor=N&wait=S, the long-poll

@@ -4,6 +4,11 @@ A tombstone is removed only when it is older than the retention period AND every
 non-revoked device seen in that period has pulled past it. The highest removed
 sequence becomes the vault's compaction horizon: a device whose cursor is below
 it gets 409 `resync_required` instead of silently missing deletions.
+
+PROTOCOL §18: the vault digest covers the blob rows the relay holds, so a removed
+tombstone is XORed out of it in the same transaction (docs/digest.md: a device learns
+that a tombstone was compacted when a bucket list lacks it, and leaves it out of its own
+digest from then on).
 """
 
 from __future__ import annotations
@@ -12,6 +17,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import asyncpg
+
+from engram_sync.shared_format.digest import digest_bytes, digest_int
+
+# The XOR of the removed versions' hashes (PROTOCOL §18) as four 8-byte words: PostgreSQL
+# has no XOR aggregate over bytea (the same expression as revision 0008_digest).
+_REMOVED_WORDS = ", ".join(
+    f"coalesce(bit_xor(('x' || encode(substr(v, {8 * n + 1}, 8), 'hex'))::bit(64)::bigint), 0)"
+    f" AS w{n}"
+    for n in range(4)
+)
 
 
 @dataclass(frozen=True)
@@ -29,7 +44,8 @@ async def compact_vault(
     """Compact one vault under its row lock (serialised with pushes to it)."""
     async with conn.transaction():
         vault = await conn.fetchrow(
-            "SELECT seq, compacted_through FROM vaults WHERE vault_id = $1 FOR UPDATE", vault_id
+            "SELECT seq, compacted_through, digest FROM vaults WHERE vault_id = $1 FOR UPDATE",
+            vault_id,
         )
         if vault is None:
             return CompactionResult(vault_id, 0, 0)
@@ -43,28 +59,34 @@ async def compact_vault(
             retention,
         )
         row = await conn.fetchrow(
-            """
+            f"""
             WITH removed AS (
                 DELETE FROM blobs WHERE vault_id = $1 AND deleted AND seq <= $2
                     AND received_at < now() - $3::interval
-                RETURNING seq, size_bytes
+                RETURNING seq, size_bytes,
+                    engram_version_hash(memory_id, device_id, vector_clock, deleted) AS v
             )
             SELECT count(*) AS n, coalesce(max(seq), 0) AS top,
-                   coalesce(sum(size_bytes), 0) AS bytes FROM removed
-            """,
+                   coalesce(sum(size_bytes), 0) AS bytes, {_REMOVED_WORDS} FROM removed
+            """,  # noqa: S608 - constants only
             vault_id,
             safe,
             retention,
         )
         horizon = max(vault["compacted_through"], row["top"])
         if row["n"]:
+            removed = int.from_bytes(
+                b"".join(int(row[f"w{n}"]).to_bytes(8, "big", signed=True) for n in range(4)),
+                "big",
+            )
             await conn.execute(
                 "UPDATE vaults SET compacted_through = $2, bytes_used = bytes_used - $3,"
-                " tombstones = tombstones - $4 WHERE vault_id = $1",
+                " tombstones = tombstones - $4, digest = $5 WHERE vault_id = $1",
                 vault_id,
                 horizon,
                 int(row["bytes"]),
                 int(row["n"]),
+                digest_bytes(digest_int(vault["digest"]) ^ removed),  # PROTOCOL §18
             )
         return CompactionResult(vault_id, int(row["n"]), horizon)
 

@@ -21,6 +21,7 @@ import asyncpg
 from engram_sync.relay.domain_errors import PushRefusedError, QuotaExceededError
 from engram_sync.relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
 from engram_sync.relay.store.feed import announce
+from engram_sync.shared_format.digest import digest_bytes, digest_int, version_hash
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class _LockedVault:
     live_blobs: int
     tombstones: int
     quota: Quota
+    # PROTOCOL §18: the vault digest as an integer, XORed per accepted blob
+    digest: int = 0
     # Blobs held per non-revoked device, read on first need (device quota only).
     active_devices: Counter[str] | None = None
 
@@ -91,8 +94,8 @@ class _Write(NamedTuple):
 
 
 _LOCK_VAULTS = (
-    "SELECT v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones, q.max_devices,"
-    " q.max_bytes FROM vaults v"
+    "SELECT v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones, v.digest,"
+    " q.max_devices, q.max_bytes FROM vaults v"
     " LEFT JOIN quotas q ON q.vault_id = v.vault_id WHERE v.vault_id = ANY($1::text[])"
     " ORDER BY v.vault_id FOR UPDATE OF v"
 )
@@ -149,9 +152,10 @@ BLOB_UPSERT = """
 _WRITE = f"""
     WITH written AS ({BLOB_UPSERT}), vault AS (
         UPDATE vaults v SET seq = u.seq, bytes_used = u.bytes_used,
-            live_blobs = u.live_blobs, tombstones = u.tombstones
-        FROM unnest($12::text[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[])
-            AS u(vault_id, seq, bytes_used, live_blobs, tombstones)
+            live_blobs = u.live_blobs, tombstones = u.tombstones, digest = u.digest
+        FROM unnest($12::text[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[],
+                    $19::bytea[])
+            AS u(vault_id, seq, bytes_used, live_blobs, tombstones, digest)
         WHERE v.vault_id = ANY($12::text[]) AND v.vault_id = u.vault_id  -- index, as above
     )
     INSERT INTO devices (vault_id, device_id)
@@ -239,6 +243,7 @@ async def _lock_vaults(
                 default.max_devices if r["max_devices"] is None else r["max_devices"],
                 default.max_bytes if r["max_bytes"] is None else r["max_bytes"],
             ),
+            digest=digest_int(r["digest"]),
         )
         for r in rows
     }
@@ -320,8 +325,18 @@ async def _decide(
         if replaced is not None:  # the counts of /health and stats, kept exact
             vault.live_blobs -= not replaced.deleted
             vault.tombstones -= replaced.deleted
+            # PROTOCOL §18: XOR the replaced version out of the digest
+            vault.digest ^= version_hash(
+                item.blob.memory_id,
+                replaced.device_id,
+                replaced.version.vector_clock,
+                replaced.deleted,
+            )
         vault.live_blobs += not deleted
         vault.tombstones += deleted
+        vault.digest ^= version_hash(
+            item.blob.memory_id, item.blob.device_id, item.blob.vector_clock, deleted
+        )  # and the new one in: O(1) per blob, under the vault lock already held
         if vault.active_devices is not None:  # keep the device counts of the quota exact
             if replaced is not None and vault.active_devices[replaced.device_id] > 0:
                 vault.active_devices[replaced.device_id] -= 1
@@ -373,4 +388,5 @@ async def _write(
         [v.tombstones for v in vaults],
         [v for v, _ in devices],
         [d for _, d in devices],
+        [digest_bytes(v.digest) for v in vaults],
     )

@@ -27,6 +27,7 @@ SECTIONS = (
     "relay_memory",
     "cpu",
     "pull_memory",
+    "digest",
     "jsonl_import",
     "live_feed",
 )
@@ -38,6 +39,9 @@ TARGETS = {
     "push_p99_vault_per_device",
     "relay_rss_concurrent_full_pulls",
     "padding_storage_overhead",
+    "digest_find_round_trips",
+    "digest_find_bytes",
+    "digest_push_overhead",
     "jsonl_import_rate",
     "live_feed_idle_rss",
     "live_feed_wake_p50",
@@ -115,6 +119,7 @@ def test_every_section_has_numbers(report: tuple[dict[str, Any], Path]) -> None:
     for side in ("push", "pull"):
         assert 0 < len(profile[f"{side}_top_cumulative"]) <= 15
     assert 0 < data["corpus"]["padding_overhead"] < 0.125  # PADMÉ's bound from L = 16 on
+    assert sections["digest"]["found"] is True  # the divergent memory was named (§18)
     assert sections["peer"]["available"] is False
     assert "not available" in sections["peer"]["note"]
 

@@ -35,6 +35,7 @@ SYNC_TABLES = {
     "sync_handoff_request",
     "sync_handoff_pake",
     "sync_pairing_code",
+    "sync_digest_compacted",  # migration 2 (PROTOCOL §18)
 }
 
 # The tables exactly as client._vault.store and client._vault.keys created them before
@@ -136,6 +137,7 @@ def test_an_old_vault_is_upgraded_and_keeps_its_rows(vault_dir: Path) -> None:
         assert schema_version(conn) == SCHEMA_VERSION
         after = _dump(conn)
         assert after.pop("sync_schema") == [(1, SCHEMA_VERSION)]
+        assert after.pop("sync_digest_compacted") == []  # migration 2, new and empty
         assert after == before
         assert after["sync_known_clocks"] == [("mem_a", 7, "dev_1", "2026-01-01T00:00:00Z")]
         assert _engram_schema(conn) == engram_before

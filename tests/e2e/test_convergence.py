@@ -31,8 +31,10 @@ from engram_sync.client._errors import RelayUnavailableError
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.client._vault import store as local_store
+from engram_sync.client._vault.held_versions import held_versions
 from engram_sync.relay.db.migrate import upgrade_to_head
 from engram_sync.shared_format.blob import BlobCipher
+from engram_sync.shared_format.digest import digest_int, fold
 from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys
 from engram_sync.shared_format.plaintext import Tombstone, decode_plaintext
 from engram_sync.shared_format.wire import PushResponse, SyncBlob
@@ -279,6 +281,18 @@ class Convergence(RuleBasedStateMachine):
         first = self.devices[0].contents()
         for device in self.devices[1:]:
             assert device.contents() == first
+        self._check_digests()
+
+    def _check_digests(self) -> None:
+        """PROTOCOL §18: at the end of every run each device's digest over the versions it
+        holds equals the relay's stored digest of the vault (docs/digest.md)."""
+        [row] = self.world.relay.sql(
+            "SELECT digest, live_blobs + tombstones AS n FROM vaults WHERE vault_id = $1",
+            self.vault_id,
+        )
+        relay_side = (digest_int(row["digest"]), row["n"])
+        for device in self.devices:
+            assert fold(held_versions(device.session.vault.conn)) == relay_side, device.path.name
 
 
 @pytest.mark.timeout(5400 if SLOW else 600)

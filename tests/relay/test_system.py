@@ -63,6 +63,7 @@ def test_info_advertises_the_limits(http: httpx.Client) -> None:
     assert isinstance(info["features"], list)
     assert "cursor" in info["features"]
     assert "vault-grants" in info["features"]  # docs/vault-ownership.md
+    assert "digest" in info["features"]  # PROTOCOL §18, docs/digest.md
     assert "idempotency-keys" in info["features"]  # docs/retries.md
     assert {"events", "pull-wait"} <= set(info["features"])  # PROTOCOL §15
 

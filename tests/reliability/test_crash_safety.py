@@ -18,12 +18,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from engram_sync.client._errors import SyncError
 from engram_sync.client._session import VaultSession
 from engram_sync.client._vault import store as local_store
+from engram_sync.client._vault.held_versions import held_versions
+from engram_sync.shared_format.digest import Version, digest_int, fold
 from tests.relay.conftest import ADMIN_KEY
+from tests.relay.support import run_db
 from tests.reliability.support import RelayProcess
 
 SLOW = os.environ.get("ENGRAM_SLOW") == "1"
@@ -52,6 +56,28 @@ def _vault(path: Path, relay: RelayProcess, memories: int = 0) -> list[str]:
 def _contents(path: Path) -> dict[str, str]:
     with VaultSession.open(path, PASSPHRASE) as session:
         return {m.id: m.content for m in local_store.list_memories(session.vault.conn)}
+
+
+def _assert_digests(relay: RelayProcess, *vaults: Path) -> None:
+    """PROTOCOL §18: the relay's stored digest equals the one recomputed from its rows,
+    and each device's digest over the versions it holds (docs/digest.md)."""
+
+    async def read(conn: asyncpg.Connection) -> tuple[bytes, int, list[asyncpg.Record]]:
+        row = await conn.fetchrow(
+            "SELECT digest, live_blobs + tombstones AS n FROM vaults WHERE vault_id = $1", VAULT
+        )
+        rows = await conn.fetch(
+            "SELECT memory_id, device_id, vector_clock, deleted FROM blobs WHERE vault_id = $1",
+            VAULT,
+        )
+        return row["digest"], row["n"], rows
+
+    stored, count, rows = run_db(relay.database_url, read)
+    recomputed = fold(Version(*r) for r in rows)
+    assert (digest_int(stored), count) == recomputed
+    for path in vaults:
+        with VaultSession.open(path, PASSPHRASE) as session:
+            assert fold(held_versions(session.vault.conn)) == recomputed, path.name
 
 
 def _sync_until_done(
@@ -168,6 +194,7 @@ def test_relay_killed_during_pushes_loses_nothing(
     _vault(tmp_path / "reader", relay_process)
     _sync_until_done(tmp_path / "reader", relay_process)
     assert _contents(tmp_path / "reader") == _contents(tmp_path / "pusher")
+    _assert_digests(relay_process, tmp_path / "pusher", tmp_path / "reader")
 
 
 def _cli(vault: Path, *args: str) -> subprocess.Popen[bytes]:
@@ -227,6 +254,7 @@ def test_client_killed_mid_push_and_mid_pull_stays_consistent(
         tmp_path / "reader", rng, kills, lambda: _reader_cursor(relay_process)
     )
     assert _contents(tmp_path / "reader") == _contents(tmp_path / "writer")
+    _assert_digests(relay_process, tmp_path / "writer", tmp_path / "reader")
     with VaultSession.open(tmp_path / "reader", PASSPHRASE) as session:
         assert session.state.cursor == _sql_int(
             relay_process, "SELECT max(seq) FROM blobs WHERE vault_id = $1"

@@ -31,6 +31,7 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
         "bytes_used": ("bigint", False, "0"),
         "live_blobs": ("bigint", False, "0"),  # 0003_vault_counts
         "tombstones": ("bigint", False, "0"),
+        "digest": ("bytea", False, "decode(repeat('00'::text, 32), 'hex'::text)"),  # 0008_digest
     },
     "blobs": {
         "vault_id": ("text", False, None),
@@ -45,6 +46,7 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
         "seq": ("bigint", False, None),
         "received_at": ("timestamp with time zone", False, "now()"),
         "size_bytes": ("integer", False, None),
+        "digest_bucket": ("smallint", True, None),  # 0008_digest: generated, never NULL
     },
     "devices": {
         "vault_id": ("text", False, None),
@@ -146,7 +148,7 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
 
 def test_head_is_the_generation_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0007_idempotency"
+    assert head_revision() == "0008_digest"
 
 
 def test_generation_is_one_random_row(fresh_database_url: str) -> None:

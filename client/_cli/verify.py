@@ -1,0 +1,70 @@
+"""`engram-sync verify [--repair] [--json]` (PROTOCOL §18, docs/digest.md).
+
+Compares this device's digest with the relay's and, on a mismatch, narrows it down by
+bucket and says what differs. `--repair` runs a sync, whose anti-entropy check fetches
+what the device lacks and pushes what the relay lacks (nothing is deleted because the
+relay lacks it). Exit 0 when the two agree at the end, 1 on a mismatch not repaired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+
+from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
+from engram_sync.client._sync.anti_entropy import DIGEST_FEATURE, DigestReport
+from engram_sync.client._sync.engine import SyncReport
+
+
+def verify(
+    repair: Annotated[
+        bool, typer.Option("--repair", help="Sync, fetching and pushing what differs.")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+) -> None:
+    """Check that this device and the relay hold the same versions (exit 1 if not)."""
+    with open_session() as session, session.relay() as relay:
+        if not relay.offers(DIGEST_FEATURE):
+            raise CliError(
+                f"the relay at {relay.base_url} does not offer the digest (PROTOCOL §18): "
+                "upgrade it to verify"
+            )
+        if repair:
+            digest = session.syncer(relay).sync().digest
+        else:
+            digest = session.syncer(relay, check_digest=False).anti_entropy(
+                SyncReport(), repair=False
+            )
+    assert digest is not None  # the relay offers the digest, so the sync checked it
+    if json_out:
+        print_json(asdict(digest))
+    else:
+        _say(digest, repair)
+    if not digest.matched:
+        raise typer.Exit(1)
+
+
+def _say(digest: DigestReport, repair: bool) -> None:
+    if digest.matched and not digest.buckets:
+        out.print(f"in agreement: {digest.device_count} version(s), digest {digest.relay_digest}")
+        return
+    out.print(
+        f"{len(digest.buckets)} bucket(s) differed: the relay holds {digest.device_lacks} "
+        f"version(s) this device lacks, this device {digest.relay_lacks} the relay lacks"
+    )
+    if repair:
+        out.print(
+            f"repaired: {digest.fetched} applied, {digest.restored} restored, "
+            f"{digest.requeued} pushed again, {digest.compacted} compacted tombstone(s) noted"
+        )
+    if digest.unresolved:
+        shown = ", ".join(digest.unresolved[:20])
+        err.print(f"unresolved (nothing changed for them): {shown}")
+    if digest.matched:
+        out.print("in agreement now")
+    elif not repair:
+        err.print("not in agreement: run `engram-sync verify --repair` (or `engram-sync sync`)")
+    else:
+        err.print("still not in agreement after the repair: see above")

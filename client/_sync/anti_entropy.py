@@ -1,0 +1,314 @@
+"""Anti-entropy (PROTOCOL §18, docs/digest.md): compare the device's digest with the relay's,
+narrow a mismatch down by bucket, and repair it.
+
+One small answer when both sides agree (the vault digest). On a mismatch: every bucket's
+digest prefix in one answer (`?buckets=1`), then the version list of each bucket that
+differs. From the lists:
+
+- the relay holds a version that beats the device's, or one the device lacks: fetched
+  (`POST /fetch`), verified and applied like a pulled blob (PROTOCOL §3, §8: LWW). One
+  case more: the relay holds, live, exactly the version the device knows for a memory
+  whose row the device no longer has and did not delete (the row went missing outside
+  engram-sync): the verified blob is written back (restored);
+- the device holds a version the relay lacks or holds only older: queued to push again
+  (`held_versions.requeue`); a tombstone the relay lacks entirely was compacted (§12):
+  left out of the device's digest from then on (`mark_compacted`), not re-pushed;
+- anything else (the relay claims a tombstone at the very version the device holds live,
+  or two devices' versions with one clock): reported as unresolved, nothing changed.
+
+The relay is untrusted: its digests and lists only ever make the device fetch (blobs that
+must verify, applied by the ordinary rules, so only a verified tombstone with a winning
+clock deletes), push again, or leave a tombstone out of its own digest. Missing is not
+deleted (§17), nothing is skipped: the cursor and the pushed state are never moved here.
+Every loop is bounded (MAX_LIST_PAGES, MAX_FETCH_ROUNDS).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from engram_sync.client._errors import (
+    ProtocolError,
+    RateLimitedError,
+    RelayMisbehavedError,
+    RelayUnavailableError,
+)
+from engram_sync.client._vault.held_versions import (
+    bucket_digests,
+    by_bucket,
+    held_versions,
+    mark_compacted,
+    requeue,
+)
+from engram_sync.client._vault.store import apply_memory, known_version, local_state
+from engram_sync.shared_format.b64 import Base64Error, b64decode_std
+from engram_sync.shared_format.digest import (
+    BUCKETS,
+    MAX_FETCH_IDS,
+    PREFIX_BYTES,
+    DigestAnswer,
+    Version,
+    digest_bytes,
+    digest_text,
+    fold,
+)
+from engram_sync.shared_format.errors import FormatError
+from engram_sync.shared_format.plaintext import MemoryPlaintext, decode_plaintext
+from engram_sync.shared_format.wire import SyncBlob, encode_json
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from engram_sync.client._sync.engine import Syncer, SyncReport
+
+log = logging.getLogger(__name__)
+
+DIGEST_FEATURE: Final = "digest"
+MAX_LIST_PAGES: Final = 1000  # per bucket: 2,000,000 versions in one bucket at most
+MAX_FETCH_ROUNDS: Final = 64  # per batch of at most 1000 ids (answers cut by bytes)
+MAX_UNRESOLVED_SHOWN: Final = 20
+
+
+@dataclass
+class DigestReport:
+    """What one anti-entropy check found and did (in SyncReport.digest and `verify`)."""
+
+    checked: bool = False  # the relay offers the digest and it was compared
+    matched: bool = False  # equal at the end
+    relay_digest: str = ""
+    device_digest: str = ""
+    relay_count: int = 0
+    device_count: int = 0
+    buckets: list[int] = field(default_factory=list)  # buckets that differed
+    device_lacks: int = 0  # versions the relay holds that beat the device's (or it lacks)
+    relay_lacks: int = 0  # versions the device holds that the relay lacks
+    fetched: int = 0  # of those the device lacked: applied after verification
+    restored: int = 0  # rows written back at their known version (see the module doc)
+    requeued: int = 0  # versions queued to push again
+    compacted: int = 0  # tombstones the relay compacted, left out of the digest
+    unresolved: list[str] = field(default_factory=list)  # memory ids
+    round_trips: int = 0
+    answer_bytes: int = 0  # JSON bytes of the digest answers (as re-encoded)
+    error: str | None = None  # a digest answer refused as impossible (nothing was changed)
+
+
+class AntiEntropy:
+    """One check of one Syncer's vault against its relay."""
+
+    def __init__(self, syncer: Syncer, report: SyncReport) -> None:
+        self.syncer = syncer
+        self.sync_report = report
+        self.result = DigestReport()
+
+    # -- asking ------------------------------------------------------------------------
+
+    def _ask(
+        self,
+        *,
+        bucket: int | None = None,
+        entries: bool = False,
+        every_bucket: bool = False,
+        after: str = "",
+    ) -> DigestAnswer:
+        answer = self.syncer.relay.digest(
+            self.syncer.vault_id,
+            bucket=bucket,
+            entries=entries,
+            every_bucket=every_bucket,
+            after=after,
+        )
+        self.result.round_trips += 1
+        self.result.answer_bytes += len(encode_json(answer))
+        return answer
+
+    def _refuse(self, what: str) -> RelayMisbehavedError:
+        return RelayMisbehavedError(
+            f"the relay at {self.syncer.relay.base_url} {what} (PROTOCOL §18); nothing was "
+            "changed because of it: the relay is faulty or lying, tell its operator"
+        )
+
+    # -- the check ---------------------------------------------------------------------
+
+    def run(self, *, repair: bool) -> DigestReport:
+        """Compare; on a mismatch narrow down and, with `repair`, repair and compare again.
+
+        An answer no honest relay sends (a list out of order, one that never ends, a body
+        of the wrong shape or size), or a relay that stops answering or rate-limits, ends
+        the check with `error` set and `matched` False; the sync it ends is not failed by
+        it (its pull and push are done, and nothing was changed on the strength of that
+        answer). A revoked device or a refused key still raises."""
+        result = self.result
+        try:
+            held = held_versions(self.syncer.vault.conn)
+            plan = self.locate(held)
+            if result.matched:
+                return result
+            if repair and plan is not None:
+                self._repair(*plan)
+                held = held_versions(self.syncer.vault.conn)
+                self._matches(self._ask(), held)
+        except (ProtocolError, RelayUnavailableError, RateLimitedError) as exc:
+            log.warning("anti-entropy check refused: %s", exc)
+            result.error, result.matched = str(exc), False
+        return result
+
+    def locate(self, held: list[Version]) -> tuple[list[str], list[Version], list[Version]] | None:
+        """Compare `held` with the relay's digest; on a mismatch narrow it down: (memory ids
+        the device lacks, held versions the relay lacks, tombstones it compacted), or None
+        when they agree or the relay's bucket answer is unusable. Changes nothing."""
+        self.result.checked = True
+        if self._matches(self._ask(), held):
+            return None
+        return self._narrow(held)
+
+    def _matches(self, top: DigestAnswer, held: list[Version]) -> bool:
+        value, count = fold(held)
+        result = self.result
+        result.relay_digest, result.relay_count = top.digest, top.count
+        result.device_digest, result.device_count = digest_text(value), count
+        result.matched = top.digest == result.device_digest and top.count == count
+        return result.matched
+
+    def _narrow(self, held: list[Version]) -> tuple[list[str], list[Version], list[Version]] | None:
+        """(ids to fetch, held versions to push again, tombstones compacted) over the
+        buckets that differ; None when the relay's answers cannot be used."""
+        every = self._ask(every_bucket=True)
+        try:
+            prefixes = b64decode_std(every.buckets) if isinstance(every.buckets, str) else b""
+        except Base64Error:
+            prefixes = b""
+        counts = every.counts if isinstance(every.counts, list) else []
+        if len(prefixes) != BUCKETS * PREFIX_BYTES or len(counts) != BUCKETS:
+            log.warning("relay %s sent no usable bucket digests", self.syncer.relay.base_url)
+            return None
+        mine = bucket_digests(held)
+        grouped = by_bucket(held)
+        fetch: list[str] = []
+        push: list[Version] = []
+        gone: list[Version] = []
+        for bucket in range(BUCKETS):
+            digest, count = mine.get(bucket, (0, 0))
+            theirs = prefixes[bucket * PREFIX_BYTES : (bucket + 1) * PREFIX_BYTES]
+            if digest_bytes(digest)[:PREFIX_BYTES] == theirs and count == counts[bucket]:
+                continue
+            self.result.buckets.append(bucket)
+            relay_side = self._bucket_list(bucket)
+            self._diff(grouped.get(bucket, []), relay_side, fetch, push, gone)
+        self.result.device_lacks = len(fetch)
+        self.result.relay_lacks = len(push)
+        return fetch, push, gone
+
+    def _bucket_list(self, bucket: int) -> dict[str, Version]:
+        versions: dict[str, Version] = {}
+        after = ""
+        for _ in range(MAX_LIST_PAGES):
+            page = self._ask(bucket=bucket, entries=True, after=after)
+            entries = page.entries if isinstance(page.entries, list) else []
+            for e in entries:
+                if e.memory_id <= after:
+                    raise self._refuse(f"listed bucket {bucket} out of order")
+                after = e.memory_id
+                versions[e.memory_id] = Version(e.memory_id, e.device_id, e.vector_clock, e.deleted)
+            if page.has_more is not True:
+                return versions
+            if not entries:
+                raise self._refuse(f"announced more of bucket {bucket} but sent none")
+        raise self._refuse(f"listed more than {MAX_LIST_PAGES} pages of bucket {bucket}")
+
+    def _diff(
+        self,
+        mine: list[Version],
+        theirs: dict[str, Version],
+        fetch: list[str],
+        push: list[Version],
+        gone: list[Version],
+    ) -> None:
+        held = {v.memory_id: v for v in mine}
+        for memory_id, relay_version in theirs.items():
+            local = held.get(memory_id)
+            if local is None or relay_version.vector_clock > local.vector_clock:
+                fetch.append(memory_id)
+            elif relay_version == local or relay_version.vector_clock < local.vector_clock:
+                continue
+            elif relay_version.device_id != local.device_id:
+                fetch.append(memory_id)  # one clock, two devices (legacy): LWW decides
+            elif local.deleted and not relay_version.deleted:
+                fetch.append(memory_id)  # our row of this version went missing: restore
+            else:
+                self._unresolved(memory_id)  # a tombstone at the version we hold live
+        for memory_id, version in held.items():
+            relayed = theirs.get(memory_id)
+            if relayed is None and version.deleted:
+                gone.append(version)  # compacted (PROTOCOL §12): nothing left to delete
+            elif relayed is None or relayed.vector_clock < version.vector_clock:
+                push.append(version)
+
+    def _unresolved(self, memory_id: str) -> None:
+        self.result.unresolved.append(memory_id)
+
+    # -- repairing ---------------------------------------------------------------------
+
+    def _repair(self, fetch: list[str], push: list[Version], gone: list[Version]) -> None:
+        syncer = self.syncer
+        result = self.result
+        for start in range(0, len(fetch), MAX_FETCH_IDS):
+            self._fetch(fetch[start : start + MAX_FETCH_IDS])
+        with syncer.vault.transaction() as conn:
+            result.requeued = requeue(conn, push)
+            mark_compacted(conn, gone)
+            result.compacted = len(gone)
+        if result.requeued:
+            syncer.push(self.sync_report)
+
+    def _fetch(self, memory_ids: list[str]) -> None:
+        syncer = self.syncer
+        wanted = set(memory_ids)
+        for _ in range(MAX_FETCH_ROUNDS):
+            answer = syncer.relay.fetch(syncer.vault_id, sorted(wanted))
+            self.result.round_trips += 1
+            blobs = [b for b in answer.blobs if b.memory_id in wanted]
+            highest = 0
+            with syncer.vault.transaction() as conn:
+                for blob in blobs:
+                    wanted.discard(blob.memory_id)
+                    if self._apply(conn, blob, ceiling=highest):
+                        highest = max(highest, blob.vector_clock)
+            syncer.device.observe(highest)
+            if not answer.has_more or not blobs or not wanted:
+                return
+
+    def _apply(self, conn: sqlite3.Connection, blob: SyncBlob, *, ceiling: int) -> bool:
+        """Apply one fetched blob; True if it verified."""
+        syncer = self.syncer
+        known = known_version(conn, blob.memory_id)
+        same = (
+            known is not None
+            and known.vector_clock == blob.vector_clock
+            and known.device_id == blob.device_id
+        )
+        if not same:
+            self.sync_report.pulled += 1
+            applied_before = self.sync_report.applied
+            verified = syncer._apply_blob(conn, blob, self.sync_report, ceiling=ceiling)
+            self.result.fetched += self.sync_report.applied - applied_before
+            return verified
+        if (
+            blob.deleted
+            or local_state(conn, blob.memory_id).exists
+            or blob.vault_id != (syncer.vault_id)
+        ):
+            self._unresolved(blob.memory_id)
+            return False
+        try:
+            decoded = decode_plaintext(syncer.cipher.open(blob), expected_id=blob.memory_id)
+        except FormatError as exc:
+            syncer._skip(blob, f"{type(exc).__name__}: {exc}", self.sync_report)
+            return False
+        if not isinstance(decoded, MemoryPlaintext):
+            self._unresolved(blob.memory_id)
+            return True
+        apply_memory(conn, decoded, new=True)  # the version this device knew: written back
+        self.result.restored += 1
+        return True

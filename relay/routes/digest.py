@@ -1,0 +1,120 @@
+"""The anti-entropy digest and the fetch of current versions (PROTOCOL §18, docs/digest.md).
+
+`GET /v1/vaults/{v}/digest` (auth as pull) answers `{"cursor","count","digest"}` for the
+vault (stored, O(1)); `?bucket=B` for one bucket and `?bucket=B&list=1[&after=M]` its
+versions a page at a time (computed on request over that bucket's rows); `?buckets=1`
+every bucket at once (ours, one grouped scan of the vault: used only after a mismatch).
+`POST /v1/vaults/{v}/fetch {"memory_ids": [...]}` (ours) gives the current blobs of the
+memories a device found it lacks.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Request, get, post
+from litestar.params import FromPath, QueryParameter
+
+from engram_sync.relay.auth import authorize
+from engram_sync.relay.bodies import BODY_OPT, decode_body
+from engram_sync.relay.errors import bad_request
+from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.state import relay_state
+from engram_sync.relay.store import digest as store
+from engram_sync.shared_format.b64 import b64encode_std
+from engram_sync.shared_format.digest import (
+    BUCKETS,
+    MAX_FETCH_IDS,
+    MAX_LIST_PAGE,
+    DigestAnswer,
+    DigestEntry,
+    FetchRequest,
+    FetchResponse,
+    bucket_prefixes,
+    digest_text,
+)
+
+Flag = Annotated[int, QueryParameter(ge=0, le=1)]
+
+
+@get("/v1/vaults/{vault_id:str}/digest", tags=["sync"])
+async def digest(
+    request: Request[Any, Any, Any],
+    vault_id: FromPath[str],
+    bucket: Annotated[int | None, QueryParameter(ge=0, le=BUCKETS - 1)] = None,
+    list_: Annotated[int, QueryParameter(name="list", ge=0, le=1)] = 0,
+    buckets: Flag = 0,
+    after: Annotated[str, QueryParameter(max_length=256)] = "",
+    limit: Annotated[int, QueryParameter(ge=0, le=MAX_LIST_PAGE)] = 0,
+) -> DigestAnswer:
+    """The vault's digest, one bucket's, one bucket's list, or every bucket's (§18)."""
+    state = relay_state(request)
+    await authorize(request, require_id(vault_id, "vault_id"))
+    pool = state.require_pool()
+    if list_ and bucket is None:
+        raise bad_request("list=1 needs bucket=B (0..255)", code="invalid_request", field="list")
+    if buckets and bucket is not None:
+        raise bad_request(
+            "buckets=1 answers every bucket: leave bucket out", code="invalid_request",
+            field="buckets",
+        )  # fmt: skip
+    if (after or limit) and not list_:
+        raise bad_request("after and limit go with list=1", code="invalid_request", field="after")
+    if bucket is None and not buckets:
+        whole = await store.vault_digest(pool, vault_id)
+        text = digest_text(whole.digest)
+        return DigestAnswer(cursor=whole.cursor, count=whole.count, digest=text)
+    if buckets:
+        seq, found = await store.bucket_digests(pool, vault_id, None)
+        total = 0
+        count = 0
+        for one in found.values():
+            total ^= one.digest
+            count += one.count
+        return DigestAnswer(
+            cursor=seq,
+            count=count,
+            digest=digest_text(total),
+            buckets=b64encode_std(bucket_prefixes({b: d.digest for b, d in found.items()})),
+            counts=[found[b].count if b in found else 0 for b in range(BUCKETS)],
+        )
+    assert bucket is not None
+    seq, found = await store.bucket_digests(pool, vault_id, bucket)
+    mine = found.get(bucket)
+    answer_count = mine.count if mine else 0
+    answer_digest = digest_text(mine.digest if mine else 0)
+    if not list_:
+        return DigestAnswer(cursor=seq, count=answer_count, digest=answer_digest, bucket=bucket)
+    page = await store.bucket_list(pool, vault_id, bucket, after, limit or MAX_LIST_PAGE)
+    return DigestAnswer(
+        cursor=seq,
+        count=answer_count,
+        digest=answer_digest,
+        bucket=bucket,
+        entries=[DigestEntry(*v) for v in page.versions],
+        has_more=page.has_more,
+    )
+
+
+@post(
+    "/v1/vaults/{vault_id:str}/fetch", status_code=200, tags=["sync"], opt={BODY_OPT: FetchRequest}
+)
+async def fetch(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> FetchResponse:
+    """The current blob of each memory id asked for (at most 1000), within the page byte
+    cap (`has_more`: ask again for the rest). Auth as pull (docs/digest.md)."""
+    state = relay_state(request)
+    await authorize(request, require_id(vault_id, "vault_id"))
+    data = await decode_body(request, FetchRequest)
+    if not data.memory_ids:
+        raise bad_request("memory_ids is empty", code="invalid_request", field="memory_ids")
+    if len(data.memory_ids) > MAX_FETCH_IDS:
+        raise bad_request(
+            f"at most {MAX_FETCH_IDS} memory_ids per fetch", code="invalid_request",
+            field="memory_ids",
+        )  # fmt: skip
+    for memory_id in data.memory_ids:
+        require_id(memory_id, "memory_ids")
+    found = await store.fetch_current(
+        state.require_pool(), vault_id, data.memory_ids, state.config.max_page_bytes
+    )
+    return FetchResponse(blobs=found.blobs, has_more=found.has_more)

@@ -1,0 +1,156 @@
+"""The anti-entropy digest on PostgreSQL (PROTOCOL §18, docs/digest.md).
+
+The vault's digest is stored (`vaults.digest`, kept by pushes and compaction under the
+vault row lock); a bucket's is computed on request over that bucket's rows only (the
+index `(vault_id, digest_bucket, memory_id)`), with the version hash of revision
+0008_digest in SQL. Each answer is one statement, hence one snapshot: the cursor, the
+count and the digest describe the same commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from engram_sync.shared_format.digest import BUCKETS, EMPTY_DIGEST, Version, digest_int
+from engram_sync.shared_format.wire import SyncBlob
+
+_WORDS = ", ".join(
+    f"coalesce(bit_xor(('x' || encode(substr(v, {8 * n + 1}, 8), 'hex'))::bit(64)::bigint), 0)"
+    f" AS w{n}"
+    for n in range(4)
+)
+
+_VAULT = "SELECT seq, live_blobs + tombstones AS n, digest FROM vaults WHERE vault_id = $1"
+
+# $2 = one bucket, or NULL for every bucket of the vault (grouped).
+_BUCKETS = f"""
+SELECT v.seq, h.digest_bucket, h.n, h.w0, h.w1, h.w2, h.w3
+FROM vaults v LEFT JOIN LATERAL (
+    SELECT digest_bucket, count(*) AS n, {_WORDS}
+    FROM (SELECT digest_bucket,
+                 engram_version_hash(memory_id, device_id, vector_clock, deleted) AS v
+          FROM blobs b WHERE b.vault_id = v.vault_id
+              AND ($2::smallint IS NULL OR b.digest_bucket = $2)) x
+    GROUP BY digest_bucket
+) h ON true
+WHERE v.vault_id = $1
+"""  # noqa: S608 - constants only
+
+_LIST = """
+SELECT v.seq, b.memory_id, b.device_id, b.vector_clock, b.deleted
+FROM vaults v LEFT JOIN LATERAL (
+    SELECT memory_id, device_id, vector_clock, deleted FROM blobs b
+    WHERE b.vault_id = v.vault_id AND b.digest_bucket = $2 AND b.memory_id > $3
+    ORDER BY b.memory_id LIMIT $4 + 1
+) b ON true
+WHERE v.vault_id = $1
+"""
+
+_FETCH = """
+SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at, deleted,
+       size_bytes
+FROM blobs WHERE vault_id = $1 AND memory_id = ANY($2::text[]) ORDER BY memory_id
+"""
+
+
+@dataclass(frozen=True)
+class DigestState:
+    """One digest answer: the vault's sequence with it, how many versions, their XOR."""
+
+    cursor: int
+    count: int
+    digest: int
+
+
+@dataclass(frozen=True)
+class BucketList:
+    """One page of a bucket's versions, ordered by memory_id."""
+
+    cursor: int
+    versions: list[Version]
+    has_more: bool
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """Current versions of the memories asked for, within a byte budget."""
+
+    blobs: list[SyncBlob]
+    has_more: bool
+    missing: list[str] = field(default_factory=list)
+
+
+def _xor_words(row: asyncpg.Record) -> int:
+    raw = b"".join(int(row[f"w{n}"]).to_bytes(8, "big", signed=True) for n in range(4))
+    return int.from_bytes(raw, "big")
+
+
+async def vault_digest(pool: asyncpg.Pool, vault_id: str) -> DigestState:
+    """The stored digest of the vault (0, 0, empty for a vault nobody pushed to)."""
+    row = await pool.fetchrow(_VAULT, vault_id)
+    if row is None:
+        return DigestState(0, 0, digest_int(EMPTY_DIGEST))
+    return DigestState(row["seq"], row["n"], digest_int(row["digest"]))
+
+
+async def bucket_digests(
+    pool: asyncpg.Pool, vault_id: str, bucket: int | None
+) -> tuple[int, dict[int, DigestState]]:
+    """(vault sequence, bucket -> its digest) for one bucket or for all (empty ones left
+    out), computed now over the rows of the bucket(s)."""
+    rows = await pool.fetch(_BUCKETS, vault_id, bucket)
+    if not rows:
+        return 0, {}
+    seq = int(rows[0]["seq"])
+    found = {
+        int(r["digest_bucket"]): DigestState(seq, int(r["n"]), _xor_words(r))
+        for r in rows
+        if r["digest_bucket"] is not None
+    }
+    assert all(0 <= b < BUCKETS for b in found)
+    return seq, found
+
+
+async def bucket_list(
+    pool: asyncpg.Pool, vault_id: str, bucket: int, after: str, limit: int
+) -> BucketList:
+    """At most `limit` versions of one bucket with memory_id > `after`."""
+    rows = await pool.fetch(_LIST, vault_id, bucket, after, limit)
+    if not rows:
+        return BucketList(0, [], False)
+    versions = [
+        Version(r["memory_id"], r["device_id"], r["vector_clock"], r["deleted"])
+        for r in rows
+        if r["memory_id"] is not None
+    ]
+    return BucketList(int(rows[0]["seq"]), versions[:limit], len(versions) > limit)
+
+
+async def fetch_current(
+    pool: asyncpg.Pool, vault_id: str, memory_ids: list[str], max_bytes: int
+) -> Fetched:
+    """The current blob of each memory asked for (ordered by memory_id), stopping before
+    the ciphertext would pass `max_bytes` (at least one blob)."""
+    rows = await pool.fetch(_FETCH, vault_id, sorted(set(memory_ids)))
+    blobs: list[SyncBlob] = []
+    used = 0
+    for r in rows:
+        if blobs and used + r["size_bytes"] > max_bytes:
+            return Fetched(blobs, True)
+        used += r["size_bytes"]
+        blobs.append(
+            SyncBlob(
+                vault_id=r["vault_id"],
+                memory_id=r["memory_id"],
+                device_id=r["device_id"],
+                vector_clock=r["vector_clock"],
+                ciphertext=r["ciphertext"],
+                hmac=r["hmac"],
+                created_at=r["created_at"],
+                deleted=r["deleted"],
+            )
+        )
+    found = {b.memory_id for b in blobs}
+    return Fetched(blobs, False, sorted(set(memory_ids) - found))

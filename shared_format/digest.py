@@ -1,0 +1,131 @@
+"""The anti-entropy digest (PROTOCOL §18, docs/digest.md), shared by the relay and the client.
+
+One version of a memory hashes to SHA-256(memory_id ‖ 0x00 ‖ device_id ‖ 0x00 ‖
+u64_LE(vector_clock) ‖ deleted byte); a set of versions (a vault, or one bucket of it)
+to the XOR of its versions' hashes, so a version can be taken out or put in in O(1).
+A memory's bucket is the first byte of SHA-256(memory_id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable
+from typing import Annotated, Final, NamedTuple
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from engram_sync.shared_format.b64 import b64encode_std
+from engram_sync.shared_format.wire import SyncBlob, VectorClock
+
+DIGEST_BYTES: Final = 32
+BUCKETS: Final = 256
+EMPTY_DIGEST: Final = bytes(DIGEST_BYTES)
+_U64: Final = struct.Struct("<Q")
+
+
+class Version(NamedTuple):
+    """One memory's version as the digest sees it."""
+
+    memory_id: str
+    device_id: str
+    vector_clock: int
+    deleted: bool
+
+
+def version_hash(memory_id: str, device_id: str, vector_clock: int, deleted: bool) -> int:
+    """The version's SHA-256 as a 256-bit integer (XOR-able at Python speed)."""
+    data = b"".join(
+        (
+            memory_id.encode("utf-8", "surrogatepass"),
+            b"\x00",
+            device_id.encode("utf-8", "surrogatepass"),
+            b"\x00",
+            _U64.pack(vector_clock),
+            b"\x01" if deleted else b"\x00",
+        )
+    )
+    return int.from_bytes(hashlib.sha256(data).digest(), "big")
+
+
+def bucket_of(memory_id: str) -> int:
+    """The memory's bucket: the first byte of SHA-256(memory_id), 0..255."""
+    return hashlib.sha256(memory_id.encode("utf-8", "surrogatepass")).digest()[0]
+
+
+def digest_bytes(value: int) -> bytes:
+    """A 256-bit XOR value as its 32 bytes (big-endian, as SHA-256 prints them)."""
+    return value.to_bytes(DIGEST_BYTES, "big")
+
+
+def digest_int(value: bytes) -> int:
+    """32 digest bytes as the integer `version_hash` XORs into."""
+    return int.from_bytes(value, "big")
+
+
+def digest_text(value: int) -> str:
+    """The wire form: standard base64 with padding of the 32 bytes."""
+    return b64encode_std(digest_bytes(value))
+
+
+def fold(versions: Iterable[Version]) -> tuple[int, int]:
+    """(XOR of the versions' hashes, how many) over a set of versions."""
+    value = 0
+    count = 0
+    for v in versions:
+        value ^= version_hash(v.memory_id, v.device_id, v.vector_clock, v.deleted)
+        count += 1
+    return value, count
+
+
+# --- wire (PROTOCOL §18; docs/digest.md for what is ours) ---------------------------------
+
+MAX_LIST_PAGE: Final = 2000  # entries per `?bucket=B&list=1` answer
+MAX_FETCH_IDS: Final = 1000  # memory ids per fetch
+PREFIX_BYTES: Final = 8  # of each bucket digest in `?buckets=1` (a 2^-64 chance to miss)
+
+
+def bucket_prefixes(digests: dict[int, int]) -> bytes:
+    """The `buckets` bytes of `?buckets=1`: PREFIX_BYTES of each bucket's digest, 0..255."""
+    return b"".join(digest_bytes(digests.get(b, 0))[:PREFIX_BYTES] for b in range(BUCKETS))
+
+
+class DigestEntry(msgspec.Struct, frozen=True, array_like=True):
+    """One version in a bucket list: [memory_id, device_id, vector_clock, deleted]."""
+
+    memory_id: str
+    device_id: str
+    vector_clock: VectorClock
+    deleted: bool
+
+
+class DigestAnswer(msgspec.Struct, frozen=True):
+    """`GET /v1/vaults/{v}/digest`: the vault, one bucket (`bucket`), one bucket's list
+    (`entries`, `has_more`), or every bucket at once (`?buckets=1`, ours: `buckets` =
+    base64 of the first PREFIX_BYTES bytes of each of the 256 bucket digests, in bucket
+    order, and `counts` their sizes), so narrowing a mismatch to its buckets is one
+    answer of about 4 KB."""
+
+    cursor: Annotated[int, Meta(ge=0)]
+    count: Annotated[int, Meta(ge=0)]
+    digest: str
+    bucket: int | UnsetType = UNSET
+    entries: list[DigestEntry] | UnsetType = UNSET
+    has_more: bool | UnsetType = UNSET
+    buckets: str | UnsetType = UNSET
+    counts: list[Annotated[int, Meta(ge=0)]] | UnsetType = UNSET
+
+
+class FetchRequest(msgspec.Struct, frozen=True):
+    """`POST /v1/vaults/{v}/fetch` (ours, docs/digest.md): current versions by memory id."""
+
+    memory_ids: list[str]
+
+
+class FetchResponse(msgspec.Struct, frozen=True):
+    """The current blob of each memory asked for that the relay holds; `has_more` when the
+    byte budget ended the answer early (ask again for the rest)."""
+
+    blobs: list[SyncBlob]
+    has_more: bool = False
