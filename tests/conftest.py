@@ -81,10 +81,34 @@ def scratch_database(postgres_url: str) -> Iterator[str]:
         asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
-@pytest.fixture
-def empty_database_url(postgres_url: str) -> Iterator[str]:
-    """A brand-new empty database (no migrations), dropped after the test."""
-    with scratch_database(postgres_url) as url:
+#: ENGRAM_CITUS=1 (opt-in, issue 18): every test on `empty_database_url` /
+#: `fresh_database_url` also runs on the Citus cluster (ids `[postgres]` and `[citus]`).
+#: tests/relay/support.py's module-scoped relays do the same.
+ON_CITUS_TOO = os.environ.get("ENGRAM_CITUS", "").strip() == "1"
+DATABASE_PARAMS: dict[str, list[str]] = {"params": ["postgres", "citus"]} if ON_CITUS_TOO else {}
+
+
+@contextmanager
+def backend_database(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[str]:
+    """A new empty database on the backend of the fixture's param (`postgres` without
+    one), dropped on exit: on Citus with the extension and the workers registered."""
+    if getattr(request, "param", "postgres") != "citus":
+        with scratch_database(postgres_url) as url:
+            yield url
+        return
+    cluster: CitusCluster = request.getfixturevalue("citus_cluster")
+    name = f"test_{secrets.token_hex(8)}"
+    url = cluster.create_database(name)
+    try:
+        yield url
+    finally:
+        cluster.drop_database(name)
+
+
+@pytest.fixture(**DATABASE_PARAMS)  # type: ignore[call-overload]
+def empty_database_url(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[str]:
+    """A brand-new empty database (no migrations), dropped after the test (see above)."""
+    with backend_database(request, postgres_url) as url:
         yield url
 
 

@@ -25,6 +25,7 @@ from engram_sync.relay.db.url import to_sqlalchemy_url
 from engram_sync.relay.store.push import BLOB_UPSERT
 from engram_sync.relay.store.sync import PULL_PAGE
 from tests.citus_cluster import CitusCluster
+from tests.conftest import scratch_database
 
 RELAY = Path(sys.executable).with_name("engram-relay")
 
@@ -175,14 +176,13 @@ def test_the_upsert_joined_to_its_vault_row_is_one_task_on_one_shard(migrated_ur
     assert "pull to coordinator" in plan, plan
 
 
-def test_migrate_citus_on_plain_postgresql_refuses_with_the_reason(
-    empty_database_url: str,
-) -> None:
-    result = _run_migrate(empty_database_url, "--citus")
-    assert result.returncode != 0
-    assert "citus extension is not installed" in result.stdout + result.stderr
-    # without the flag the same database migrates as before
-    assert _run_migrate(empty_database_url).returncode == 0
+def test_migrate_citus_on_plain_postgresql_refuses_with_the_reason(postgres_url: str) -> None:
+    with scratch_database(postgres_url) as url:  # plain PostgreSQL even with ENGRAM_CITUS=1
+        result = _run_migrate(url, "--citus")
+        assert result.returncode != 0
+        assert "citus extension is not installed" in result.stdout + result.stderr
+        # without the flag the same database migrates as before
+        assert _run_migrate(url).returncode == 0
 
 
 def test_schema_rules_flag_what_citus_cannot_place() -> None:
