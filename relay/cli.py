@@ -14,9 +14,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from engram_sync import __version__
 from engram_sync.relay import cli_vaults, ops
 from engram_sync.relay.cli_options import DatabaseUrl, DataDir
 from engram_sync.relay.cli_support import CliError, check_vault, on_connection, run_db
+from engram_sync.relay.cli_usage import plain_help, usage_exit, version_callback
 from engram_sync.relay.config import DEFAULT_PORT, DEFAULT_RETENTION_DAYS, config_from_env
 from engram_sync.relay.connections import limits_from_env
 from engram_sync.relay.db.citus import CitusError
@@ -44,6 +46,25 @@ app.add_typer(devices_app, name="devices")
 app.add_typer(cli_vaults.vaults_app, name="vaults")
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
 err = Console(stderr=True, soft_wrap=True)
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Show the version and exit.",
+            is_eager=True,
+            callback=version_callback("engram-relay", __version__),
+        ),
+    ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option("--debug", help="Show the full traceback of an error (any position)."),
+    ] = False,  # read by main() before parsing, so it works after a command too
+) -> None:
+    """Engram Sync relay: a zero-knowledge sync relay on PostgreSQL."""
 
 
 @app.command()
@@ -402,7 +423,9 @@ def main() -> None:
     if debug:
         sys.argv.remove("--debug")
     try:
-        code = app(standalone_mode=False)  # a typer.Exit(n) inside a command returns n
+        command = plain_help(typer.main.get_command(app))
+        # a typer.Exit(n) inside a command returns n
+        code = command.main(prog_name="engram-relay", standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
     except (CliError, ValueError) as exc:
@@ -421,11 +444,9 @@ def main() -> None:
     except Exception as exc:
         if debug:
             raise
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+        usage = usage_exit(exc, err)  # a usage error, in words (relay.cli_usage)
+        if usage is not None:
+            sys.exit(usage)
         err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
         err.print("run again with --debug for the full traceback")
         sys.exit(1)

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Final
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from engram_sync import __version__
 from engram_sync.client._accounts import account as account_ops
 from engram_sync.client._accounts import pairing
 from engram_sync.client._cli import search as cli_search
@@ -35,6 +36,7 @@ from engram_sync.client._cli.support import (
     print_json,
 )
 from engram_sync.client._cli.teams import account_password
+from engram_sync.client._cli.usage import plain_help, usage_exit, version_callback
 from engram_sync.client._cli.verify import verify
 from engram_sync.client._cli.watch_view import watch_view
 from engram_sync.client._errors import AuthError, DeviceRevokedError, ForbiddenError, SyncError
@@ -87,8 +89,22 @@ def _main(
             envvar="ENGRAM_VAULT",
             help="Vault directory (default ~/.engram/vault).",
             show_default=False,
+            metavar="DIR",
         ),
     ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Show the version and exit.",
+            is_eager=True,
+            callback=version_callback("engram-sync", __version__),
+        ),
+    ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option("--debug", help="Show the full traceback of an error (any position)."),
+    ] = False,  # read by main() before parsing, so it works after a command too
 ) -> None:
     OPTIONS.vault = (vault or DEFAULT_VAULT).expanduser()
 
@@ -519,7 +535,9 @@ def main() -> None:
     if debug:
         sys.argv.remove("--debug")
     try:
-        code = app(standalone_mode=False)  # a typer.Exit(n) inside a command returns n
+        command = plain_help(typer.main.get_command(app))
+        # a typer.Exit(n) inside a command returns n
+        code = command.main(prog_name="engram-sync", standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
     except typer.Exit as exc:
@@ -530,12 +548,8 @@ def main() -> None:
     except Exception as exc:
         if debug:
             raise
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        sys.exit(_report_error(exc))
+        usage = usage_exit(exc, err)  # a usage error, in words (client._cli.usage)
+        sys.exit(usage if usage is not None else _report_error(exc))
 
 
 def _report_error(exc: Exception) -> int:
