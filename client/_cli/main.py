@@ -13,7 +13,6 @@ import signal
 import sys
 import threading
 from dataclasses import asdict
-from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any, Final
 
@@ -27,7 +26,6 @@ from engram_sync.client._cli import search as cli_search
 from engram_sync.client._cli import teams as cli_teams
 from engram_sync.client._cli import transfer as cli_transfer
 from engram_sync.client._cli.support import (
-    DEFAULT_VAULT,
     OPTIONS,
     CliError,
     err,
@@ -37,6 +35,7 @@ from engram_sync.client._cli.support import (
 )
 from engram_sync.client._cli.teams import account_password
 from engram_sync.client._cli.usage import plain_help, usage_exit, version_callback
+from engram_sync.client._cli.vault_registry import resolve_vault, vaults_app
 from engram_sync.client._cli.verify import verify
 from engram_sync.client._cli.watch_view import watch_view
 from engram_sync.client._errors import AuthError, DeviceRevokedError, ForbiddenError, SyncError
@@ -78,18 +77,19 @@ app.add_typer(cli_teams.team_app, name="team")
 app.command("verify")(verify)  # PROTOCOL §18 (client._cli.verify)
 cli_transfer.register(app)
 cli_search.register(app)
+app.add_typer(vaults_app, name="vaults")
 
 
 @app.callback()
 def _main(
     vault: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--vault",
             envvar="ENGRAM_VAULT",
-            help="Vault directory (default ~/.engram/vault).",
+            help="Vault directory, or a name from `engram-sync vaults` (default ~/.engram/vault).",
             show_default=False,
-            metavar="DIR",
+            metavar="DIR|NAME",
         ),
     ] = None,
     version: Annotated[
@@ -106,7 +106,7 @@ def _main(
         typer.Option("--debug", help="Show the full traceback of an error (any position)."),
     ] = False,  # read by main() before parsing, so it works after a command too
 ) -> None:
-    OPTIONS.vault = (vault or DEFAULT_VAULT).expanduser()
+    OPTIONS.vault = resolve_vault(vault)  # a name from the registry, or a directory
 
 
 @app.command()
