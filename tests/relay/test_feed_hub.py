@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from engram_sync.relay.config import config_from_env
 from engram_sync.relay.domain_errors import QuotaExceededError
 from engram_sync.relay.feed import ChangeHub, HubFullError
 from engram_sync.relay.push_rules import PushPlan, check_structure
@@ -107,3 +108,28 @@ def test_a_group_commit_announces_each_vault_once_at_its_head() -> None:
         QuotaExceededError("bytes", 1, 2),  # refused: nothing written
     ]
     assert committed_heads(jobs, results) == {"a": 5, "b": 10}
+
+
+def test_the_feed_settings_come_from_the_environment() -> None:
+    config = config_from_env(
+        "postgresql://x@h/db",
+        {"ENGRAM_RELAY_EVENTS_PING_S": "0.5", "ENGRAM_RELAY_EVENTS_MAX_STREAMS": "7"},
+    )
+    assert (config.events_ping_s, config.events_max_streams) == (0.5, 7)
+    defaults = config_from_env("postgresql://x@h/db", {})
+    assert (defaults.events_ping_s, defaults.events_max_streams) == (15.0, 10_000)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("ENGRAM_RELAY_EVENTS_PING_S", "0"),
+        ("ENGRAM_RELAY_EVENTS_PING_S", "soon"),
+        ("ENGRAM_RELAY_EVENTS_PING_S", "3601"),
+        ("ENGRAM_RELAY_EVENTS_MAX_STREAMS", "0"),
+        ("ENGRAM_RELAY_EVENTS_MAX_STREAMS", "1.5"),
+    ],
+)
+def test_bad_feed_settings_are_refused_naming_them(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        config_from_env("postgresql://x@h/db", {name: value})
