@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import struct
 import subprocess
 import sys
@@ -295,3 +296,46 @@ def test_imported_memories_are_pushed_by_the_next_sync(tmp_path: Path, relay: Re
     pulled = json.loads(ok(cli(b, "sync", "--json")))
     assert pulled["applied"] == 25
     assert ok(cli(b, "export")) == ok(cli(a, "export"))  # the same memories, field for field
+
+
+def _on_a_terminal(vault: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], bytes]:
+    """Run with stderr on a pseudo-terminal (what a person sees); stdout stays a pipe."""
+    master, replica = pty.openpty()
+    env = dict(os.environ, ENGRAM_PASSPHRASE=PASSPHRASE, COLUMNS="100")
+    with subprocess.Popen(
+        [EXE, "--vault", str(vault), *args], env=env, stdout=subprocess.PIPE, stderr=replica,
+        text=True,
+    ) as proc:  # fmt: skip
+        os.close(replica)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the other end closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+        stdout = proc.stdout.read() if proc.stdout else ""
+    os.close(master)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, ""), seen
+
+
+def test_a_determinate_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    vault = tmp_path / "v"
+    ok(cli(vault, "init"))
+    source = tmp_path / "many.jsonl"
+    source.write_text(
+        "".join(json.dumps({"content": f"memory number {n}"}) + "\n" for n in range(3000)),
+        encoding="utf-8",
+    )
+    result, terminal = _on_a_terminal(vault, "import", str(source), "--dry-run")
+    assert result.returncode == 0
+    assert "would add 3000" in result.stdout
+    text = terminal.decode("utf-8", "replace")
+    assert "importing" in text
+    assert "  0%" in text  # a bar with a total: it starts at 0% ...
+    assert "100%" in text  # ... and ends at 100%
+    piped = cli(vault, "import", str(source), "--dry-run")
+    assert "%" not in piped.stderr  # no bar when stderr is not a terminal
+    assert "\x1b" not in piped.stderr
