@@ -6,11 +6,19 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import sys
+from pathlib import Path
 
 import asyncpg
 import pytest
 
-from tests.citus_cluster import HOST, CitusCluster
+from tests.citus_cluster import (
+    HOST,
+    CitusCluster,
+    CitusUnavailableError,
+    build_key,
+    ensure_citus_build,
+)
 
 
 async def _fetch(url: str, sql: str) -> list[asyncpg.Record]:
@@ -69,3 +77,29 @@ def test_the_servers_run_as_a_non_root_user(citus_cluster: CitusCluster) -> None
     assert owner != 0
     if os.geteuid() == 0:
         assert pwd.getpwuid(owner).pw_name == "embedded_postgres"
+
+
+def test_no_build_tool_is_a_skip_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENGRAM_CITUS_TOOLS", str(tmp_path / "none"))
+    with pytest.raises(CitusUnavailableError, match="no Citus build tool"):
+        ensure_citus_build(Path(sys.executable))
+
+
+def test_no_compiler_is_a_skip_reason_and_a_cached_build_needs_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "build.sh").write_text("exit 1\n")
+    (tools / "citus-src.tar.gz").write_bytes(b"not the real source")
+    monkeypatch.setenv("ENGRAM_CITUS_TOOLS", str(tools))
+    monkeypatch.setenv("ENGRAM_CITUS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    with pytest.raises(CitusUnavailableError, match="needs gcc and make"):
+        ensure_citus_build(Path(sys.executable))
+    # the positive case next to it: a build in the cache is used without any compiler
+    dest = tmp_path / "cache" / build_key(Path(sys.executable))
+    (dest / "lib").mkdir(parents=True)
+    (dest / "lib" / "citus.so").write_bytes(b"")
+    (dest / ".citus-built").write_text("stamp\n")
+    assert ensure_citus_build(Path(sys.executable)) == dest
