@@ -19,7 +19,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from engram_sync.client._cli.support import OPTIONS, CliError, err, open_session, out, print_json
+from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
 from engram_sync.client._vault.notes import markdown_files, note_items
 from engram_sync.client._vault.transfer import (
     DEFAULT_BATCH,
@@ -271,5 +271,5 @@ def _report(summary: ImportSummary, dry_run: bool, json_out: bool) -> None:
         err.print(f"  invalid: {problem.where}: {problem.reason}", markup=False)
     if len(summary.invalid) > SHOWN_PROBLEMS:
         err.print(f"  ... and {len(summary.invalid) - SHOWN_PROBLEMS} more invalid")
-    if summary.added and not dry_run and OPTIONS.vault:
+    if summary.added and not dry_run:
         err.print("run `engram-sync sync` to push them")

@@ -285,7 +285,6 @@ class ImportSummary:
     duplicates: int = 0
     deletions: int = 0  # tombstones recorded
     invalid: list[Invalid] = field(default_factory=list)
-    duplicate_where: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """The summary as `import --json` prints it."""
@@ -365,7 +364,6 @@ class Importer:
             if same is not None and memory.id not in self._ids:
                 self._aliases[memory.id] = same
             self.summary.duplicates += 1
-            self.summary.duplicate_where.append(item.where)
             return
         self._ids.add(memory.id)
         self._hashes.setdefault(digest, memory.id)
@@ -379,7 +377,6 @@ class Importer:
         # so it reaches the relay at the next sync; a memory the vault holds is kept.
         if item.memory_id in self._ids or item.memory_id in self._tombstones:
             self.summary.duplicates += 1
-            self.summary.duplicate_where.append(item.where)
             return
         self._tombstones.add(item.memory_id)
         self.summary.deletions += 1
