@@ -11,12 +11,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.relay.conftest import Relay
-from tests.relay.support import module_relay
+from engram_sync.relay.db.migrate import upgrade_to_head
+from tests.conftest import DATABASE_PARAMS, backend_database
+from tests.relay.conftest import Relay, base_config
+from tests.relay.support import serve
 
 
-@pytest.fixture(scope="module")
-def served(postgres_url: str) -> Iterator[Relay]:
-    """A relay on its own freshly migrated database, shared by one test module."""
-    with module_relay(postgres_url) as relay:
-        yield relay
+@pytest.fixture(scope="module", **DATABASE_PARAMS)  # type: ignore[call-overload]
+def served(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[Relay]:
+    """A relay on its own freshly migrated database, shared by one test module (and with
+    ENGRAM_CITUS=1 also on the Citus cluster, tests/conftest.py)."""
+    with backend_database(request, postgres_url) as url:
+        upgrade_to_head(url)
+        with serve(base_config(url)) as relay:
+            yield relay
