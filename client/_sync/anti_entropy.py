@@ -13,6 +13,7 @@ differs. From the lists:
 - the device holds a version the relay lacks or holds only older: queued to push again
   (`held_versions.requeue`); a tombstone the relay lacks entirely was compacted (§12):
   left out of the device's digest from then on (`mark_compacted`), not re-pushed;
+- a version the device already refused (skipped when pulled) is not fetched again;
 - anything else (the relay claims a tombstone at the very version the device holds live,
   or two devices' versions with one clock): reported as unresolved, nothing changed.
 
@@ -226,9 +227,12 @@ class AntiEntropy:
         gone: list[Version],
     ) -> None:
         held = {v.memory_id: v for v in mine}
+        refused = {(s.memory_id, s.device_id, s.vector_clock) for s in self.syncer.state.skipped}
         for memory_id, relay_version in theirs.items():
             local = held.get(memory_id)
-            if local is None or relay_version.vector_clock > local.vector_clock:
+            if (memory_id, relay_version.device_id, relay_version.vector_clock) in refused:
+                self._unresolved(memory_id)  # a blob this device already refused (skipped)
+            elif local is None or relay_version.vector_clock > local.vector_clock:
                 fetch.append(memory_id)
             elif relay_version == local or relay_version.vector_clock < local.vector_clock:
                 continue

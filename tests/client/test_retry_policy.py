@@ -56,6 +56,8 @@ PINNED: dict[tuple[str, str], str] = {
     ("account_client", "grant_vault"): "SAFE",
     ("account_client", "vault_grants"): "SAFE",
     ("account_client", "revoke_vault_grant"): "SAFE",
+    ("relay_client", "digest"): "SAFE",  # PROTOCOL §18: reads
+    ("relay_client", "fetch"): "SAFE",  # a POST that only reads current blobs
 }
 
 

@@ -79,13 +79,20 @@ def test_a_jump_to_the_head_on_a_last_page_is_the_accepted_trade_off(scene: Scen
     """PROTOCOL §9, §12 (issue 14 item 9): a last page may end at exactly `head`, past its
     last blob or with none, since that is the honest answer above compacted tombstones.
     A relay lying that way can only make the device skip to the head (what a forged `seq`
-    on one real blob already could); the cursor never passes the head."""
+    on one real blob already could); the cursor never passes the head. Since PROTOCOL §18
+    the digest check that ends the sync finds the two memories the page skipped and
+    fetches them (docs/digest.md): the lie no longer loses them."""
     alpha, _ = _ready(scene)
     before = contents(alpha)
     scene.proxy.on("GET", r"/pull$", rewrite_json(_set(blobs=[], cursor=5, has_more=False)))
     report = alpha.sync()
-    assert (report.applied, report.cursor) == (0, 5)
-    assert contents(alpha) == before  # the two skipped memories are not there
+    assert report.cursor == 5
+    assert report.digest is not None
+    assert (report.digest.device_lacks, report.digest.fetched) == (2, 2)
+    assert report.digest.matched
+    assert report.applied == 2
+    assert set(before) < set(contents(alpha))  # the two skipped memories arrived after all
+    assert len(contents(alpha)) == len(before) + 2
 
 
 def test_a_page_without_sequence_numbers_must_still_move_the_cursor(scene: Scene) -> None:
