@@ -21,7 +21,13 @@ def cli(home: Path, *args: str, cwd: Path | None = None) -> subprocess.Completed
                XDG_CONFIG_HOME=str(home / "config"))  # fmt: skip
     env.pop("ENGRAM_VAULT", None)
     return subprocess.run(
-        [EXE, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+        [EXE, *args],
+        env=env,
+        cwd=cwd or home.parent,  # never the checkout: a bare name that misses is a path
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
