@@ -89,8 +89,7 @@ class IdempotentRequest:
         when the stored request had another body."""
         if not hmac.compare_digest(request_mac, self.request_mac):
             raise IdempotencyKeyReusedError(
-                f"this {HEADER} was used for another request body; send a new key for a new "
-                "request"
+                f"this {HEADER} was used for another request body; send a new key for a new request"
             )
         try:
             return AESGCM(self._seal_key).decrypt(

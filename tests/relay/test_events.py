@@ -183,6 +183,7 @@ def test_streams_over_the_cap_are_refused_busy(postgres_url: str) -> None:
                     http.get(f"/v1/vaults/{vault}/pull", params={"cursor": 0, "wait": 1}), 503
                 )
             assert [next(feed) for feed in feeds] == [Message(comment="ping")] * 2
+
         # Closed streams give their places back (once the relay saw the disconnects).
         def reopens() -> bool:
             with stream(r, vault, 0) as again:
