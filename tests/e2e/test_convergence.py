@@ -5,7 +5,11 @@ device syncs until quiet. Checked:
 
 - after every successful sync of a device, each of its local changes made since its last
   sync was either accepted by the relay or kept in its `sync_conflicts`;
-- at the end all devices hold identical memories.
+- at the end all devices hold identical memories, a fourth one too (`delta`): it never
+  syncs by itself but runs the live loop of `engram-sync watch` (client._sync.live) with a
+  timer that never fires, so the relay's event stream alone brings it every change, and the
+  memories the test writes into its vault through a second connection (as another program
+  would) reach the others only because its watch noticed them (PROTOCOL §15, issue 15).
 
 CI runs a few examples; `ENGRAM_SLOW=1` runs 500.
 """
@@ -40,6 +44,7 @@ from engram_sync.shared_format.plaintext import Tombstone, decode_plaintext
 from engram_sync.shared_format.wire import PushResponse, SyncBlob
 from tests.conftest import _execute, database_url_for
 from tests.e2e.conftest import PASSPHRASE
+from tests.e2e.live_support import NEVER, Watcher, wait_for
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
 
 SLOW = os.environ.get("ENGRAM_SLOW") == "1"
@@ -143,6 +148,33 @@ class Device:
         self.session.close()
 
 
+class FeedDevice:
+    """`delta`: synced only by a live watch in a thread of its own; the test reads and
+    writes its vault through a second connection, as another program would."""
+
+    def __init__(self, world: World, vault_id: str, name: str) -> None:
+        self.path = world.root / vault_id / name
+        shutil.copytree(world.template, self.path)
+        with VaultSession.open(self.path, PASSPHRASE) as session:
+            session.link(world.relay.url, ADMIN_KEY, vault_id, name)
+        self.watcher = Watcher(self.path, interval=NEVER).start()
+        self.session = VaultSession.open(self.path, PASSPHRASE)
+        self.pending: dict[str, str | None] = {}
+
+    def contents(self) -> dict[str, str]:
+        return {m.id: m.content for m in local_store.list_memories(self.session.vault.conn)}
+
+    def conflict_texts(self) -> set[tuple[str, str | None]]:
+        return Device.conflict_texts(self)  # type: ignore[arg-type]
+
+    def unpushed(self) -> int:
+        return sum(local_store.count_to_push(self.session.vault.conn))
+
+    def close(self) -> None:
+        self.watcher.stop()
+        self.session.close()
+
+
 class Convergence(RuleBasedStateMachine):
     world: World
     examples_run = 0  # EXAMPLES_RUN: counted for RELIABILITY.md
@@ -151,6 +183,7 @@ class Convergence(RuleBasedStateMachine):
         super().__init__()
         self.vault_id = f"conv-{os.getpid()}-{next(_vault_numbers)}"
         self.devices = [Device(self.world, self.vault_id, n) for n in DEVICES]
+        self.feed = FeedDevice(self.world, self.vault_id, "delta")
         self.clocks: list[dict[str, int]] = [{} for _ in DEVICES]  # the last seen clocks
         self.texts = itertools.count()
 
@@ -158,6 +191,7 @@ class Convergence(RuleBasedStateMachine):
         Convergence.examples_run += 1
         for device in self.devices:
             device.close()
+        self.feed.close()
         shutil.rmtree(self.world.root / self.vault_id, ignore_errors=True)
 
     def _text(self, device: Device) -> str:
@@ -179,6 +213,14 @@ class Convergence(RuleBasedStateMachine):
         with device.session.vault.transaction() as conn:
             memory_id = local_store.add_memory(conn, text)
         device.pending[memory_id] = text
+
+    @rule()
+    def add_on_the_feed_device(self) -> None:
+        """Another program writes into delta's engrams.db; only its watch can push it."""
+        text = f"delta text {next(self.texts)}"
+        with self.feed.session.vault.transaction() as conn:
+            memory_id = local_store.add_memory(conn, text)
+        self.feed.pending[memory_id] = text
 
     def _pick(self, device: Device, pick: int) -> str | None:
         held = sorted(device.contents())
@@ -248,13 +290,21 @@ class Convergence(RuleBasedStateMachine):
     def restart(self, d: int) -> None:
         self.devices[d].restart()
 
-    def _check_nothing_lost(self, device: Device) -> None:
+    def _check_nothing_lost(self, device: Device | FeedDevice) -> None:
         held = device.contents()
         kept = device.conflict_texts()
         for memory_id, text in device.pending.items():
             accepted = memory_id not in held if text is None else held.get(memory_id) == text
             assert accepted or (memory_id, text) in kept, (memory_id, text, held.get(memory_id))
         device.pending.clear()
+
+    @invariant()
+    def the_feed_device_lost_nothing(self) -> None:
+        """Once delta's watch has pushed what was written into its vault, each of those
+        memories is there (delta only adds new memories: no other device can have changed
+        them before pulling them, which takes a step, and this runs after every step)."""
+        if self.feed.pending and self.feed.unpushed() == 0:
+            self._check_nothing_lost(self.feed)
 
     @invariant()
     def clocks_never_go_backwards(self) -> None:
@@ -274,6 +324,9 @@ class Convergence(RuleBasedStateMachine):
             seen.update(now)
 
     def converge(self) -> None:
+        feed = self.feed
+        wait_for(lambda: feed.unpushed() == 0, "delta's watch to push what was written")
+        self._check_nothing_lost(feed)
         for _ in range(3):
             for device in self.devices:
                 assert device.sync()
@@ -281,6 +334,8 @@ class Convergence(RuleBasedStateMachine):
         first = self.devices[0].contents()
         for device in self.devices[1:]:
             assert device.contents() == first
+        wait_for(lambda: feed.contents() == first, "delta to follow through the feed alone")
+        assert feed.watcher.error is None
         self._check_digests()
 
     def _check_digests(self) -> None:

@@ -6,6 +6,7 @@ download their own pushes again."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -36,6 +37,12 @@ def stop_watch(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
         proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     return proc.returncode, out, err
+
+
+def synced_once(device: DeviceHandle) -> bool:
+    """The watching process has finished a sync (link alone writes no last_sync_at)."""
+    state = json.loads((device.path / "sync_state.json").read_text(encoding="utf-8"))
+    return state.get("last_sync_at") is not None
 
 
 def holds(device: DeviceHandle, memory_id: str) -> bool:
@@ -72,7 +79,7 @@ def test_a_write_by_another_program_is_pushed_by_a_running_watch(
     alpha, bravo, _ = devices
     proc = start_watch(alpha)
     try:
-        wait_for(lambda: (alpha.path / "sync_state.json").exists(), "the watch's first sync")
+        wait_for(lambda: synced_once(alpha), "the watch's first sync")
         # this test process is the other program: it writes into alpha's engrams.db through
         # the library while the watch holds the vault open
         with Vault.open(alpha.path, PASSPHRASE) as vault:
@@ -95,7 +102,7 @@ def test_revocation_ends_the_watch_with_a_clear_message(devices: list[DeviceHand
         device_id = session.device.device_id
     proc = start_watch(alpha)
     try:
-        wait_for(lambda: (alpha.path / "sync_state.json").exists(), "the watch's first sync")
+        wait_for(lambda: synced_once(alpha), "the watch's first sync")
         memory = add(bravo, "the stream is up once this arrives")
         bravo.sync()
         wait_for(lambda: holds(alpha, memory), "the memory on the watching device")
@@ -178,11 +185,16 @@ def test_vault_watch_in_the_library_is_live(devices: list[DeviceHandle]) -> None
     bravo.restart()
     helper = threading.Thread(target=other_device, daemon=True)
     helper.start()
+    watchdog = threading.Timer(180, stop.set)  # a failure ends the watch, it does not hang
+    watchdog.start()
     with Vault.open(alpha.path, PASSPHRASE) as vault:
         for _ in vault.watch(interval=NEVER, stop=stop, on_status=statuses.append,
                                   on_report=reports.append):  # fmt: skip
             if pushed and vault.get(pushed[0]) is not None:
                 stop.set()
+        arrived = bool(pushed) and vault.get(pushed[0]) is not None
+    watchdog.cancel()
     helper.join(60)
+    assert arrived, "the memory never reached the library watch"
     assert next(s.mode for s in statuses if s.state == "connected") == "events"
     assert sum(r.applied for r in reports) == 1
