@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
 import asyncpg
@@ -52,11 +53,13 @@ _CLONE = "bench_blobs_without_digest"
 
 
 class _Probe:
-    """What AntiEntropy.locate needs of a Syncer: the relay and the vault id."""
+    """What AntiEntropy.locate needs of a Syncer: the relay, the vault id, and the sync
+    state's blobs refused on pull (none here)."""
 
     def __init__(self, relay: RelayClient, vault_id: str) -> None:
         self.relay = relay
         self.vault_id = vault_id
+        self.state = SimpleNamespace(skipped=[])
 
 
 async def held_versions(conn: asyncpg.Connection, vault_id: str) -> list[Version]:

@@ -77,7 +77,7 @@ def test_a_client_leaving_mid_body_is_no_500_and_no_traceback(
     (status,) = new
     assert status.startswith("4"), new  # counted as the client's doing
 
-    relay_records = [r for r in caplog.records if r.name.startswith("relay")]
+    relay_records = [r for r in caplog.records if r.name.startswith("engram_sync.relay")]
     assert not [r for r in relay_records if r.levelno >= logging.ERROR], [
         r.getMessage() for r in relay_records
     ]
