@@ -156,14 +156,19 @@ def create_app(config: RelayConfig) -> Litestar:
     """Build the relay app; the pool opens at startup and closes at shutdown."""
     state = RelayState(config=config, metrics=RelayMetrics())
     state.static_keys = {k.key_hash: k.principal for k in config.static_keys}
-    limits = PushLimits(config.max_blob_bytes, Quota(config.quota_devices, config.quota_bytes))
+    limits = PushLimits(
+        config.max_blob_bytes,
+        Quota(config.quota_devices, config.quota_bytes),
+        announce=config.feed_notify,  # ENGRAM_RELAY_LIVE_FEED=off: no NOTIFY (PROTOCOL §15)
+    )
 
     hub = state.hub = ChangeHub(max_waiters=config.events_max_streams)
 
     async def run_group(jobs: list[PushJob]) -> list[PushResult]:
         state.metrics.push_group_size.observe(len(jobs))
         results = await push_group(state.require_pool(), jobs, limits)  # NOTIFYs after commit
-        hub.publish_many(committed_heads(jobs, results))  # this process's waiters, at once
+        if config.feed_notify:
+            hub.publish_many(committed_heads(jobs, results))  # this process's waiters, at once
         return results
 
     state.push_groups = PushGroups(
@@ -191,7 +196,8 @@ def create_app(config: RelayConfig) -> Litestar:
         refresher = asyncio.create_task(_refresh_health(state))
         maintainer = maintenance.start(state)  # issue 14 item 17: compaction without `gc`
         listener = FeedListener(config.database_url, hub)  # PROTOCOL §15: one per process
-        listener.start()
+        if config.feed_notify:
+            listener.start()
         try:
             yield
         finally:
@@ -214,7 +220,7 @@ def create_app(config: RelayConfig) -> Litestar:
             sync.stats_alias,
             digest_route,  # PROTOCOL §18
             fetch_route,
-            events.events,  # PROTOCOL §15
+            *([events.events] if config.feed_events else []),  # PROTOCOL §15
             devices.list_devices,
             devices.register_device,
             devices.revoke_device,

@@ -28,6 +28,11 @@ MIN_METRICS_TOKEN_CHARS: Final = 16
 # event streams and waiting long-polls one process holds (more get 503 `busy`).
 DEFAULT_EVENTS_PING_S: Final = 15.0
 DEFAULT_EVENTS_MAX_STREAMS: Final = 10_000
+# PROTOCOL §15: the live change feed. "on": event stream, long-poll and NOTIFY/LISTEN;
+# "long-poll": no event stream (for a proxy that buffers streams); "off": none of it
+# (no NOTIFY after commits, no LISTEN connection, pull ignores `wait`, /v1/info lists
+# neither feature). bench.live_throughput compares push throughput with it on and off.
+LIVE_FEED_MODES: Final = ("on", "long-poll", "off")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class RelayConfig:
     trusted_proxies: tuple[Network, ...] = ()
     events_ping_s: float = DEFAULT_EVENTS_PING_S  # PROTOCOL §15 (relay.routes.events)
     events_max_streams: int = DEFAULT_EVENTS_MAX_STREAMS
+    live_feed: str = "on"  # one of LIVE_FEED_MODES (ENGRAM_RELAY_LIVE_FEED)
 
     def __post_init__(self) -> None:
         for name in ("quota_devices", "quota_bytes", "tombstone_retention_days"):
@@ -69,6 +75,11 @@ class RelayConfig:
             raise ValueError("ENGRAM_RELAY_EVENTS_PING_S must be > 0 and <= 3600 seconds")
         if self.events_max_streams < 1:
             raise ValueError("ENGRAM_RELAY_EVENTS_MAX_STREAMS must be >= 1")
+        if self.live_feed not in LIVE_FEED_MODES:
+            raise ValueError(
+                f"ENGRAM_RELAY_LIVE_FEED must be one of {', '.join(LIVE_FEED_MODES)}, "
+                f"got {self.live_feed!r}"
+            )
         if self.max_page_bytes < 1:
             raise ValueError("max_page_bytes must be >= 1")
         if self.push_lanes < 1:
@@ -79,6 +90,16 @@ class RelayConfig:
             )
         if self.max_body_bytes < self.max_blob_bytes + 4096:
             raise ValueError("max_body_bytes must leave room for at least one maximal blob")
+
+    @property
+    def feed_notify(self) -> bool:
+        """Whether commits are announced (NOTIFY) and heard (LISTEN): PROTOCOL §15."""
+        return self.live_feed != "off"
+
+    @property
+    def feed_events(self) -> bool:
+        """Whether the event stream (GET /v1/vaults/{v}/events) is served."""
+        return self.live_feed == "on"
 
     @property
     def lanes_in_use(self) -> int:
@@ -138,5 +159,6 @@ def config_from_env(
         metrics_token=source.get("ENGRAM_RELAY_METRICS_TOKEN", "").strip() or None,
         trusted_proxies=parse_trusted_proxies(source.get(ENV_TRUSTED_PROXIES, "")),
         events_ping_s=_env_float(source, "ENGRAM_RELAY_EVENTS_PING_S", DEFAULT_EVENTS_PING_S),
+        live_feed=source.get("ENGRAM_RELAY_LIVE_FEED", "").strip().lower() or "on",
         **values,
     )

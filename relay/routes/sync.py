@@ -111,7 +111,7 @@ async def pull(
                 origin=origin,
             )
 
-        if wait is None:
+        if wait is None or not state.config.feed_notify:  # ENGRAM_RELAY_LIVE_FEED=off
             page = await one_page()
         else:
             listener = listener_of(request, state, vault_id, device)

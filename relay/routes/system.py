@@ -9,6 +9,7 @@ from typing import Any
 from litestar import MediaType, Request, Response, get
 
 from engram_sync.relay import __version__
+from engram_sync.relay.config import RelayConfig
 from engram_sync.relay.errors import RelayError
 from engram_sync.relay.state import relay_state
 from engram_sync.shared_format.wire import MAX_BLOBS_PER_PUSH, MAX_PULL_LIMIT, RelayInfo, SyncHealth
@@ -60,6 +61,16 @@ async def ready(request: Request[Any, Any, Any]) -> dict[str, str]:
     return {"status": "ready"}
 
 
+def features_of(config: RelayConfig) -> list[str]:
+    """FEATURES without the live feed's parts that ENGRAM_RELAY_LIVE_FEED turned off."""
+    off = set()
+    if not config.feed_events:
+        off.add("events")
+    if not config.feed_notify:
+        off.add("pull-wait")
+    return [name for name in FEATURES if name not in off]
+
+
 @get("/v1/info", tags=["system"])
 async def info(request: Request[Any, Any, Any]) -> RelayInfo:
     """The limits advertisement, so clients size batches without guessing (§11)."""
@@ -71,7 +82,7 @@ async def info(request: Request[Any, Any, Any]) -> RelayInfo:
         max_blob_bytes=config.max_blob_bytes,
         max_pull_limit=MAX_PULL_LIMIT,
         max_body_bytes=config.max_body_bytes,
-        features=FEATURES,
+        features=features_of(config),
         max_page_bytes=config.max_page_bytes,  # PROTOCOL §11, additive
         generation=state.generation,  # PROTOCOL §17
     )

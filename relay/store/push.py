@@ -38,6 +38,7 @@ class PushLimits:
 
     max_blob_bytes: int
     default_quota: Quota
+    announce: bool = True  # PROTOCOL §15: NOTIFY after commit (off: ENGRAM_RELAY_LIVE_FEED)
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,8 @@ async def push_group(
             if not missing:
                 # PROTOCOL §15: committed now; one NOTIFY per vault of the group, on the
                 # same connection, outside the transaction (a failure is only logged).
-                await announce(conn, committed_heads(jobs, results))
+                if limits.announce:
+                    await announce(conn, committed_heads(jobs, results))
                 return results
             # First push to a vault: its row is created on its own and committed, outside
             # the locking transaction, so no transaction ever holds a row it inserted while

@@ -1,0 +1,137 @@
+"""ENGRAM_RELAY_LIVE_FEED (PROTOCOL §15): the live change feed on, long-poll only, or off,
+over real HTTP on a real relay and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import asyncpg
+import httpx
+import pytest
+
+from engram_sync.relay.config import RelayConfig, config_from_env
+from engram_sync.relay.db.url import to_libpq_url
+from tests.relay.conftest import Relay
+from tests.relay.support import Sealer, client, new_device_id, new_vault_id, pull_ok, push_ok
+
+CHANNEL = "engram_vault_changes"
+
+
+@pytest.fixture
+def relay_config(relay_config: RelayConfig, request: pytest.FixtureRequest) -> RelayConfig:
+    return replace(relay_config, live_feed=request.param)
+
+
+def features(http: httpx.Client) -> set[str]:
+    answer = http.get("/v1/info")
+    assert answer.status_code == 200
+    return set(answer.json()["features"])
+
+
+def events_status(http: httpx.Client, vault: str) -> int:
+    with http.stream(
+        "GET", f"/v1/vaults/{vault}/events", params={"cursor": 0},
+        headers={"X-Engram-Device": new_device_id()},
+    ) as response:  # fmt: skip
+        return response.status_code
+
+
+def notifications_of_a_push(relay: Relay, http: httpx.Client, vault: str) -> list[str]:
+    """The NOTIFY payloads a listener of our own hears for one push. A sentinel NOTIFY of
+    ours follows the push's answer; PostgreSQL delivers notifications in commit order and
+    the relay notifies before it answers, so the push's own comes before the sentinel."""
+
+    async def go() -> list[str]:
+        heard: list[str] = []
+        sentinel = asyncio.Event()
+
+        def on_notify(_c: object, _p: int, _ch: str, payload: str) -> None:
+            if payload == "sentinel":
+                sentinel.set()
+            else:
+                heard.append(payload)
+
+        conn = await asyncpg.connect(to_libpq_url(relay.database_url))
+        other = await asyncpg.connect(to_libpq_url(relay.database_url))
+        try:
+            await conn.add_listener(CHANNEL, on_notify)
+            head = (await asyncio.to_thread(push_ok, http, vault, Sealer(vault).blobs(1)))["cursor"]
+            assert head == 1
+            await other.execute(f"NOTIFY {CHANNEL}, 'sentinel'")
+            await asyncio.wait_for(sentinel.wait(), timeout=60)
+        finally:
+            await other.close()
+            await conn.close()
+        return heard
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("relay_config", ["on"], indirect=True)
+def test_on_serves_events_long_poll_and_notify(relay: Relay, http: httpx.Client) -> None:
+    vault = new_vault_id()
+    assert {"events", "pull-wait"} <= features(http)
+    assert events_status(http, vault) == 200
+    assert notifications_of_a_push(relay, http, vault) == [f"{vault} 1"]
+
+
+@pytest.mark.parametrize("relay_config", ["long-poll"], indirect=True)
+def test_long_poll_serves_no_event_stream(relay: Relay, http: httpx.Client) -> None:
+    vault = new_vault_id()
+    listed = features(http)
+    assert "pull-wait" in listed
+    assert "events" not in listed
+    assert events_status(http, vault) == 404
+    assert notifications_of_a_push(relay, http, vault) == [f"{vault} 1"]
+
+
+@pytest.mark.parametrize("relay_config", ["off"], indirect=True)
+def test_off_sends_no_notify_and_answers_a_wait_at_once(relay: Relay, http: httpx.Client) -> None:
+    vault = new_vault_id()
+    listed = features(http)
+    assert not {"events", "pull-wait"} & listed
+    assert "cursor" in listed  # the rest of the list is intact
+    assert events_status(http, vault) == 404
+    assert notifications_of_a_push(relay, http, vault) == []
+    with client(relay) as c:  # 30 s read timeout
+        # Nothing past 1 and wait=60: held, the read would time out; an ordinary pull here.
+        page = pull_ok(c, vault, cursor=1, wait=60)
+        assert page["blobs"] == []
+    rows = relay_listeners(relay.database_url)
+    assert rows == 0  # no LISTEN connection
+
+
+def relay_listeners(database_url: str) -> int:
+    async def go() -> int:
+        conn = await asyncpg.connect(to_libpq_url(database_url))
+        try:
+            count: int = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE application_name LIKE 'engram-relay-listen%'"
+                " AND datname = current_database()"
+            )
+            return count
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("relay_config", ["on"], indirect=True)
+def test_on_has_a_listen_connection(relay: Relay) -> None:
+    deadline = time.monotonic() + 30
+    while relay_listeners(relay.database_url) != 1:
+        assert time.monotonic() < deadline, "no LISTEN connection"
+        time.sleep(0.05)
+
+
+def test_the_setting_is_read_from_the_environment(fresh_database_url: str) -> None:
+    url = fresh_database_url
+    assert config_from_env(url, {}).live_feed == "on"
+    assert config_from_env(url, {"ENGRAM_RELAY_LIVE_FEED": " Off "}).live_feed == "off"
+    assert config_from_env(url, {"ENGRAM_RELAY_LIVE_FEED": "long-poll"}).feed_notify
+    assert not config_from_env(url, {"ENGRAM_RELAY_LIVE_FEED": "long-poll"}).feed_events
+    with pytest.raises(ValueError, match="ENGRAM_RELAY_LIVE_FEED must be one of on, long-poll"):
+        config_from_env(url, {"ENGRAM_RELAY_LIVE_FEED": "maybe"})
