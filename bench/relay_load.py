@@ -157,10 +157,15 @@ class RawHttpConnection:
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         """POST `body`; returns (status, response body). Raises OSError on a broken link."""
+        return await self.request("POST", path, body)
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        """One request; returns (status, response body). Raises OSError on a broken link."""
         reader, writer = await self._connect()
         try:
             writer.write(
-                b"POST " + path.encode("ascii") + b" HTTP/1.1\r\n" + self._head
+                method.encode("ascii") + b" " + path.encode("ascii") + b" HTTP/1.1\r\n"
+                + self._head
                 + b"Content-Length: " + str(len(body)).encode("ascii") + b"\r\n\r\n" + body
             )  # fmt: skip
             head = await reader.readuntil(b"\r\n\r\n")

@@ -192,7 +192,27 @@ def _figures(data: dict[str, Any]) -> list[str]:
              "ms"),
         _row("13. push -> change hint: p99", "", wake["p99_ms"], "", "ms"),
     ]  # fmt: skip
+    rows += _live_rows(s["live_latency"], s["live_throughput"])
     return _table(("figure", "min", "median", "max", "unit"), rows)
+
+
+def _live_rows(live: dict[str, Any], feed: dict[str, Any]) -> list[str]:
+    """Issue 15: bench.live_latency and bench.live_throughput."""
+    where = (
+        f"{live['background_devices']:,} devices, {live['vaults']} vaults, "
+        f"{live['background']['pushes_per_s']:.0f} pushes/s"
+    )
+    return [
+        _row(f"14. A push -> applied on B ({where}), {live['samples']} memories: p50", "",
+             live["applied_p50_ms"], "", "ms"),
+        _row("14. A push -> applied on B: p99", "", live["applied_p99_ms"], "", "ms"),
+        _row("14. A's push alone (to its answer): p50", "", live["push_p50_ms"], "", "ms"),
+        _row("14. A push -> B's sync report: p50", "", live["report_p50_ms"], "", "ms"),
+        _summary_row(f"15. push, feed on ({feed['blobs_per_round']:,} blobs a round)",
+                     feed["on_blobs_per_s"]),
+        _summary_row("15. push, feed off", feed["off_blobs_per_s"]),
+        _summary_row("15. off / on - 1", feed["overheads"]),
+    ]  # fmt: skip
 
 
 def _targets(data: dict[str, Any]) -> list[str]:

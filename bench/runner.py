@@ -14,7 +14,15 @@ from typing import Any
 
 import httpx
 
-from bench import ceiling, client_e2e, import_jsonl, live_feed, pull_memory
+from bench import (
+    ceiling,
+    client_e2e,
+    import_jsonl,
+    live_feed,
+    live_latency,
+    live_throughput,
+    pull_memory,
+)
 from bench.anti_entropy import measure as measure_anti_entropy
 from bench.corpus import Corpus
 from bench.database import BenchDatabase
@@ -287,6 +295,23 @@ class Run:
             self.loop, self.monitor, self.relay.url, self.relay.key, quick=self.s.quick
         )
 
+    def live_latency(self) -> dict[str, Any]:
+        """A's push -> applied in B's vault with the real client, under background load."""
+        self.log("live sync latency: real client pairs under connected devices and pushes")
+        with self.monitor.phase("live_latency"):
+            return live_latency.measure(
+                self.relay.url, self.relay.key, self.db.scratch, quick=self.s.quick
+            )
+
+    def live_throughput(self) -> dict[str, Any]:
+        """Push throughput with the feed on and off, alternating rounds (own relays)."""
+        self.log("live feed push throughput: ENGRAM_RELAY_LIVE_FEED on / off rounds")
+        with self.monitor.phase("live_throughput"):
+            return live_throughput.measure(
+                self.loop, self.conn, self.corpus, self.db.url, self.relay.key,
+                self.db.scratch, workers=self.s.workers, quick=self.s.quick,
+            )  # fmt: skip
+
     # -- 11: JSONL import (issue 17) ---------------------------------------------------------
 
     def jsonl_import(self) -> dict[str, Any]:
@@ -391,6 +416,8 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         sections["pull_memory"] = run.pull_memory()
                         sections["jsonl_import"] = run.jsonl_import()
                         sections["live_feed"] = run.live_feed()
+                        sections["live_latency"] = run.live_latency()
+                        sections["live_throughput"] = run.live_throughput()
                     finally:
                         loop.run(conn.close())
                 time.sleep(1.0)  # idle a moment: "after" is the relay at rest

@@ -14,6 +14,7 @@ DIGEST_PUSH_OVERHEAD: Final = 0.02  # push throughput with the digest within 2% 
 IMPORT_RATE_LIMIT: Final = 10_000.0  # issue 17: memories/s imported from JSONL
 WAKE_P50_LIMIT_MS: Final = 15.0  # issue 15: push -> applied on the other device, p50
 WAKE_P99_LIMIT_MS: Final = 75.0  # and p99 (here only the relay's part: push -> hint)
+FEED_PUSH_OVERHEAD: Final = 0.03  # issue 15: push throughput with the feed within 3% of off
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,42 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
         )
     )
     targets += live_feed_targets(sections["live_feed"])
+    targets += live_latency_targets(sections["live_latency"])
+    targets += live_throughput_targets(sections["live_throughput"])
     return [t.as_json() for t in targets]
+
+
+def live_latency_targets(live: dict[str, Any]) -> list[Target]:
+    """Issue 15: A's push start -> applied in B's vault through the real client's live sync
+    (bench.live_latency), under the background of connected devices and pushes."""
+    ok = live["errors"] == 0
+    detail = "and no errors" if ok else f"{live['errors']} errors"
+    where = (
+        f"{live['samples']} memories, {live['background_devices']:,} connected devices over "
+        f"{live['vaults']} vaults, {live['target_pushes_per_s']:g} pushes/s"
+    )
+    return [
+        Target("live_sync_applied_p50",
+               f"A's push start -> applied in B's vault (real client, event stream), p50 of "
+               f"{where} (ms)", live["applied_p50_ms"], WAKE_P50_LIMIT_MS, "<=",
+               extra_ok=ok, detail=detail),
+        Target("live_sync_applied_p99", "A's push start -> applied in B's vault, p99 (ms)",
+               live["applied_p99_ms"], WAKE_P99_LIMIT_MS, "<=", extra_ok=ok, detail=detail),
+    ]  # fmt: skip
+
+
+def live_throughput_targets(feed: dict[str, Any]) -> list[Target]:
+    """Issue 15: push throughput with the live feed on within 3% of off, alternating rounds
+    (bench.live_throughput), and push/ceiling still >= 0.5 with it on."""
+    return [
+        Target("live_feed_push_overhead",
+               "push blobs/s with ENGRAM_RELAY_LIVE_FEED=off / on - 1 (median over "
+               f"{feed['rounds']} alternating round pairs)",
+               feed["overhead"], FEED_PUSH_OVERHEAD, "<="),
+        Target("live_feed_push_vs_ceiling",
+               "relay push blobs/s with the feed on / raw asyncpg upsert blobs/s (median of "
+               "per-round ratios)", feed["on_ratio_to_ceiling"], 0.5, ">="),
+    ]  # fmt: skip
 
 
 def live_feed_targets(feed: dict[str, Any]) -> list[Target]:

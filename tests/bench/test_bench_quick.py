@@ -30,6 +30,8 @@ SECTIONS = (
     "digest",
     "jsonl_import",
     "live_feed",
+    "live_latency",
+    "live_throughput",
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -46,6 +48,10 @@ TARGETS = {
     "live_feed_idle_rss",
     "live_feed_wake_p50",
     "live_feed_wake_p99",
+    "live_sync_applied_p50",
+    "live_sync_applied_p99",
+    "live_feed_push_overhead",
+    "live_feed_push_vs_ceiling",
 }
 
 
