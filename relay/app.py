@@ -33,6 +33,7 @@ from engram_sync.relay.routes import (
     grants,
     handoff,
     pairing,
+    retire,
     sync,
     system,
 )
@@ -232,6 +233,7 @@ def create_app(config: RelayConfig) -> Litestar:
             *pairing.ROUTES,
             *handoff.ROUTES,  # PROTOCOL §14
             *grants.ROUTES,  # PROTOCOL §13 vault ownership
+            *retire.ROUTES,  # PROTOCOL §19
         ],
         lifespan=[lifespan],
         on_app_init=[on_app_init],

@@ -54,6 +54,7 @@ ERROR_STATUSES: Final = {
     "403": "Credentials not valid here (another vault, not an admin, a revoked device)",
     "404": "No such route or resource",
     "409": "Conflict (e.g. resync_required: pull again from cursor 0)",
+    "410": "Gone (e.g. vault_retired: the vault was retired, see `successor`)",
     "413": "Body larger than the relay accepts (see GET /v1/info)",
     "415": "Body is not application/json",
     "429": "Rate limited: retry after the Retry-After header",

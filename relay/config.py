@@ -14,6 +14,7 @@ DEFAULT_PORT: Final = 8788
 DEFAULT_MAX_BLOB_BYTES: Final = 1_048_576  # PROTOCOL §6 step 2: base64 characters of ciphertext
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_RETENTION_DAYS: Final = 30  # PROTOCOL §12
+DEFAULT_RETIRE_GRACE_DAYS: Final = 30  # PROTOCOL §19: pulls of a retired vault, then erasure
 DEFAULT_RATE: Final = 100  # PROTOCOL §5: requests/second per key
 DEFAULT_PUSH_LANES: Final = 1  # concurrent push transactions per process (relay.push_groups)
 # PROTOCOL §7, §9, §11 (issue 14 item 5): a pull page stops adding blobs once its ciphertext
@@ -46,6 +47,7 @@ class RelayConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
     tombstone_retention_days: int = DEFAULT_RETENTION_DAYS
+    retire_grace_days: int = DEFAULT_RETIRE_GRACE_DAYS  # ENGRAM_RETIRE_GRACE_DAYS (§19)
     pool_min_size: int = 2
     pool_max_size: int = 10
     push_lanes: int = DEFAULT_PUSH_LANES
@@ -64,6 +66,8 @@ class RelayConfig:
         for name in ("quota_devices", "quota_bytes", "tombstone_retention_days"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if not 0 <= self.retire_grace_days <= 3650:
+            raise ValueError("ENGRAM_RETIRE_GRACE_DAYS must be >= 0 and <= 3650 days")
         if self.maintenance_interval_secs < 0:
             raise ValueError("ENGRAM_RELAY_MAINTENANCE_INTERVAL_S must be >= 0 (0 = off)")
         if self.metrics_token is not None and len(self.metrics_token) < MIN_METRICS_TOKEN_CHARS:
@@ -142,6 +146,9 @@ def config_from_env(
         "max_page_bytes": _env_int(source, "ENGRAM_RELAY_MAX_PAGE_BYTES", DEFAULT_MAX_PAGE_BYTES),
         "tombstone_retention_days": _env_int(
             source, "ENGRAM_RELAY_TOMBSTONE_RETENTION_DAYS", DEFAULT_RETENTION_DAYS
+        ),
+        "retire_grace_days": _env_int(
+            source, "ENGRAM_RETIRE_GRACE_DAYS", DEFAULT_RETIRE_GRACE_DAYS
         ),
         "pool_max_size": _env_int(source, "ENGRAM_RELAY_POOL_SIZE", 10),
         "push_lanes": _env_int(source, "ENGRAM_RELAY_PUSH_LANES", DEFAULT_PUSH_LANES),

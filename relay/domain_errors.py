@@ -91,3 +91,26 @@ class ResyncRequiredError(DomainError):
         super().__init__(f"cursor {cursor} is behind the compaction horizon {horizon}")
         self.cursor = cursor
         self.horizon = horizon
+
+
+# --- vault retirement (relay.store.retire, relay.store.push) ---------------------------------
+
+
+class VaultRetiredError(PushRefusedError):
+    """PROTOCOL §19: the vault was retired; pushes (and new keys, handoff requests and
+    pairing codes, and every route once the grace period is over) are refused 410 with
+    the successor the retire named (a hint: clients never trust it)."""
+
+    def __init__(self, vault_id: str, successor: str | None) -> None:
+        super().__init__(f"vault {vault_id} was retired")
+        self.vault_id = vault_id
+        self.successor = successor
+
+
+class AlreadyRetiredError(DomainError):
+    """PROTOCOL §19: a retire naming another successor than the one already stored (409)."""
+
+    def __init__(self, vault_id: str, successor: str | None) -> None:
+        super().__init__(f"vault {vault_id} was already retired")
+        self.vault_id = vault_id
+        self.successor = successor

@@ -22,12 +22,14 @@ from litestar.exceptions import (
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from engram_sync.relay.domain_errors import (
+    AlreadyRetiredError,
     BatchTooLargeError,
     EmptyBatchError,
     InvalidBlobError,
     QuotaExceededError,
     ResyncRequiredError,
     ShuttingDownError,
+    VaultRetiredError,
 )
 from engram_sync.relay.idempotency import (
     HEADER as IDEMPOTENCY_HEADER,
@@ -167,6 +169,29 @@ def _shutting_down(_: Request[Any, Any, Any], exc: ShuttingDownError) -> Respons
             "the relay is shutting down; retry",
             headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER_SECS)},
         ),
+    )
+
+
+def _vault_retired(_: Request[Any, Any, Any], exc: VaultRetiredError) -> Response[Any]:
+    # PROTOCOL §19: `successor` is a hint (null when the retire named none).
+    where = f"its successor is {exc.successor}" if exc.successor else "it named no successor"
+    message = (
+        f"vault {exc.vault_id} was retired ({where}); it takes no more writes: "
+        "re-key or link this device to the successor"
+    )
+    return _relay_error(
+        _, RelayError(410, "vault_retired", message, extra={"successor": exc.successor})
+    )
+
+
+def _already_retired(_: Request[Any, Any, Any], exc: AlreadyRetiredError) -> Response[Any]:
+    # PROTOCOL §19: a retire is idempotent only with the successor it stored.
+    message = (
+        f"vault {exc.vault_id} was already retired with another successor; "
+        "the stored one is in `successor`"
+    )
+    return _relay_error(
+        _, RelayError(409, "already_retired", message, extra={"successor": exc.successor})
     )
 
 
@@ -334,6 +359,8 @@ EXCEPTION_HANDLERS: Final = {
     QuotaExceededError: _push_quota,
     ResyncRequiredError: _resync_required,
     ShuttingDownError: _shutting_down,
+    VaultRetiredError: _vault_retired,  # PROTOCOL §19
+    AlreadyRetiredError: _already_retired,
     DeviceQuotaError: _device_quota,
     LabelLockedError: _label_locked,
     TooManyRequestsError: _too_many_handoffs,

@@ -72,11 +72,19 @@ class PullRequest(Struct, frozen=True):
     cursor: Cursor | None = None
 
 
+class VaultRetirement(Struct, frozen=True):
+    """`retired` of a pull of a retired vault (PROTOCOL §19): a hint, never trusted."""
+
+    successor: str | None
+    erase_after: str  # RFC 3339 UTC: after it the vault's blobs are erased
+
+
 class PullResponse(Struct, frozen=True):
     """Answer to a pull (PROTOCOL §5); `cursor` (§9) and `generation` (§17) are ours.
 
     `head` (cursor mode only) is the vault's sequence when the page was read (0 for a
     vault nobody pushed to); a head below the device's cursor means a restored relay.
+    `retired` (§19) is sent only for a retired vault, absent on a live one.
     """
 
     blobs: list[SyncBlob]
@@ -84,6 +92,22 @@ class PullResponse(Struct, frozen=True):
     cursor: Cursor | UnsetType = UNSET
     generation: str | UnsetType = UNSET
     head: Cursor | UnsetType = UNSET
+    retired: VaultRetirement | UnsetType = UNSET
+
+
+class RetireRequest(Struct, frozen=True):
+    """Body of `POST /v1/vaults/{vault_id}/retire` (PROTOCOL §19)."""
+
+    successor: str | None
+
+
+class RetireResponse(Struct, frozen=True):
+    """Answer to a retire (PROTOCOL §19), the same for a repeated identical call."""
+
+    vault_id: str
+    successor: str | None
+    retired_at: str  # RFC 3339 UTC
+    erase_after: str
 
 
 class SyncHealth(Struct, frozen=True):

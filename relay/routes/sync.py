@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from litestar import Request, get, post
 from litestar.params import FromPath, FromQuery, QueryParameter
+from msgspec import UNSET, UnsetType
 
 from engram_sync.relay.auth import authorize
 from engram_sync.relay.bodies import BODY_OPT, decode_body
@@ -19,6 +20,8 @@ from engram_sync.relay.routes.long_poll import MAX_WAIT_S, held_pull
 from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import sync as store
 from engram_sync.relay.store.push import PushJob
+from engram_sync.relay.store.retire import Retirement
+from engram_sync.shared_format.timestamps import format_rfc3339
 from engram_sync.shared_format.wire import (
     DEFAULT_PULL_LIMIT,
     MAX_BLOBS_PER_PUSH,
@@ -26,6 +29,7 @@ from engram_sync.shared_format.wire import (
     PullResponse,
     PushRequest,
     PushResponse,
+    VaultRetirement,
     VaultStats,
 )
 
@@ -62,6 +66,14 @@ async def push(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> Push
         cursor=outcome.cursor,
         generation=state.generation,  # PROTOCOL §17, cached: no query of its own
     )
+
+
+def retired_field(retired: Retirement | None) -> VaultRetirement | UnsetType:
+    """PROTOCOL §19: `retired` of a pull of a retired vault; absent (UNSET) on a live one,
+    so a live vault's pull answer is the §5 core byte for byte."""
+    if retired is None:
+        return UNSET
+    return VaultRetirement(retired.successor, format_rfc3339(retired.erase_after))
 
 
 def device_for_progress(request: Request[Any, Any, Any], bound: str | None) -> str | None:
@@ -125,6 +137,7 @@ async def pull(
             cursor=page.cursor,
             generation=state.generation,  # PROTOCOL §17, cached: no query of its own
             head=page.head,
+            retired=retired_field(page.retired),
         )
     if wait is not None:
         raise bad_request(
@@ -138,12 +151,17 @@ async def pull(
             instant = parse_storable(_SPACE_OFFSET.sub(r"+\1", since))
         except ValueError as exc:
             raise bad_request(f"since: {exc}", code="invalid_request", field="since") from None
-    blobs, has_more = await store.pull_since(
+    blobs, has_more, retired = await store.pull_since(
         pool, vault_id, instant, page_size, max_bytes=state.config.max_page_bytes
     )
     state.metrics.pulls.labels("since").inc()
     state.metrics.blobs_pulled.inc(len(blobs))
-    return PullResponse(blobs=blobs, has_more=has_more, generation=state.generation)
+    return PullResponse(
+        blobs=blobs,
+        has_more=has_more,
+        generation=state.generation,
+        retired=retired_field(retired),
+    )
 
 
 async def _stats(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> VaultStats:

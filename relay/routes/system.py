@@ -27,6 +27,7 @@ FEATURES = [
     "idempotency-keys",  # an Idempotency-Key makes creating POSTs retryable (docs/retries.md)
     "events",  # PROTOCOL §15: GET /v1/vaults/{v}/events (docs/live-feed.md)
     "pull-wait",  # PROTOCOL §15: pull?cursor=N&wait=S, the long-poll
+    "retire",  # PROTOCOL §19: POST /v1/vaults/{v}/retire (docs/rekey.md)
 ]
 
 

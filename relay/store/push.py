@@ -18,7 +18,11 @@ from typing import Any, NamedTuple
 
 import asyncpg
 
-from engram_sync.relay.domain_errors import PushRefusedError, QuotaExceededError
+from engram_sync.relay.domain_errors import (
+    PushRefusedError,
+    QuotaExceededError,
+    VaultRetiredError,
+)
 from engram_sync.relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
 from engram_sync.relay.store.feed import announce
 from engram_sync.shared_format.digest import digest_bytes, digest_int, version_hash
@@ -76,6 +80,8 @@ class _LockedVault:
     digest: int = 0
     # Blobs held per non-revoked device, read on first need (device quota only).
     active_devices: Counter[str] | None = None
+    # PROTOCOL §19: the refusal of a retired vault, read under the same lock
+    retired: VaultRetiredError | None = None
 
 
 # Made per blob of a push (500 a batch): named tuples cost under half of what frozen
@@ -96,6 +102,7 @@ class _Write(NamedTuple):
 
 _LOCK_VAULTS = (
     "SELECT v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones, v.digest,"
+    " v.retired_at IS NOT NULL AS retired, v.successor,"  # PROTOCOL §19, under the lock
     " q.max_devices, q.max_bytes FROM vaults v"
     " LEFT JOIN quotas q ON q.vault_id = v.vault_id WHERE v.vault_id = ANY($1::text[])"
     " ORDER BY v.vault_id FOR UPDATE OF v"
@@ -246,6 +253,7 @@ async def _lock_vaults(
                 default.max_bytes if r["max_bytes"] is None else r["max_bytes"],
             ),
             digest=digest_int(r["digest"]),
+            retired=VaultRetiredError(r["vault_id"], r["successor"]) if r["retired"] else None,
         )
         for r in rows
     }
@@ -301,6 +309,8 @@ async def _decide(
     max_blob_bytes: int,
 ) -> PushOutcome:
     """Steps 2-7 and the quota for one push, on the state the pushes before it left."""
+    if vault.retired is not None:  # PROTOCOL §19: from the retire on, every push is refused
+        raise VaultRetiredError(job.vault_id, vault.retired.successor)
     memory_ids = {c.blob.memory_id for c in job.checked}
     device_ids = {c.blob.device_id for c in job.checked}
     mine = {m: stored[key].version for m in memory_ids if (key := (job.vault_id, m)) in stored}

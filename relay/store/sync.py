@@ -9,6 +9,7 @@ import asyncpg
 from msgspec import UNSET
 
 from engram_sync.relay.domain_errors import ResyncRequiredError
+from engram_sync.relay.store.retire import Retirement, retirement
 from engram_sync.shared_format.wire import SyncBlob
 
 # Both pull modes cap a page by count and by bytes (PROTOCOL §7, §9, §11; issue 14 item
@@ -52,10 +53,11 @@ _SINCE_ROWS = (
 # 10): the vault's sequence and compaction horizon are read with the page, so a compaction
 # or a push committing meanwhile is wholly before the page or wholly after it. A vault
 # row and no blob beyond the cursor give one row of NULL blob columns; an unknown vault
-# none. Public: the benchmark's raw-database ceiling runs this very statement
-# (bench/ceiling.py).
+# none. PROTOCOL §19: the vault's retirement comes with it (NULLs on a live vault). Public:
+# the benchmark's raw-database ceiling runs this very statement (bench/ceiling.py).
 PULL_PAGE = f"""
-SELECT v.seq AS head, v.compacted_through AS horizon, p.*
+SELECT v.seq AS head, v.compacted_through AS horizon, v.retired_at, v.successor,
+       v.erase_after, v.erase_after <= now() AS erased, p.*
 FROM vaults v LEFT JOIN ({_byte_capped(_CURSOR_ROWS, "seq")}) p ON true
 WHERE v.vault_id = $1
 ORDER BY p.seq
@@ -90,6 +92,7 @@ class Page:
     cursor: int
     head: int = 0  # the vault's sequence (PROTOCOL §17: a restored relay's is lower)
     lag: int = 0  # blobs of the vault still ahead of `cursor` (for metrics)
+    retired: Retirement | None = None  # PROTOCOL §19: within its grace period
 
 
 def split_page(rows: list[asyncpg.Record], limit: int) -> tuple[list[asyncpg.Record], bool]:
@@ -119,10 +122,16 @@ async def pull_by_cursor(
     whenever the horizon lay above page 1)."""
     async with pool.acquire() as conn:
         rows = await conn.fetch(PULL_PAGE, vault_id, cursor, limit, max_bytes)
+        retired = None
         if not rows:  # nobody pushed to this vault (PROTOCOL §5: an empty page)
             head = horizon = 0
         else:
             head, horizon = int(rows[0]["head"]), int(rows[0]["horizon"])
+            if rows[0]["retired_at"] is not None:  # PROTOCOL §19
+                retired = Retirement(vault_id, rows[0]["successor"], rows[0]["retired_at"],
+                                     rows[0]["erase_after"], rows[0]["erased"])  # fmt: skip
+                if retired.erased:  # the grace period is over: 410 (relay.errors)
+                    raise retired.refusal()
         start = cursor if origin is None else min(origin, cursor)
         if 0 < start < horizon:
             raise ResyncRequiredError(cursor, horizon)  # answered 409 by relay.errors
@@ -151,18 +160,23 @@ async def pull_by_cursor(
                 new_cursor,
             )
         lag = max(0, head - new_cursor)
-        return Page([_to_blob(r, with_seq=True) for r in rows], has_more, new_cursor, head, lag)
+        blobs = [_to_blob(r, with_seq=True) for r in rows]
+        return Page(blobs, has_more, new_cursor, head, lag, retired)
 
 
 async def pull_since(
     pool: asyncpg.Pool, vault_id: str, since: datetime | None, limit: int, *, max_bytes: int
-) -> tuple[list[SyncBlob], bool]:
+) -> tuple[list[SyncBlob], bool, Retirement | None]:
     """Legacy pull (PROTOCOL §7): created_at >= since as instants, by (created_at, seq),
-    capped by count and by ciphertext bytes like the cursor pull."""
+    capped by count and by ciphertext bytes like the cursor pull; with the vault's
+    retirement (PROTOCOL §19; `VaultRetiredError` once its grace period is over)."""
     async with pool.acquire() as conn:
+        retired = await retirement(conn, vault_id)
+        if retired is not None and retired.erased:
+            raise retired.refusal()
         rows = await conn.fetch(_PULL_SINCE, vault_id, since, limit, max_bytes)
     page, has_more = split_page(rows, limit)
-    return [_to_blob(r) for r in page], has_more
+    return [_to_blob(r) for r in page], has_more, retired
 
 
 async def vault_stats(pool: asyncpg.Pool, vault_id: str) -> tuple[int, str | None]:

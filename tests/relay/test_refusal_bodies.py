@@ -162,6 +162,47 @@ def test_resync_required(relay: Relay, http: httpx.Client) -> None:
     assert pull(http, vault, cursor=5).status_code == 200  # at the horizon is fine
 
 
+def test_vault_retired_and_already_retired(http: httpx.Client) -> None:
+    """PROTOCOL §19: the 410 of a push to a retired vault and the 409 of a second retire
+    naming another successor (golden: written down from the relay's first answers)."""
+    old, new = new_vault_id("retired"), new_vault_id("successor")
+    sealer = Sealer(old)
+    assert push_ok(http, old, [sealer.blob("before", 1)])["accepted"] == 1
+    assert http.post(f"/v1/vaults/{old}/retire", json={"successor": new}).status_code == 200
+    assert_answer(
+        push(http, old, [sealer.blob("after", 1)]),
+        410,
+        {
+            "error": f"vault {old} was retired (its successor is {new}); it takes no more "
+            "writes: re-key or link this device to the successor",
+            "code": "vault_retired",
+            "successor": new,
+        },
+    )
+    assert_answer(
+        http.post(f"/v1/vaults/{old}/retire", json={"successor": None}),
+        409,
+        {
+            "error": f"vault {old} was already retired with another successor; "
+            "the stored one is in `successor`",
+            "code": "already_retired",
+            "successor": new,
+        },
+    )
+    alone = new_vault_id("alone")
+    assert http.post(f"/v1/vaults/{alone}/retire", json={"successor": None}).status_code == 200
+    assert_answer(
+        push(http, alone, [Sealer(alone).blob("m", 1)]),
+        410,
+        {
+            "error": f"vault {alone} was retired (it named no successor); it takes no more "
+            "writes: re-key or link this device to the successor",
+            "code": "vault_retired",
+            "successor": None,
+        },
+    )
+
+
 async def _cancelled(jobs: list[PushJob]) -> list[PushResult]:
     """A group transaction cut short as at shutdown: its lane task is cancelled."""
     raise asyncio.CancelledError

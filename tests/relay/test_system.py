@@ -66,6 +66,7 @@ def test_info_advertises_the_limits(http: httpx.Client) -> None:
     assert "digest" in info["features"]  # PROTOCOL §18, docs/digest.md
     assert "idempotency-keys" in info["features"]  # docs/retries.md
     assert {"events", "pull-wait"} <= set(info["features"])  # PROTOCOL §15
+    assert "retire" in info["features"]  # PROTOCOL §19, docs/rekey.md
 
 
 def test_ready_when_the_database_answers(http: httpx.Client) -> None:

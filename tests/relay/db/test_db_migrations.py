@@ -32,6 +32,9 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
         "live_blobs": ("bigint", False, "0"),  # 0003_vault_counts
         "tombstones": ("bigint", False, "0"),
         "digest": ("bytea", False, "decode(repeat('00'::text, 32), 'hex'::text)"),  # 0008_digest
+        "retired_at": ("timestamp with time zone", True, None),  # 0009_retire (PROTOCOL §19)
+        "successor": ("text", True, None),
+        "erase_after": ("timestamp with time zone", True, None),
     },
     "blobs": {
         "vault_id": ("text", False, None),
@@ -148,7 +151,7 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
 
 def test_head_is_the_generation_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0008_digest"
+    assert head_revision() == "0009_retire"
 
 
 def test_generation_is_one_random_row(fresh_database_url: str) -> None:

@@ -1,0 +1,87 @@
+"""Retiring a vault after a re-key (PROTOCOL §19, docs/rekey.md "Relay").
+
+`POST /v1/vaults/{old}/retire {"successor": "<vault id>" | null}` needs an admin key for
+`old` (an operator admin key, or an admin key an account that owns `old` or was granted
+it minted). A successor must be another valid vault id that the same key may use too
+(a key scoped to it, or an account that owns it or was granted it), so a retire cannot
+point devices at a vault its caller cannot use. The retire is idempotent: the same call
+again answers the same 200; another successor answers 409 `already_retired`.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any, Final
+
+from litestar import Request, post
+from litestar.params import FromPath
+
+from engram_sync.relay.auth import authorize
+from engram_sync.relay.bodies import BODY_OPT, decode_body
+from engram_sync.relay.errors import bad_request, forbidden
+from engram_sync.relay.keys import Principal
+from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.state import relay_state
+from engram_sync.relay.store import owners
+from engram_sync.relay.store import retire as store
+from engram_sync.shared_format.timestamps import format_rfc3339
+from engram_sync.shared_format.wire import RetireRequest, RetireResponse
+
+log = logging.getLogger(__name__)
+
+
+async def _may_use_successor(
+    request: Request[Any, Any, Any], principal: Principal, vault: str
+) -> bool:
+    if principal.can_access(vault):
+        return True
+    if principal.account_id is None:
+        return False
+    pool = relay_state(request).require_pool()
+    return await owners.may_use(pool, principal.account_id, vault)
+
+
+@post(
+    "/v1/vaults/{vault_id:str}/retire",
+    status_code=200,
+    tags=["retire"],
+    opt={BODY_OPT: RetireRequest},
+)
+async def retire_vault(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> RetireResponse:
+    """Retire the vault: from the commit on, every push to it is refused 410 `vault_retired`;
+    pulls carry `retired` until `erase_after`, then its blobs are erased (admin; idempotent).
+    """
+    state = relay_state(request)
+    principal = await authorize(request, require_id(vault_id, "vault_id"), admin=True)
+    data = await decode_body(request, RetireRequest)
+    successor = data.successor
+    if successor is not None:
+        require_id(successor, "successor")
+        if successor == vault_id:
+            raise bad_request(
+                "successor: a vault cannot be its own successor",
+                code="invalid_request",
+                field="successor",
+            )
+        if not await _may_use_successor(request, principal, successor):
+            raise forbidden(
+                f"this key may not use vault {successor}, so it cannot name it as the "
+                "successor: use a key (or account) that reaches both vaults",
+                code="successor_forbidden",
+            )
+    grace = timedelta(days=state.config.retire_grace_days)
+    done = await store.retire(state.require_pool(), vault_id, successor, grace)
+    log.info(
+        "vault retired",
+        extra={"vault_id": vault_id, "successor": done.successor, "key_id": principal.key_id},
+    )
+    return RetireResponse(
+        vault_id=done.vault_id,
+        successor=done.successor,
+        retired_at=format_rfc3339(done.retired_at),
+        erase_after=format_rfc3339(done.erase_after),
+    )
+
+
+ROUTES: Final = [retire_vault]

@@ -1,0 +1,345 @@
+"""Vault retirement (PROTOCOL §19, docs/rekey.md "Relay") on a real relay and PostgreSQL.
+
+From the retire on, every push to the old vault is refused 410 `vault_retired`, pushes
+racing the retire included: the retire and the pushes take the same row lock, and the
+push reads the retirement in its locking statement, so a push either committed before
+the retire did (its sequence is at most the vault's at the retire) or was refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.domain_errors import VaultRetiredError
+from engram_sync.relay.maintenance import sweep
+from engram_sync.relay.push_rules import check_structure
+from engram_sync.relay.store import retire as retire_store
+from engram_sync.relay.store.push import PushJob, PushLimits, PushOutcome, Quota, push_group
+from tests.relay.conftest import Relay
+from tests.relay.support import (
+    Sealer,
+    assert_error,
+    client,
+    module_relay_fixture,
+    new_vault_id,
+    pull,
+    pull_ok,
+    push,
+    push_ok,
+    run_db,
+)
+
+relay = module_relay_fixture()
+
+LIMITS = PushLimits(max_blob_bytes=1_048_576, default_quota=Quota(0, 0))
+
+
+@pytest.fixture
+def http(relay: Relay) -> Iterator[httpx.Client]:
+    with client(relay) as c:
+        yield c
+
+
+def retire(http: httpx.Client, vault: str, successor: str | None) -> httpx.Response:
+    return http.post(f"/v1/vaults/{vault}/retire", json={"successor": successor})
+
+
+def retire_ok(http: httpx.Client, vault: str, successor: str | None) -> dict[str, Any]:
+    response = retire(http, vault, successor)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def vault_seq(relay: Relay, vault: str) -> int:
+    return int(relay.sql("SELECT seq FROM vaults WHERE vault_id = $1", vault)[0]["seq"])
+
+
+def assert_retired_refusal(response: httpx.Response, successor: str | None) -> None:
+    body = assert_error(response, 410, "vault_retired")
+    assert body["successor"] == successor
+    assert set(body) == {"error", "code", "successor"}
+
+
+# --- the retire route ---------------------------------------------------------------------
+
+
+def test_retire_refuses_every_push_and_names_the_successor(http: httpx.Client) -> None:
+    old, new = new_vault_id("old"), new_vault_id("new")
+    sealer = Sealer(old)
+    assert push_ok(http, old, sealer.blobs(3))["accepted"] == 3  # the positive case
+    body = retire_ok(http, old, new)
+    assert body["vault_id"] == old
+    assert body["successor"] == new
+    assert body["retired_at"].endswith("+00:00")
+    assert body["erase_after"] > body["retired_at"]
+    for blobs in ([sealer.blob("fresh", 1)], [sealer.blob("mem-0", 9)], sealer.blobs(5, clock=7)):
+        assert_retired_refusal(push(http, old, blobs), new)
+    assert len(pull_ok(http, old, cursor=0)["blobs"]) == 3  # nothing of them was written
+    assert push_ok(http, new, Sealer(new).blobs(1))["accepted"] == 1  # the successor is live
+
+
+def test_retire_without_a_successor(http: httpx.Client) -> None:
+    old = new_vault_id("alone")
+    push_ok(http, old, Sealer(old).blobs(1))
+    assert retire_ok(http, old, None)["successor"] is None
+    assert_retired_refusal(push(http, old, Sealer(old).blobs(1, prefix="x")), None)
+
+
+def test_retire_of_a_vault_nobody_used_refuses_its_first_push(http: httpx.Client) -> None:
+    old = new_vault_id("unused")
+    retire_ok(http, old, None)
+    assert_retired_refusal(push(http, old, Sealer(old).blobs(1)), None)
+
+
+def test_retire_is_idempotent_and_another_successor_is_409(http: httpx.Client) -> None:
+    old, new, other = new_vault_id("old"), new_vault_id("new"), new_vault_id("other")
+    push_ok(http, old, Sealer(old).blobs(1))
+    first = retire_ok(http, old, new)
+    assert retire_ok(http, old, new) == first  # the same values, not a new retired_at
+    conflict = assert_error(retire(http, old, other), 409, "already_retired")
+    assert conflict["successor"] == new
+    assert_error(retire(http, old, None), 409, "already_retired")
+    assert retire_ok(http, old, new) == first  # the 409s changed nothing
+
+
+def test_retire_needs_an_admin_key_of_the_vault(relay: Relay, http: httpx.Client) -> None:
+    old = new_vault_id("admin")
+    push_ok(http, old, Sealer(old).blobs(1))
+    member = relay.mint(old)  # a key for the vault, not an admin one
+    with client(relay, member) as c:
+        assert push_ok(c, old, Sealer(old).blobs(1, prefix="m"))["accepted"] == 1
+        assert_error(retire(c, old, None), 403)
+    other_admin = relay.mint(new_vault_id("elsewhere"), admin=True)
+    with client(relay, other_admin) as c:
+        assert_error(retire(c, old, None), 403)
+    admin = relay.mint(old, admin=True)  # the positive case beside them
+    with client(relay, admin) as c:
+        assert retire_ok(c, old, None)["vault_id"] == old
+
+
+def test_the_successor_must_be_a_vault_the_caller_may_use(relay: Relay, http: httpx.Client) -> None:
+    old, mine, theirs = new_vault_id("old"), new_vault_id("mine"), new_vault_id("theirs")
+    push_ok(http, old, Sealer(old).blobs(1))
+    admin_of_old = relay.mint(old, admin=True)  # a minted key reaches one vault only
+    with client(relay, admin_of_old) as c:
+        refused = assert_error(retire(c, old, theirs), 403, "successor_forbidden")
+        assert theirs in refused["error"]
+    assert push_ok(http, old, Sealer(old).blobs(1, prefix="still"))["accepted"] == 1  # live
+    # An operator key reaches every vault: the same retire is allowed.
+    assert retire_ok(http, old, mine)["successor"] == mine
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"successor": ""}, "successor"), ({"successor": 7}, "successor"), ({}, "successor")],
+)
+def test_a_bad_retire_body_is_a_400_naming_the_field(
+    http: httpx.Client, body: dict[str, Any], field: str
+) -> None:
+    old = new_vault_id("body")
+    response = http.post(f"/v1/vaults/{old}/retire", json=body)
+    assert assert_error(response, 400)["field"] == field
+    assert push_ok(http, old, Sealer(old).blobs(1))["accepted"] == 1  # not retired
+
+
+def test_a_vault_cannot_be_its_own_successor(http: httpx.Client) -> None:
+    old = new_vault_id("self")
+    assert assert_error(retire(http, old, old), 400, "invalid_request")["field"] == "successor"
+    assert push_ok(http, old, Sealer(old).blobs(1))["accepted"] == 1
+
+
+# --- pushes racing the retire ---------------------------------------------------------------
+
+
+async def _lock_waiters(conn: asyncpg.Connection, name: str) -> int:
+    count: int = await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+        " AND datname = current_database() AND wait_event_type = 'Lock'",
+        name,
+    )
+    return count
+
+
+async def _until_waiting(conn: asyncpg.Connection, name: str, count: int) -> None:
+    for _ in range(3000):  # a bound, never reached when things work
+        if await _lock_waiters(conn, name) >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"fewer than {count} {name} backends wait on a lock")
+
+
+def test_a_push_queued_behind_the_retire_is_refused(relay: Relay, http: httpx.Client) -> None:
+    """Deterministic interleaving: the test holds the vault's row lock while one push,
+    then the retire, then another push queue for it. The first push commits before the
+    retire; the push queued after the retire must be refused even though it started
+    before the retire committed (a retirement read outside the lock lets it through)."""
+    vault, successor = new_vault_id("race"), new_vault_id("next")
+    sealer = Sealer(vault)
+    push_ok(http, vault, sealer.blobs(1, prefix="seed"))
+    name = f"retire-race-{vault}"[:60]
+
+    async def race() -> tuple[list[Any], int]:
+        url = to_libpq_url(relay.database_url)
+        pool = await asyncpg.create_pool(
+            url, min_size=3, max_size=3, server_settings={"application_name": name}
+        )
+        gate = await asyncpg.connect(url)
+        try:
+            async with gate.transaction():
+                await gate.execute("SELECT 1 FROM vaults WHERE vault_id = $1 FOR UPDATE", vault)
+
+                def job(prefix: str) -> list[PushJob]:
+                    blobs = check_structure(sealer.blobs(2, prefix=prefix), 1000)
+                    return [PushJob(vault, blobs, None)]
+
+                before = asyncio.ensure_future(push_group(pool, job("before"), LIMITS))
+                await _until_waiting(gate, name, 1)
+                retired = asyncio.ensure_future(
+                    retire_store.retire(pool, vault, successor, timedelta(days=30))
+                )
+                await _until_waiting(gate, name, 2)
+                after = asyncio.ensure_future(push_group(pool, job("after"), LIMITS))
+                await _until_waiting(gate, name, 3)
+            results = [(await before)[0], await retired, (await after)[0]]
+            seq_at_retire = int(
+                await gate.fetchval("SELECT seq FROM vaults WHERE vault_id = $1", vault)
+            )
+            return results, seq_at_retire
+        finally:
+            await gate.close()
+            await pool.close()
+
+    (before, retired, after), seq_at_retire = asyncio.run(race())
+    assert isinstance(before, PushOutcome)
+    assert len(before.plan.accepted) == 2
+    assert before.cursor <= seq_at_retire  # committed before the retire
+    assert retired.successor == successor
+    assert isinstance(after, VaultRetiredError), after  # queued behind the retire: refused
+    assert after.successor == successor
+    assert vault_seq(relay, vault) == seq_at_retire == 3  # seed + the two before
+    memories = {b["memory_id"] for b in pull_ok(http, vault, cursor=0)["blobs"]}
+    assert not any(m.startswith("after") for m in memories)
+
+
+def test_concurrent_pushes_while_retiring_commit_before_it_or_get_410(
+    relay: Relay, http: httpx.Client
+) -> None:
+    """Real HTTP: pushers keep pushing while an admin retires. Every push either got 200
+    (and then its cursor is at most the vault's sequence at the retire) or 410, and every
+    push sent after the retire answered is a 410."""
+    vault, successor = new_vault_id("storm"), new_vault_id("after")
+    push_ok(http, vault, Sealer(vault).blobs(1, prefix="seed"))
+    pushers, rounds = 6, 12
+    started = threading.Barrier(pushers + 1)
+    retired = threading.Event()
+    outcomes: list[tuple[bool, int, dict[str, Any]]] = []  # (sent after retire?, status, body)
+    lock = threading.Lock()
+
+    def pusher(index: int) -> None:
+        sealer = Sealer(vault)
+        with client(relay) as c:
+            started.wait()
+            for r in range(rounds):
+                after = retired.is_set()
+                response = push(c, vault, sealer.blobs(3, prefix=f"p{index}-r{r}"))
+                with lock:
+                    outcomes.append((after, response.status_code, response.json()))
+
+    with ThreadPoolExecutor(pushers) as pool:
+        futures = [pool.submit(pusher, i) for i in range(pushers)]
+        started.wait()
+        body = retire_ok(http, vault, successor)
+        seq_at_retire = vault_seq(relay, vault)  # read after the retire committed
+        retired.set()
+        for future in futures:
+            future.result()
+    assert body["successor"] == successor
+    statuses = {status for _, status, _ in outcomes}
+    assert statuses <= {200, 410}, statuses
+    accepted = 0
+    for sent_after, status, answer in outcomes:
+        if status == 200:
+            assert not sent_after, answer
+            assert answer["cursor"] <= seq_at_retire, (answer, seq_at_retire)
+            accepted += answer["accepted"]
+        else:
+            assert answer["code"] == "vault_retired"
+            assert answer["successor"] == successor
+    assert sum(1 for a, _, _ in outcomes if a) > 0  # some pushes came after the retire
+    assert vault_seq(relay, vault) == seq_at_retire == 1 + accepted  # nothing after it
+
+
+# --- pulls during the grace period, erasure after it ---------------------------------------
+
+
+def test_pulls_of_a_retired_vault_carry_retired_and_a_live_one_does_not(
+    http: httpx.Client,
+) -> None:
+    old, new = new_vault_id("graced"), new_vault_id("succ")
+    push_ok(http, old, Sealer(old).blobs(2))
+    live = pull_ok(http, old, cursor=0)
+    assert "retired" not in live
+    assert "retired" not in pull_ok(http, old)
+    body = retire_ok(http, old, new)
+    expected = {"successor": new, "erase_after": body["erase_after"]}
+    cursor_mode = pull_ok(http, old, cursor=0)
+    assert cursor_mode["retired"] == expected
+    assert len(cursor_mode["blobs"]) == 2  # still served during the grace period
+    assert pull_ok(http, old, cursor=cursor_mode["cursor"])["retired"] == expected
+    since_mode = pull_ok(http, old)
+    assert since_mode["retired"] == expected
+    assert len(since_mode["blobs"]) == 2
+
+
+def test_after_the_grace_period_the_blobs_are_erased_and_pull_is_410(
+    relay: Relay, http: httpx.Client
+) -> None:
+    old, new, live = new_vault_id("erased"), new_vault_id("succ"), new_vault_id("live")
+    push_ok(http, old, Sealer(old).blobs(4))
+    push_ok(http, live, Sealer(live).blobs(2))
+    retire_ok(http, old, new)
+    relay.sql(
+        "UPDATE vaults SET erase_after = retired_at - interval '1 second' WHERE vault_id = $1",
+        old,
+    )
+    assert_retired_refusal(pull(http, old, cursor=0), new)  # 410 at once, erased or not
+    assert_retired_refusal(pull(http, old), new)
+
+    async def run_sweep(conn: asyncpg.Connection) -> dict[str, int]:
+        return (await sweep(conn, timedelta(days=30))).erased
+
+    erased = run_db(relay.database_url, run_sweep)
+    assert erased["retired_vaults"] >= 1
+    assert relay.sql("SELECT count(*) AS n FROM blobs WHERE vault_id = $1", old)[0]["n"] == 0
+    row = relay.sql(
+        "SELECT live_blobs, tombstones, bytes_used, successor FROM vaults WHERE vault_id = $1", old
+    )[0]
+    assert (row["live_blobs"], row["tombstones"], row["bytes_used"]) == (0, 0, 0)
+    assert row["successor"] == new  # the row stays, a tombstone of the retirement
+    assert_retired_refusal(pull(http, old, cursor=0), new)
+    assert_retired_refusal(push(http, old, Sealer(old).blobs(1)), new)
+    assert len(pull_ok(http, live, cursor=0)["blobs"]) == 2  # other vaults untouched
+    assert run_db(relay.database_url, run_sweep)["retired_vaults"] == 0  # done once
+
+
+def test_a_vault_within_its_grace_period_is_not_erased(relay: Relay, http: httpx.Client) -> None:
+    old = new_vault_id("kept")
+    push_ok(http, old, Sealer(old).blobs(3))
+    retire_ok(http, old, None)
+
+    async def run_sweep(conn: asyncpg.Connection) -> dict[str, int]:
+        return (await sweep(conn, timedelta(days=30))).erased
+
+    run_db(relay.database_url, run_sweep)
+    assert len(pull_ok(http, old, cursor=0)["blobs"]) == 3
