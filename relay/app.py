@@ -39,6 +39,7 @@ from engram_sync.relay.routes import (
 )
 from engram_sync.relay.routes.digest import digest as digest_route
 from engram_sync.relay.routes.digest import fetch as fetch_route
+from engram_sync.relay.routes.digest import narrow as narrow_route
 from engram_sync.relay.state import RelayState
 from engram_sync.relay.store.meta import read_generation
 from engram_sync.relay.store.push import (
@@ -220,6 +221,7 @@ def create_app(config: RelayConfig) -> Litestar:
             sync.stats,
             sync.stats_alias,
             digest_route,  # PROTOCOL §18
+            narrow_route,
             fetch_route,
             *([events.events] if config.feed_events else []),  # PROTOCOL §15
             devices.list_devices,

@@ -54,6 +54,13 @@ def bucket_of(memory_id: str) -> int:
     return hashlib.sha256(memory_id.encode("utf-8", "surrogatepass")).digest()[0]
 
 
+def slot_of(memory_id: str) -> tuple[int, int]:
+    """(bucket, sub-bucket) of the memory from one hash: the first and second bytes of
+    SHA-256(memory_id) (the sub-bucket narrows one bucket, `POST .../digest/narrow`)."""
+    head = hashlib.sha256(memory_id.encode("utf-8", "surrogatepass")).digest()
+    return head[0], head[1]
+
+
 def digest_bytes(value: int) -> bytes:
     """A 256-bit XOR value as its 32 bytes (big-endian, as SHA-256 prints them)."""
     return value.to_bytes(DIGEST_BYTES, "big")
@@ -84,6 +91,9 @@ def fold(versions: Iterable[Version]) -> tuple[int, int]:
 MAX_LIST_PAGE: Final = 2000  # entries per `?bucket=B&list=1` answer
 MAX_FETCH_IDS: Final = 1000  # memory ids per fetch
 PREFIX_BYTES: Final = 8  # of each bucket digest in `?buckets=1` (a 2^-64 chance to miss)
+SUB_BUCKETS: Final = 256  # per bucket, by the second byte of SHA-256(memory_id)
+MAX_NARROW_PAGE: Final = 2000  # entries per `POST .../digest/narrow` answer
+MAX_NARROW_BODY: Final = 8192  # bytes of a narrow request (the subs are 2,732 of them)
 
 
 def bucket_prefixes(digests: dict[int, int]) -> bytes:
@@ -115,6 +125,32 @@ class DigestAnswer(msgspec.Struct, frozen=True):
     has_more: bool | UnsetType = UNSET
     buckets: str | UnsetType = UNSET
     counts: list[Annotated[int, Meta(ge=0)]] | UnsetType = UNSET
+
+
+class NarrowRequest(msgspec.Struct, frozen=True):
+    """`POST /v1/vaults/{v}/digest/narrow` (ours, docs/digest.md): one bucket, and the
+    device's PREFIX_BYTES of each of its 256 sub-bucket digests (base64, in sub-bucket
+    order); the relay answers the versions of the sub-buckets whose digests differ,
+    after `after` (paging)."""
+
+    bucket: Annotated[int, Meta(ge=0, le=BUCKETS - 1)]
+    subs: Annotated[str, Meta(max_length=4 * SUB_BUCKETS * PREFIX_BYTES // 3 + 4)]
+    after: Annotated[str, Meta(max_length=256)] = ""
+
+
+class NarrowAnswer(msgspec.Struct, frozen=True):
+    """The bucket's cursor, count and digest (one snapshot with the rest), the sub-buckets
+    whose digests differ from the device's (ascending), and the versions of those
+    sub-buckets ordered by memory_id after `after`, at most MAX_NARROW_PAGE of them
+    (`has_more`: ask again with `after` = the last memory_id)."""
+
+    cursor: Annotated[int, Meta(ge=0)]
+    count: Annotated[int, Meta(ge=0)]
+    digest: str
+    bucket: int
+    subs: list[int]
+    entries: list[DigestEntry]
+    has_more: bool
 
 
 class FetchRequest(msgspec.Struct, frozen=True):

@@ -2,8 +2,10 @@
 narrow a mismatch down by bucket, and repair it.
 
 One small answer when both sides agree (the vault digest). On a mismatch: every bucket's
-digest prefix in one answer (`?buckets=1`), then the version list of each bucket that
-differs. From the lists:
+digest prefix in one answer (`?buckets=1`), then for each bucket that differs the device
+sends the prefixes of its 256 sub-bucket digests and the relay answers the versions of
+the sub-buckets that differ (`POST .../digest/narrow`, feature `digest-narrow`; a relay
+without it: the bucket's whole version list). From the lists:
 
 - the relay holds a version that beats the device's, or one the device lacks: fetched
   (`POST /fetch`), verified and applied like a pulled blob (PROTOCOL §3, §8: LWW). One
@@ -44,16 +46,20 @@ from engram_sync.client._vault.held_versions import (
     requeue,
 )
 from engram_sync.client._vault.store import apply_memory, known_version, local_state
-from engram_sync.shared_format.b64 import Base64Error, b64decode_std
+from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
 from engram_sync.shared_format.digest import (
     BUCKETS,
     MAX_FETCH_IDS,
     PREFIX_BYTES,
+    SUB_BUCKETS,
     DigestAnswer,
+    NarrowAnswer,
+    NarrowRequest,
     Version,
     digest_bytes,
     digest_text,
     fold,
+    slot_of,
 )
 from engram_sync.shared_format.errors import FormatError
 from engram_sync.shared_format.plaintext import MemoryPlaintext, decode_plaintext
@@ -67,6 +73,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DIGEST_FEATURE: Final = "digest"
+NARROW_FEATURE: Final = "digest-narrow"  # POST .../digest/narrow (ours, docs/digest.md)
 MAX_LIST_PAGES: Final = 1000  # per bucket: 2,000,000 versions in one bucket at most
 MAX_FETCH_ROUNDS: Final = 64  # per batch of at most 1000 ids (answers cut by bytes)
 MAX_UNRESOLVED_SHOWN: Final = 20
@@ -92,6 +99,7 @@ class DigestReport:
     unresolved: list[str] = field(default_factory=list)  # memory ids
     round_trips: int = 0
     answer_bytes: int = 0  # JSON bytes of the digest answers (as re-encoded)
+    request_bytes: int = 0  # JSON bytes of the digest requests' bodies (narrow)
     error: str | None = None  # a digest answer refused as impossible (nothing was changed)
 
 
@@ -121,6 +129,13 @@ class AntiEntropy:
             after=after,
         )
         self.result.round_trips += 1
+        self.result.answer_bytes += len(encode_json(answer))
+        return answer
+
+    def _ask_narrow(self, request: NarrowRequest) -> NarrowAnswer:
+        answer = self.syncer.relay.narrow(self.syncer.vault_id, request)
+        self.result.round_trips += 1
+        self.result.request_bytes += len(encode_json(request))
         self.result.answer_bytes += len(encode_json(answer))
         return answer
 
@@ -186,6 +201,7 @@ class AntiEntropy:
             return None
         mine = bucket_digests(held)
         grouped = by_bucket(held)
+        narrowing = self.syncer.relay.offers(NARROW_FEATURE)
         fetch: list[str] = []
         push: list[Version] = []
         gone: list[Version] = []
@@ -195,11 +211,55 @@ class AntiEntropy:
             if digest_bytes(digest)[:PREFIX_BYTES] == theirs and count == counts[bucket]:
                 continue
             self.result.buckets.append(bucket)
-            relay_side = self._bucket_list(bucket)
-            self._diff(grouped.get(bucket, []), relay_side, fetch, push, gone)
+            if narrowing:
+                compared, relay_side = self._narrow_bucket(bucket, grouped.get(bucket, []))
+            else:  # a relay without digest-narrow: the bucket's whole list
+                compared, relay_side = grouped.get(bucket, []), self._bucket_list(bucket)
+            self._diff(compared, relay_side, fetch, push, gone)
         self.result.device_lacks = len(fetch)
         self.result.relay_lacks = len(push)
         return fetch, push, gone
+
+    def _narrow_bucket(
+        self, bucket: int, mine: list[Version]
+    ) -> tuple[list[Version], dict[str, Version]]:
+        """(the device's versions, the relay's) of the sub-buckets of `bucket` the relay
+        says differ, a page at a time. A sub-bucket counts only if every page named it
+        (a page cannot half-list one); an entry outside the sub-buckets its page named,
+        out of order, or a page that does not progress is refused (nothing changed)."""
+        by_sub: dict[int, list[Version]] = {}
+        for v in mine:
+            by_sub.setdefault(slot_of(v.memory_id)[1], []).append(v)
+        prefixes = b"".join(
+            digest_bytes(fold(by_sub.get(sub, []))[0])[:PREFIX_BYTES] for sub in range(SUB_BUCKETS)
+        )
+        subs_text = b64encode_std(prefixes)
+        agreed: set[int] | None = None
+        listed: dict[str, tuple[int, Version]] = {}
+        after = ""
+        for _ in range(MAX_LIST_PAGES):
+            page = self._ask_narrow(NarrowRequest(bucket=bucket, subs=subs_text, after=after))
+            named = set(page.subs)
+            if page.bucket != bucket or not all(0 <= s < SUB_BUCKETS for s in named):
+                raise self._refuse(f"answered the narrowing of bucket {bucket} for another one")
+            agreed = named if agreed is None else agreed & named
+            for e in page.entries:
+                if e.memory_id <= after:
+                    raise self._refuse(f"listed bucket {bucket} out of order")
+                where, sub = slot_of(e.memory_id)
+                if where != bucket or sub not in named:
+                    raise self._refuse(f"listed a memory outside the sub-buckets of {bucket}")
+                after = e.memory_id
+                listed[e.memory_id] = (
+                    sub,
+                    Version(e.memory_id, e.device_id, e.vector_clock, e.deleted),
+                )
+            if page.has_more is not True:
+                compared = [v for sub in sorted(agreed) for v in by_sub.get(sub, [])]
+                return compared, {m: v for m, (sub, v) in listed.items() if sub in agreed}
+            if not page.entries:
+                raise self._refuse(f"announced more of bucket {bucket} but sent none")
+        raise self._refuse(f"listed more than {MAX_LIST_PAGES} pages of bucket {bucket}")
 
     def _bucket_list(self, bucket: int) -> dict[str, Version]:
         versions: dict[str, Version] = {}

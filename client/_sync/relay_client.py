@@ -38,7 +38,13 @@ from engram_sync.client._errors import (
     one_line,
     relay_error,
 )
-from engram_sync.shared_format.digest import DigestAnswer, FetchRequest, FetchResponse
+from engram_sync.shared_format.digest import (
+    DigestAnswer,
+    FetchRequest,
+    FetchResponse,
+    NarrowAnswer,
+    NarrowRequest,
+)
 from engram_sync.shared_format.errors import WireDecodeError
 from engram_sync.shared_format.wire import (
     DeviceRegistered,
@@ -388,6 +394,14 @@ class RelayClient:
             params["buckets"] = 1
         path = f"{_vault(vault_id)}/digest"
         return self._call("GET", path, DigestAnswer, retry=Retry.SAFE, params=params)
+
+    def narrow(self, vault_id: str, request: NarrowRequest) -> NarrowAnswer:
+        """`POST /v1/vaults/{vault_id}/digest/narrow` (ours): one bucket's sub-buckets that
+        differ from the device's, and their versions a page at a time (a read)."""
+        path = f"{_vault(vault_id)}/digest/narrow"
+        return self._call(
+            "POST", path, NarrowAnswer, retry=Retry.SAFE, content=encode_json(request)
+        )
 
     def fetch(
         self, vault_id: str, memory_ids: list[str], *, max_bytes: int = PULL_PAGE_BUDGET_BYTES

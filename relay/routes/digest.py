@@ -4,6 +4,8 @@
 vault (stored, O(1)); `?bucket=B` for one bucket and `?bucket=B&list=1[&after=M]` its
 versions a page at a time (computed on request over that bucket's rows); `?buckets=1`
 every bucket at once (ours, one grouped scan of the vault: used only after a mismatch).
+`POST /v1/vaults/{v}/digest/narrow {"bucket", "subs"[, "after"]}` (ours) narrows one bucket
+by its 256 sub-buckets: the versions of those whose digests differ from the device's.
 `POST /v1/vaults/{v}/fetch {"memory_ids": [...]}` (ours) gives the current blobs of the
 memories a device found it lacks.
 """
@@ -21,15 +23,21 @@ from engram_sync.relay.errors import bad_request
 from engram_sync.relay.routes.ids import require_id
 from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import digest as store
-from engram_sync.shared_format.b64 import b64encode_std
+from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
 from engram_sync.shared_format.digest import (
     BUCKETS,
     MAX_FETCH_IDS,
     MAX_LIST_PAGE,
+    MAX_NARROW_BODY,
+    MAX_NARROW_PAGE,
+    PREFIX_BYTES,
+    SUB_BUCKETS,
     DigestAnswer,
     DigestEntry,
     FetchRequest,
     FetchResponse,
+    NarrowAnswer,
+    NarrowRequest,
     bucket_prefixes,
     digest_text,
 )
@@ -93,6 +101,43 @@ async def digest(
         bucket=bucket,
         entries=[DigestEntry(*v) for v in page.versions],
         has_more=page.has_more,
+    )
+
+
+@post(
+    "/v1/vaults/{vault_id:str}/digest/narrow",
+    status_code=200,
+    tags=["sync"],
+    opt={BODY_OPT: NarrowRequest},
+    request_max_body_size=MAX_NARROW_BODY,
+)
+async def narrow(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> NarrowAnswer:
+    """One bucket narrowed by sub-bucket (ours, docs/digest.md): given the device's first
+    8 bytes of each of its 256 sub-bucket digests, the versions of the sub-buckets whose
+    digests differ, a page at a time. Auth as pull; one statement, one snapshot."""
+    state = relay_state(request)
+    await authorize(request, require_id(vault_id, "vault_id"))
+    data = await decode_body(request, NarrowRequest)
+    try:
+        prefixes = b64decode_std(data.subs)
+    except Base64Error:
+        prefixes = b""
+    if len(prefixes) != SUB_BUCKETS * PREFIX_BYTES:
+        raise bad_request(
+            f"subs must be standard base64 of exactly {SUB_BUCKETS} x {PREFIX_BYTES} bytes",
+            code="invalid_request", field="subs",
+        )  # fmt: skip
+    found = await store.narrow(
+        state.require_pool(), vault_id, data.bucket, prefixes, data.after, MAX_NARROW_PAGE
+    )
+    return NarrowAnswer(
+        cursor=found.bucket.cursor,
+        count=found.bucket.count,
+        digest=digest_text(found.bucket.digest),
+        bucket=data.bucket,
+        subs=found.subs,
+        entries=[DigestEntry(*v) for v in found.versions],
+        has_more=found.has_more,
     )
 
 

@@ -24,6 +24,7 @@ FEATURES = [
     "pull-origin",
     "vault-grants",  # PROTOCOL §13: /v1/vaults/{v}/grants (docs/vault-ownership.md)
     "digest",  # PROTOCOL §18: /v1/vaults/{v}/digest and /fetch (docs/digest.md)
+    "digest-narrow",  # PROTOCOL §18, ours: POST /v1/vaults/{v}/digest/narrow (docs/digest.md)
     "idempotency-keys",  # an Idempotency-Key makes creating POSTs retryable (docs/retries.md)
     "events",  # PROTOCOL §15: GET /v1/vaults/{v}/events (docs/live-feed.md)
     "pull-wait",  # PROTOCOL §15: pull?cursor=N&wait=S, the long-poll

@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from engram_sync.shared_format.digest import BUCKETS, EMPTY_DIGEST, Version, digest_int
+from engram_sync.shared_format.digest import (
+    BUCKETS,
+    EMPTY_DIGEST,
+    PREFIX_BYTES,
+    SUB_BUCKETS,
+    Version,
+    digest_int,
+)
 from engram_sync.shared_format.wire import SyncBlob
 
 _WORDS = ", ".join(
@@ -48,6 +55,38 @@ FROM vaults v LEFT JOIN LATERAL (
 WHERE v.vault_id = $1
 """
 
+# PROTOCOL §18, ours (docs/digest.md): one bucket narrowed by sub-bucket (the second byte
+# of SHA-256(memory_id)) in one statement, so the bucket's count and digest, the
+# sub-buckets that differ from the device's prefixes ($3: 256 x 8 bytes) and the versions
+# listed describe one snapshot. Only the bucket's rows are read (the index
+# (vault_id, digest_bucket)); the header row has a NULL memory_id.
+_NARROW = f"""
+WITH rows AS MATERIALIZED (
+    SELECT b.memory_id, b.device_id, b.vector_clock, b.deleted,
+           get_byte(sha256(convert_to(b.memory_id, 'UTF8')), 1) AS sub,
+           engram_version_hash(b.memory_id, b.device_id, b.vector_clock, b.deleted) AS v
+    FROM blobs b WHERE b.vault_id = $1 AND b.digest_bucket = $2
+), sums AS (
+    SELECT sub, {_WORDS.split(", coalesce")[0]} FROM rows GROUP BY sub
+), differ AS (
+    SELECT s.sub FROM generate_series(0, 255) AS s(sub) LEFT JOIN sums USING (sub)
+    WHERE int8send(coalesce(sums.w0, 0)) <> substr($3::bytea, 8 * s.sub + 1, 8)
+), head AS (
+    SELECT v.seq, (SELECT count(*) FROM rows) AS n, t.*,
+           ARRAY(SELECT sub FROM differ ORDER BY sub) AS subs
+    FROM vaults v CROSS JOIN (SELECT {_WORDS} FROM rows) t WHERE v.vault_id = $1
+)
+SELECT h.*, NULL::text AS memory_id, NULL::text AS device_id, NULL::bigint AS vector_clock,
+       NULL::boolean AS deleted
+FROM head h
+UNION ALL
+(SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, r.memory_id, r.device_id, r.vector_clock,
+        r.deleted
+ FROM rows r WHERE r.sub IN (SELECT sub FROM differ) AND r.memory_id > $4
+     AND EXISTS (SELECT 1 FROM head)
+ ORDER BY r.memory_id LIMIT $5 + 1)
+"""  # noqa: S608 - constants only
+
 _FETCH = """
 SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at, deleted,
        size_bytes
@@ -69,6 +108,16 @@ class BucketList:
     """One page of a bucket's versions, ordered by memory_id."""
 
     cursor: int
+    versions: list[Version]
+    has_more: bool
+
+
+@dataclass(frozen=True)
+class Narrowed:
+    """One narrow answer: the bucket's state, the sub-buckets that differ, their versions."""
+
+    bucket: DigestState
+    subs: list[int]
     versions: list[Version]
     has_more: bool
 
@@ -126,6 +175,30 @@ async def bucket_list(
         if r["memory_id"] is not None
     ]
     return BucketList(int(rows[0]["seq"]), versions[:limit], len(versions) > limit)
+
+
+async def narrow(
+    pool: asyncpg.Pool, vault_id: str, bucket: int, prefixes: bytes, after: str, limit: int
+) -> Narrowed:
+    """The sub-buckets of `bucket` whose digests' first 8 bytes differ from `prefixes`
+    (256 x 8 bytes), and at most `limit` of their versions with memory_id > `after`."""
+    assert len(prefixes) == SUB_BUCKETS * PREFIX_BYTES
+    rows = await pool.fetch(_NARROW, vault_id, bucket, prefixes, after, limit)
+    if not rows:  # no such vault: it holds nothing, so every non-zero prefix differs
+        subs = [
+            s
+            for s in range(SUB_BUCKETS)
+            if prefixes[s * PREFIX_BYTES : (s + 1) * PREFIX_BYTES] != bytes(PREFIX_BYTES)
+        ]
+        return Narrowed(DigestState(0, 0, 0), subs, [], False)
+    head = next(r for r in rows if r["memory_id"] is None)
+    state = DigestState(int(head["seq"]), int(head["n"]), _xor_words(head))
+    versions = sorted(
+        Version(r["memory_id"], r["device_id"], r["vector_clock"], r["deleted"])
+        for r in rows
+        if r["memory_id"] is not None
+    )
+    return Narrowed(state, list(head["subs"]), versions[:limit], len(versions) > limit)
 
 
 async def fetch_current(

@@ -11,13 +11,14 @@ import hashlib
 import importlib.util
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import httpx
 import pytest
 
 from engram_sync.relay.store.compaction import compact_vault
+from engram_sync.relay.store.digest import narrow
 from tests.relay.conftest import Relay
 from tests.relay.support import (
     Sealer,
@@ -251,3 +252,168 @@ def test_fetch_gives_current_versions(http: httpx.Client) -> None:
         bad = http.post(f"/v1/vaults/{vault}/fetch", json=payload)
         assert_error(bad, 400)
         assert field in bad.text
+
+
+# --- POST /v1/vaults/{v}/digest/narrow (ours, docs/digest.md) ------------------------------
+
+
+def _sub(memory_id: str) -> int:
+    return hashlib.sha256(memory_id.encode()).digest()[1]
+
+
+def _sub_prefixes(versions: list[tuple[str, str, int, bool]]) -> str:
+    """The device side of a narrow request, computed here with hashlib: the first 8 bytes
+    of each of the 256 sub-bucket digests of `versions` (one bucket's)."""
+    subs: dict[int, list[bytes]] = {}
+    for m, d, c, deleted in versions:
+        subs.setdefault(_sub(m), []).append(_version(m, d, c, deleted))
+    return base64.b64encode(
+        b"".join(base64.b64decode(_xor(subs.get(s, [])))[:8] for s in range(256))
+    ).decode()
+
+
+def _narrow(http: httpx.Client, vault: str, **body: Any) -> dict[str, Any]:
+    response = http.post(f"/v1/vaults/{vault}/digest/narrow", json=body)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def _busy_bucket(http: httpx.Client, vault: str) -> int:
+    counts = _digest(http, vault, buckets=1)["counts"]
+    return max(range(256), key=lambda b: counts[b])
+
+
+def test_narrow_lists_only_the_sub_buckets_that_differ(relay: Relay, http: httpx.Client) -> None:
+    vault = new_vault_id()
+    sealer = Sealer(vault)
+    ids = [f"nar-{i:04d}-é" for i in range(600)]
+    for start in range(0, 600, 200):
+        push_ok(http, vault, [sealer.blob(m, 1) for m in ids[start : start + 200]])
+    push_ok(http, vault, [sealer.blob(ids[7], 2, deleted=True)])
+    bucket = _busy_bucket(http, vault)
+    relay_side = sorted(
+        (r["memory_id"], r["device_id"], r["vector_clock"], r["deleted"])
+        for r in _rows(relay, vault)
+        if _bucket(r["memory_id"]) == bucket
+    )
+    assert len(relay_side) >= 3
+    count, digest = _expected(relay, vault, bucket)
+
+    agreeing = _narrow(http, vault, bucket=bucket, subs=_sub_prefixes(relay_side))
+    assert agreeing == {
+        "cursor": 601,
+        "count": count,
+        "digest": digest,
+        "bucket": bucket,
+        "subs": [],
+        "entries": [],
+        "has_more": False,
+    }
+    # the device lacks one version and holds another at an older clock
+    lacking, older = relay_side[0], relay_side[-1]
+    device = [v for v in relay_side if v not in (lacking, older)]
+    device.append((older[0], older[1], older[2] - 1 if older[2] > 1 else 9, older[3]))
+    answer = _narrow(http, vault, bucket=bucket, subs=_sub_prefixes(device))
+    differ = sorted({_sub(lacking[0]), _sub(older[0])})
+    assert answer["subs"] == differ
+    assert answer["entries"] == [list(v) for v in relay_side if _sub(v[0]) in differ]
+    assert (answer["count"], answer["digest"], answer["has_more"]) == (count, digest, False)
+    after = answer["entries"][0][0]
+    rest = _narrow(http, vault, bucket=bucket, subs=_sub_prefixes(device), after=after)
+    assert rest["entries"] == answer["entries"][1:]
+    # every sub-bucket differs from an all-zero device (empty sub-buckets are zero too)
+    everything = _narrow(http, vault, bucket=bucket, subs=base64.b64encode(bytes(2048)).decode())
+    assert everything["subs"] == sorted({_sub(v[0]) for v in relay_side})
+    assert everything["entries"] == [list(v) for v in relay_side]
+
+
+def test_narrow_pages_by_memory_id(relay: Relay, http: httpx.Client) -> None:
+    vault = new_vault_id()
+    sealer = Sealer(vault)
+    ids = [f"page-{i:03d}" for i in range(300)]
+    push_ok(http, vault, [sealer.blob(m, 1) for m in ids])
+    bucket = _busy_bucket(http, vault)
+    zero = bytes(2048)
+
+    async def work(conn: asyncpg.Connection) -> list[list[str]]:
+        pages: list[list[str]] = []
+        after = ""
+        pool = cast("asyncpg.Pool", conn)  # store.narrow asks for one fetch
+        while True:
+            page = await narrow(pool, vault, bucket, zero, after, 2)
+            pages.append([v.memory_id for v in page.versions])
+            if not page.has_more:
+                return pages
+            after = page.versions[-1].memory_id
+
+    pages = run_db(relay.database_url, work)
+    assert len(pages) > 2
+    assert all(len(p) == 2 for p in pages[:-1])
+    assert 1 <= len(pages[-1]) <= 2
+    assert [m for p in pages for m in p] == sorted(m for m in ids if _bucket(m) == bucket)
+
+
+def test_narrow_of_an_unknown_vault_holds_nothing(http: httpx.Client) -> None:
+    prefixes = bytearray(2048)
+    prefixes[8 * 5] = 1
+    answer = _narrow(http, new_vault_id(), bucket=3, subs=base64.b64encode(prefixes).decode())
+    assert (answer["count"], answer["subs"], answer["entries"]) == (0, [5], [])
+    zero = _narrow(http, new_vault_id(), bucket=3, subs=base64.b64encode(bytes(2048)).decode())
+    assert zero["subs"] == []
+
+
+_GOOD_SUBS = base64.b64encode(bytes(2048)).decode()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"bucket": 256, "subs": _GOOD_SUBS}, "bucket"),
+        ({"bucket": -1, "subs": _GOOD_SUBS}, "bucket"),
+        ({"bucket": "1", "subs": _GOOD_SUBS}, "bucket"),
+        ({"subs": _GOOD_SUBS}, "bucket"),
+        ({"bucket": 1}, "subs"),
+        ({"bucket": 1, "subs": base64.b64encode(bytes(2040)).decode()}, "subs"),  # 255 digests
+        ({"bucket": 1, "subs": base64.b64encode(bytes(2056)).decode()}, "subs"),  # 257
+        ({"bucket": 1, "subs": "!" * 2732}, "subs"),
+        ({"bucket": 1, "subs": base64.b64encode(bytes(4096)).decode()}, "subs"),
+        ({"bucket": 1, "subs": _GOOD_SUBS, "after": "m" * 300}, "after"),
+        ({"bucket": 1, "subs": _GOOD_SUBS, "after": 7}, "after"),
+    ],
+)
+def test_bad_narrow_requests_are_400_json(
+    http: httpx.Client, body: dict[str, Any], field: str
+) -> None:
+    response = http.post(f"/v1/vaults/{new_vault_id()}/digest/narrow", json=body)
+    answer = assert_error(response, 400)
+    assert answer.get("field") == field or field in answer["error"], answer
+
+
+def test_narrow_bodies_are_capped_and_need_a_key(relay: Relay, http: httpx.Client) -> None:
+    vault = new_vault_id()
+    padded = {"bucket": 1, "subs": _GOOD_SUBS, "padding": "x" * 20_000}
+    assert_error(http.post(f"/v1/vaults/{vault}/digest/narrow", json=padded), 413)
+    ok = http.post(f"/v1/vaults/{vault}/digest/narrow", json={"bucket": 1, "subs": _GOOD_SUBS})
+    assert ok.status_code == 200, ok.text  # the positive case beside the cap
+    body = {"bucket": 1, "subs": _GOOD_SUBS}
+    with client(relay, None) as anonymous:
+        assert_error(anonymous.post(f"/v1/vaults/{vault}/digest/narrow", json=body), 401)
+    with client(relay, relay.mint(new_vault_id())) as elsewhere:
+        assert_error(elsewhere.post(f"/v1/vaults/{vault}/digest/narrow", json=body), 403)
+
+
+def test_revision_0010_makes_the_bucket_a_plain_indexed_column(relay: Relay) -> None:
+    async def work(conn: asyncpg.Connection) -> tuple[str, str]:
+        generated = await conn.fetchval(
+            "SELECT is_generated FROM information_schema.columns"
+            " WHERE table_name = 'blobs' AND column_name = 'digest_bucket'"
+        )
+        index = await conn.fetchval(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'blobs_digest_bucket_idx'"
+        )
+        return generated, index
+
+    generated, index = run_db(relay.database_url, work)
+    assert generated == "NEVER"  # written by the push (relay.store.push.blob_columns)
+    assert index.endswith("(vault_id, digest_bucket)"), index

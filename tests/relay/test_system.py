@@ -64,6 +64,7 @@ def test_info_advertises_the_limits(http: httpx.Client) -> None:
     assert "cursor" in info["features"]
     assert "vault-grants" in info["features"]  # docs/vault-ownership.md
     assert "digest" in info["features"]  # PROTOCOL §18, docs/digest.md
+    assert "digest-narrow" in info["features"]  # PROTOCOL §18, ours: POST .../digest/narrow
     assert "idempotency-keys" in info["features"]  # docs/retries.md
     assert {"events", "pull-wait"} <= set(info["features"])  # PROTOCOL §15
     assert "retire" in info["features"]  # PROTOCOL §19, docs/rekey.md

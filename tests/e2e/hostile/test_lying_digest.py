@@ -1,19 +1,58 @@
 """A relay that lies in its digest answers (PROTOCOL §18, docs/digest.md) must never make a
 device delete a memory or skip one: its digests and lists can only make the device fetch
 blobs (which must verify), push again, or leave a tombstone out of its own digest. Each
-attack has its honest run through the same proxy next to it."""
+attack has its honest run through the same proxy next to it, and runs twice: against a
+relay offering `digest-narrow` (the lies are in `POST .../digest/narrow` answers) and
+against one that does not (the lies are in the bucket lists)."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
+from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from engram_sync.client._sync.anti_entropy import DigestReport
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.helpers import add, contents, delete
 from tests.e2e.hostile.conftest import Scene
 from tests.e2e.hostile.proxy import Answer, Exchange
+
+PATHS = ["narrow", "list"]
+
+
+def _slot(memory_id: str) -> tuple[int, int]:
+    head = hashlib.sha256(memory_id.encode()).digest()
+    return head[0], head[1]
+
+
+def _offer(scene: Scene, path: str) -> None:
+    """`list`: the relay's /v1/info answers without `digest-narrow` (an older relay), so
+    the device narrows with the bucket lists."""
+    assert path in PATHS
+
+    def older(exchange: Exchange) -> Answer:
+        body: dict[str, Any] = exchange.json()
+        body["features"] = [f for f in body["features"] if f != "digest-narrow"]
+        return Answer(200, body)
+
+    if path == "list":
+        scene.proxy.on("GET", r"/v1/info$", older)
+
+
+def _lie_on_both(scene: Scene, action: Callable[[Exchange], Answer | None]) -> None:
+    scene.proxy.on("GET", r"/digest$", action)
+    scene.proxy.on("POST", r"/digest/narrow$", action)
+
+
+def _used(scene: Scene, path: str) -> None:
+    """The narrowing went the way the test meant (the positive case of the other path)."""
+    narrowed = scene.proxy.requests("POST", r"/digest/narrow$")
+    listed = [e for e in scene.proxy.requests("GET", r"/digest$") if "list" in e.query]
+    assert (bool(narrowed), bool(listed)) == (path == "narrow", path == "list")
 
 
 def _digest(device: DeviceHandle) -> DigestReport:
@@ -28,30 +67,47 @@ def _known_clocks(device: DeviceHandle) -> dict[str, int]:
         return {r[0]: r[1] for r in rows}
 
 
-def _lies(exchange: Exchange) -> Answer | None:
+def _lying_entry(entry: list[Any]) -> list[Any]:
+    """Half of the memories (by their id) newer on the relay, the other half a tombstone
+    at the very version the device holds."""
+    if entry[0][-1] in "02468ace":
+        return [entry[0], entry[1], entry[2] + 1000, entry[3]]
+    return [entry[0], entry[1], entry[2], True]
+
+
+def _liar(known: dict[str, tuple[str, int]]) -> Callable[[Exchange], Answer | None]:
     """Every digest answer a lie: another vault digest, every bucket different, each list
-    claiming newer versions of half the memories and a tombstone at the very version the
-    device holds of the other half; fetched blobs made into those newer tombstones (their
-    HMAC then fails)."""
-    body: dict[str, Any] = exchange.json()
-    if exchange.path.endswith("/fetch"):
-        for blob in body["blobs"]:  # the newer tombstone the list promised
-            blob["deleted"] = True
-            blob["vector_clock"] += 1000
+    (or narrowing: every sub-bucket different, listing the device's own versions of the
+    bucket, which the test knows) claiming the lies of `_lying_entry`; fetched blobs made
+    into those newer tombstones (their HMAC then fails)."""
+
+    def lie(exchange: Exchange) -> Answer | None:
+        body: dict[str, Any] = exchange.json()
+        if exchange.path.endswith("/fetch"):
+            for blob in body["blobs"]:  # the newer tombstone the list promised
+                blob["deleted"] = True
+                blob["vector_clock"] += 1000
+            return Answer(200, body)
+        body["digest"] = base64.b64encode(os.urandom(32)).decode()
+        if "buckets" in body:
+            body["buckets"] = base64.b64encode(os.urandom(256 * 8)).decode()
+            body["counts"] = [1] * 256
+        if exchange.path.endswith("/narrow"):
+            bucket = exchange.request_json()["bucket"]
+            mine = sorted([m, d, c, False] for m, (d, c) in known.items() if _slot(m)[0] == bucket)
+            body["subs"] = list(range(256))
+            body["entries"] = [_lying_entry(e) for e in mine]
+            body["has_more"] = False
+            return Answer(200, body)
+        body["entries"] = [_lying_entry(e) for e in body.get("entries", [])]
         return Answer(200, body)
-    body["digest"] = base64.b64encode(os.urandom(32)).decode()
-    if "buckets" in body:
-        body["buckets"] = base64.b64encode(os.urandom(256 * 8)).decode()
-        body["counts"] = [1] * 256
-    for entry in body.get("entries", []):
-        if entry[0][-1] in "02468ace":  # half of the memories, by their id
-            entry[2] += 1000
-        else:
-            entry[3] = True
-    return Answer(200, body)
+
+    return lie
 
 
-def test_lying_digests_and_lists_delete_and_skip_nothing(scene: Scene) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_lying_digests_and_lists_delete_and_skip_nothing(scene: Scene, path: str) -> None:
+    _offer(scene, path)
     alpha = scene.device("alpha")
     ids = [add(alpha, f"memory {i}") for i in range(12)]
     delete(alpha, ids[0])
@@ -59,10 +115,16 @@ def test_lying_digests_and_lists_delete_and_skip_nothing(scene: Scene) -> None:
     honest = _digest(alpha)
     assert honest.matched  # the honest run through the same proxy agrees
     before, clocks = contents(alpha), _known_clocks(alpha)
-
-    scene.proxy.on("GET", r"/digest$", _lies)
-    scene.proxy.on("POST", r"/fetch$", _lies)
+    with alpha.open() as session:
+        rows = session.vault.conn.execute(
+            "SELECT memory_id, device_id, vector_clock FROM sync_known_clocks"
+        )
+        known = {r[0]: (r[1], r[2]) for r in rows}
+    lies = _liar(known)
+    _lie_on_both(scene, lies)
+    scene.proxy.on("POST", r"/fetch$", lies)
     report = alpha.sync()
+    _used(scene, path)
     digest = report.digest
     assert digest is not None
     assert not digest.matched  # the lie is reported, not believed
@@ -91,12 +153,18 @@ def _empty_lists(exchange: Exchange) -> Answer | None:
     if "entries" in body:
         body["entries"] = []
         body["has_more"] = False
+    if "subs" in body:  # every sub-bucket differs, and holds nothing
+        body["subs"] = list(range(256))
     body["digest"] = base64.b64encode(bytes(32)).decode()
     body["count"] = 0
     return Answer(200, body)
 
 
-def test_a_relay_claiming_to_hold_nothing_gets_pushes_not_deletions(scene: Scene) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_a_relay_claiming_to_hold_nothing_gets_pushes_not_deletions(
+    scene: Scene, path: str
+) -> None:
+    _offer(scene, path)
     alpha = scene.device("alpha")
     ids = [add(alpha, f"memory {i}") for i in range(6)]
     delete(alpha, ids[0])
@@ -104,8 +172,9 @@ def test_a_relay_claiming_to_hold_nothing_gets_pushes_not_deletions(scene: Scene
     assert _digest(alpha).matched
     before, clocks = contents(alpha), _known_clocks(alpha)
 
-    scene.proxy.on("GET", r"/digest$", _empty_lists)
+    _lie_on_both(scene, _empty_lists)
     report = alpha.sync()
+    _used(scene, path)
     digest = report.digest
     assert digest is not None
     assert (digest.relay_lacks, digest.requeued, digest.compacted) == (5, 5, 1)
@@ -125,21 +194,30 @@ def _endless(exchange: Exchange) -> Answer | None:
     body["digest"] = base64.b64encode(os.urandom(32)).decode()
     if "buckets" in body:
         body["buckets"] = base64.b64encode(os.urandom(256 * 8)).decode()
-    if "entries" in body:
+    if exchange.path.endswith("/narrow"):  # one memory of the bucket, page after page
+        bucket = exchange.request_json()["bucket"]
+        same = next(f"mem_same_{k}" for k in range(100_000) if _slot(f"mem_same_{k}")[0] == bucket)
+        body["subs"] = [_slot(same)[1]]
+        body["entries"] = [[same, "device", 1, False]]
+        body["has_more"] = True
+    elif "entries" in body:
         body["entries"] = [["mem_same", "device", 1, False]]
         body["has_more"] = True
     return Answer(200, body)
 
 
-def test_an_endless_list_is_refused_and_the_sync_still_succeeds(scene: Scene) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_an_endless_list_is_refused_and_the_sync_still_succeeds(scene: Scene, path: str) -> None:
+    _offer(scene, path)
     alpha = scene.device("alpha")
     for i in range(3):
         add(alpha, f"memory {i}")
     alpha.sync()
     before = contents(alpha)
-    scene.proxy.on("GET", r"/digest$", _endless)
+    _lie_on_both(scene, _endless)
     add(alpha, "one more")
     report = alpha.sync()  # no exception: the pull and the push were done
+    _used(scene, path)
     assert report.pushed == 1
     digest = report.digest
     assert digest is not None
@@ -150,3 +228,36 @@ def test_an_endless_list_is_refused_and_the_sync_still_succeeds(scene: Scene) ->
     assert set(before) <= set(contents(alpha))
     scene.proxy.honest()
     assert _digest(alpha).matched
+
+
+def _outside(exchange: Exchange) -> Answer | None:
+    """A narrowing that names one sub-bucket and lists a memory of another (the device's
+    own id of the bucket, at a newer clock, tombstoned): refused as a whole."""
+    body: dict[str, Any] = exchange.json()
+    if not exchange.path.endswith("/narrow"):
+        return None
+    bucket = exchange.request_json()["bucket"]
+    other = next(f"elsewhere_{k}" for k in range(100_000) if _slot(f"elsewhere_{k}")[0] == bucket)
+    body["subs"] = [(_slot(other)[1] + 1) % 256]
+    body["entries"] = [[other, "device", 99, True]]
+    return Answer(200, body)
+
+
+def test_a_narrowing_listing_outside_its_sub_buckets_is_refused(scene: Scene) -> None:
+    alpha = scene.device("alpha")
+    for i in range(4):
+        add(alpha, f"memory {i}")
+    alpha.sync()
+    before, clocks = contents(alpha), _known_clocks(alpha)
+    with alpha.open() as session:  # a row lost outside engram-sync: the check must narrow
+        session.vault.conn.execute("DELETE FROM engrams WHERE id = ?", (next(iter(before)),))
+    scene.proxy.on("POST", r"/digest/narrow$", _outside)
+    digest = _digest(alpha)
+    assert digest.error is not None
+    assert "outside the sub-buckets" in digest.error
+    assert (digest.fetched, digest.restored, digest.requeued) == (0, 0, 0)
+    assert _known_clocks(alpha) == clocks
+    scene.proxy.honest()  # the positive case: the honest narrowing restores the row
+    repaired = _digest(alpha)
+    assert (repaired.restored, repaired.matched) == (1, True)
+    assert contents(alpha) == before

@@ -152,6 +152,7 @@ def _one_blob_columns() -> list[list[object]]:
         [False],
         [1],
         [1],
+        [0],  # digest_bucket (revision 0010: written by the push)
     ]
 
 
