@@ -44,6 +44,7 @@ from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import accounts as store
 from engram_sync.relay.store import keys as key_store
 from engram_sync.relay.store import owners
+from engram_sync.relay.store import retire as retirement
 from engram_sync.relay.store.accounts import AccountSession
 from engram_sync.shared_format.timestamps import format_rfc3339
 from engram_sync.shared_format.wire import (
@@ -286,6 +287,7 @@ async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
     async def mint(conn: asyncpg.Connection) -> MintedAccountKey:
         # The claim and the key are one transaction: a refusal below rolls the claim back.
         await owners.claim_for_account(conn, session.account_id, vault_id)
+        await retirement.refuse_if_retired(conn, vault_id)  # PROTOCOL §19: 410 vault_retired
         if device_id is not None and await store.device_revoked(conn, vault_id, device_id):
             raise forbidden(f"device {device_id} was revoked for this vault", code="device_revoked")
         key_id, key = await store.insert_key(

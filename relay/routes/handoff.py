@@ -30,6 +30,7 @@ from engram_sync.relay.routes.ids import require_id
 from engram_sync.relay.routes.once import Once
 from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import handoff as store
+from engram_sync.relay.store import retire as retirement
 from engram_sync.relay.store.handoff import HandoffRow
 from engram_sync.shared_format.errors import HandoffError
 from engram_sync.shared_format.handoff import (
@@ -152,6 +153,7 @@ async def create_handoff(
 
     async def open_request(conn: asyncpg.Connection) -> HandoffCreated:
         # A limit reached raises TooManyRequestsError; relay/errors.py answers it (409).
+        await retirement.refuse_if_retired(conn, vault_id)  # PROTOCOL §19: 410 vault_retired
         row = await store.create(
             conn, vault_id, public_key, label, principal.key_id, pake=pake, pairing_id=pairing_id
         )

@@ -28,6 +28,7 @@ from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import accounts as account_store
 from engram_sync.relay.store import owners
 from engram_sync.relay.store import pairing as store
+from engram_sync.relay.store import retire as retirement
 from engram_sync.shared_format.pairing import (
     PairingCodeError,
     normalize_pairing_code,
@@ -79,6 +80,7 @@ async def create_pairing_code(
     once = await Once.of(request, scope=created_by)  # a repeat: the same code (docs/retries.md)
 
     async def issue(conn: asyncpg.Connection) -> PairingCodeIssued:
+        await retirement.refuse_if_retired(conn, vault_id)  # PROTOCOL §19: 410 vault_retired
         try:
             issued = await store.create_code(
                 conn, vault_id, label=label, device_bound=data.device_bound, created_by=created_by

@@ -77,7 +77,9 @@ async def retire(
         await conn.execute(_ENSURE_ROW, vault_id)
         async with conn.transaction():
             row = await conn.fetchrow(_RETIRE, vault_id, successor, grace)
-            if row is None:  # retired before: same answer for the same call, else 409
+            if row is not None:  # unused pairing codes would mint keys for it: gone
+                await conn.execute("DELETE FROM pairing_codes WHERE vault_id = $1", vault_id)
+            else:  # retired before: same answer for the same call, else 409
                 row = await conn.fetchrow(_LOCK + " FOR UPDATE", vault_id)
                 assert row is not None  # the row exists and retirements are never undone
                 if row["successor"] != successor:

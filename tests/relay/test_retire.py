@@ -25,12 +25,15 @@ from engram_sync.relay.maintenance import sweep
 from engram_sync.relay.push_rules import check_structure
 from engram_sync.relay.store import retire as retire_store
 from engram_sync.relay.store.push import PushJob, PushLimits, PushOutcome, Quota, push_group
+from engram_sync.shared_format.handoff import new_handoff_keypair
+from tests.relay.accounts.helpers import signup
 from tests.relay.conftest import Relay
 from tests.relay.support import (
     Sealer,
     assert_error,
     client,
     module_relay_fixture,
+    new_device_id,
     new_vault_id,
     pull,
     pull_ok,
@@ -343,3 +346,46 @@ def test_a_vault_within_its_grace_period_is_not_erased(relay: Relay, http: httpx
 
     run_db(relay.database_url, run_sweep)
     assert len(pull_ok(http, old, cursor=0)["blobs"]) == 3
+
+
+# --- nothing new for a retired vault: keys, pairing codes, handoff requests, events --------
+
+
+def test_an_account_retires_into_its_own_vault_and_mints_no_key_for_the_old_one(
+    relay: Relay,
+) -> None:
+    owner = signup(relay)
+    old, new, foreign = new_vault_id("acct-old"), new_vault_id("acct-new"), new_vault_id("f")
+    with owner.client(relay) as session:
+        minted = session.post("/account/keys", json={"vault_id": old})
+        assert minted.status_code == 200, minted.text
+        assert session.post("/account/keys", json={"vault_id": new}).status_code == 200
+    with client(relay) as operator:  # an id the operator uses, not the account
+        push_ok(operator, foreign, Sealer(foreign).blobs(1))
+    with client(relay, minted.json()["key"]) as admin:
+        push_ok(admin, old, Sealer(old).blobs(1))
+        assert_error(retire(admin, old, foreign), 403, "successor_forbidden")
+        assert retire_ok(admin, old, new)["successor"] == new  # the account owns `new`
+    with owner.client(relay) as session:
+        assert_retired_refusal(session.post("/account/keys", json={"vault_id": old}), new)
+        assert session.post("/account/keys", json={"vault_id": new}).status_code == 200
+
+
+def test_pairing_codes_and_handoff_requests_are_refused_for_a_retired_vault(
+    relay: Relay, http: httpx.Client
+) -> None:
+    old, live = new_vault_id("pair-old"), new_vault_id("pair-live")
+    member = relay.mint(old)
+    public_key = new_handoff_keypair().public_key_b64url
+    handoff = {"public_key": public_key, "label": "laptop"}
+    push_ok(http, old, Sealer(old).blobs(1))
+    code = http.post(f"/v1/vaults/{old}/pairing-codes", json={}).json()["code"]
+    with client(relay, member) as c:  # before the retire: both work
+        assert c.post(f"/v1/vaults/{old}/handoff", json=handoff).status_code == 200
+    retire_ok(http, old, live)
+    assert_retired_refusal(http.post(f"/v1/vaults/{old}/pairing-codes", json={}), live)
+    with client(relay, member) as c:
+        assert_retired_refusal(c.post(f"/v1/vaults/{old}/handoff", json=handoff), live)
+    redeemed = http.post("/pair/redeem", json={"code": code, "device_id": new_device_id()})
+    assert_error(redeemed, 410, "code_invalid")  # the retire removed the unused code
+    assert http.post(f"/v1/vaults/{live}/pairing-codes", json={}).status_code == 200
