@@ -45,6 +45,17 @@ class DeviceRevokedError(ForbiddenError):
     """403 `device_revoked`: this device (and every key bound to it) was revoked (§10)."""
 
 
+class VaultRetiredError(RelayError):
+    """410 `vault_retired`: the vault was re-keyed and retired (PROTOCOL §19); pushes to it are
+    refused from then on. `successor` is the relay's hint of the vault that replaced it (None
+    when it named none, or named something that is not a vault id): only a hint, the device
+    switches to it only with a key it obtained itself (client._sync.retirement)."""
+
+    def __init__(self, message: str, *, successor: str | None = None) -> None:
+        super().__init__(410, "vault_retired", message)
+        self.successor = successor
+
+
 class QuotaExceededError(RelayError):
     """402: the push would exceed the vault's quota; nothing of the batch was written."""
 
@@ -146,6 +157,19 @@ def _quota_error(inner: dict[str, Any]) -> QuotaExceededError:
     return QuotaExceededError(one_line(message), detail=detail, limit=limit or 0, used=used or 0)
 
 
+MAX_VAULT_ID_CHARS: Final = 256  # PROTOCOL §6 step 1
+
+
+def vault_id_hint(value: Any) -> str | None:
+    """A vault id a relay named (a successor, PROTOCOL §19) if it could be one: text of
+    1..256 characters without control characters; None for anything else."""
+    if not isinstance(value, str) or not value or len(value) > MAX_VAULT_ID_CHARS:
+        return None
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        return None
+    return value
+
+
 def _parsed(body: bytes) -> dict[str, Any] | None:
     try:
         value = msgspec.json.decode(body)
@@ -183,4 +207,7 @@ def relay_error(status: int, body: bytes, *, retry_after: float | None = None) -
         return ResyncRequiredError(message, horizon=horizon)
     if status == 429:
         return RateLimitedError(code, message, retry_after=retry_after)
+    if status == 410 and code == "vault_retired":
+        successor = vault_id_hint(parsed.get("successor")) if parsed is not None else None
+        return VaultRetiredError(message, successor=successor)
     return RelayError(status, code, message)

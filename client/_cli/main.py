@@ -22,6 +22,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from engram_sync import __version__
 from engram_sync.client._accounts import account as account_ops
 from engram_sync.client._accounts import pairing
+from engram_sync.client._cli import rekey_join
 from engram_sync.client._cli import search as cli_search
 from engram_sync.client._cli import teams as cli_teams
 from engram_sync.client._cli import transfer as cli_transfer
@@ -38,7 +39,13 @@ from engram_sync.client._cli.usage import plain_help, usage_exit, version_callba
 from engram_sync.client._cli.vault_registry import resolve_vault, vaults_app
 from engram_sync.client._cli.verify import verify
 from engram_sync.client._cli.watch_view import watch_view
-from engram_sync.client._errors import AuthError, DeviceRevokedError, ForbiddenError, SyncError
+from engram_sync.client._errors import (
+    AuthError,
+    DeviceRevokedError,
+    ForbiddenError,
+    SyncError,
+    VaultRetiredError,
+)
 from engram_sync.client._session import NotLinkedError, VaultSession
 from engram_sync.client._sync.device import ClockExhaustedError
 from engram_sync.client._sync.engine import SyncReport
@@ -313,7 +320,12 @@ def _run_sync(session: VaultSession, show_progress: bool) -> SyncReport:
 def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
     """Pull remote changes, then push local ones."""
     with open_session() as session:
-        report = _run_sync(session, show_progress=not json_out and err.is_terminal)
+        try:
+            report = _run_sync(session, show_progress=not json_out and err.is_terminal)
+        except VaultRetiredError:  # PROTOCOL §19: an account vault follows with the wrap
+            if not rekey_join.follow_successor(session):
+                raise
+            report = _run_sync(session, show_progress=not json_out and err.is_terminal)
     if json_out:
         print_json(_report_dict(report))
         return
@@ -380,7 +392,7 @@ def watch(
                             f"pushed {report.pushed}, conflicts {report.conflicts}",
                             stdout=True,
                         )
-            except DeviceRevokedError as exc:
+            except (DeviceRevokedError, VaultRetiredError) as exc:
                 raise CliError(f"{exc.message}; watch stopped") from None
     err.print("stopped")
 
@@ -388,7 +400,10 @@ def watch(
 def _watch_retries(error: SyncError) -> bool:
     """What `watch` retries with backoff: anything that may pass by itself. A wrong or
     refused key, a revoked device and a vault the device cannot open end it."""
-    return not isinstance(error, AuthError | ForbiddenError | NotLinkedError | ClockExhaustedError)
+    return not isinstance(
+        error,
+        AuthError | ForbiddenError | NotLinkedError | ClockExhaustedError | VaultRetiredError,
+    )
 
 
 @app.command()
@@ -425,6 +440,7 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")
             "revoked": session.state.revoked,
             "vault_key": vault_keys.key_source(conn, session.config.vault_id),
             "last_sync_at": session.state.last_sync_at,
+            "retired": rekey_join.retired_status(session),  # PROTOCOL §19
             "last_error": session.state.last_error,
         }
     if json_out:

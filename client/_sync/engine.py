@@ -23,6 +23,7 @@ from engram_sync.client._errors import (
     RelayMisbehavedError,
     ResyncRequiredError,
     SyncError,
+    VaultRetiredError,
 )
 from engram_sync.client._sync.anti_entropy import DIGEST_FEATURE, AntiEntropy, DigestReport
 from engram_sync.client._sync.device import Device
@@ -30,13 +31,16 @@ from engram_sync.client._sync.lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT
 from engram_sync.client._sync.lock import sync_lock
 from engram_sync.client._sync.own_pushes import OwnSkip, own_commit_end, refuted_start
 from engram_sync.client._sync.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
+from engram_sync.client._sync.retirement import note_retired, retired_error
 from engram_sync.client._sync.state import SkippedBlob, SyncState
+from engram_sync.client._vault.keys import key_source
 from engram_sync.client._vault.store import (
     KnownVersion,
     PendingTombstone,
     apply_memory,
     apply_tombstone,
     clear_tombstone,
+    count_to_push,
     known_version,
     local_state,
     mark_pushed,
@@ -218,10 +222,16 @@ class Syncer:
         try:
             for _ in range(MAX_ROUNDS):
                 self.pull(report)
+                if self.state.retired is not None:
+                    break  # PROTOCOL §19: no push to a retired vault; the edits stay pending
                 rejected_before = report.rejected
                 self.push(report)
+                if self.state.retired is not None:
+                    break
                 if report.rejected == rejected_before and not self.state.full_pull:
                     break
+            if self.state.retired is not None:
+                raise self._retired_error()
             if self.check_digest and self.relay.offers(DIGEST_FEATURE):
                 report.digest = self.anti_entropy(report, repair=True)
             self.state.last_error = None
@@ -248,6 +258,31 @@ class Syncer:
         narrow it down by bucket and, with `repair`, fetch what the device lacks and push
         what the relay lacks (client._sync.anti_entropy; docs/digest.md)."""
         return AntiEntropy(self, report).run(repair=repair)
+
+    def retired_by_relay(self) -> None:
+        """The live feed said the vault was retired (`event: retired`, PROTOCOL §19): only a
+        wake-up; the next sync's pull says whether it is (and that sync ends with the
+        words for the person), so a feed that lies costs one pull."""
+        log.info("the relay's live feed says vault %s was retired; pulling", self.vault_id)
+
+    def _retired_error(self) -> VaultRetiredError:
+        assert self.state.retired is not None
+        rows, tombstones = count_to_push(self.vault.conn)
+        return retired_error(
+            self.state.retired,
+            pending=rows + tombstones,
+            key_source=key_source(self.vault.conn, self.vault_id),
+        )
+
+    def _note_retired(self, successor: object, erase_after: object, source: str) -> None:
+        hint = note_retired(
+            self.state, self.vault_id, successor=successor, erase_after=erase_after, source=source
+        )
+        self.state.save()
+        log.warning(
+            "the relay says vault %s was retired (successor %s, from a %s); not pushing to it",
+            self.vault_id, hint.successor, source,
+        )  # fmt: skip
 
     def _revoked_error(self) -> DeviceRevokedError:
         return DeviceRevokedError(403, "device_revoked", self._revoked_message())
@@ -281,6 +316,7 @@ class Syncer:
         cursor = 0 if seen is not None else self.state.cursor
         origin = cursor
         limit = self.pull_page
+        retired = False  # PROTOCOL §19: whether a page of this pull said the vault is retired
         while True:
             try:
                 page = self.relay.pull(
@@ -303,6 +339,9 @@ class Syncer:
                     raise
                 limit = max(1, limit // 2)  # an honest page of large blobs: ask for fewer
                 continue
+            except VaultRetiredError as exc:  # PROTOCOL §19: past the grace period
+                self._note_retired(exc.successor, None, "pull")
+                return
             if seen is None and self._relay_restored(page, cursor):
                 seen, report.resynced, report.restored = self._start_full_pull(), True, True
                 cursor = origin = 0
@@ -312,6 +351,9 @@ class Syncer:
                 report.own_skip_refuted = True
                 cursor = origin = start
                 continue
+            if not isinstance(page.retired, UnsetType):
+                retired = True
+                self._note_retired(page.retired.successor, page.retired.erase_after, "pull")
             highest = self._apply_page(page.blobs, report, seen)
             self.device.observe(highest)
             assert isinstance(page.cursor, int)  # check_page
@@ -327,6 +369,11 @@ class Syncer:
             self.state.full_pull = False
         if isinstance(page.generation, str):
             self.state.generation = page.generation
+        if not retired and self.state.retired is not None:
+            # a whole pull without `retired`: the vault is live after all (a relay that said
+            # otherwise lied, or was restored); pushing resumes, nothing was lost meanwhile
+            log.warning("vault %s is not retired after all; pushing again", self.vault_id)
+            self.state.retired = None
         self.state.save()
 
     def _refuted_skip(self, blobs: list[SyncBlob], asked: int) -> int | None:
@@ -474,6 +521,13 @@ class Syncer:
         the round's last key, so the next round finds it; rows left unpushed (rejected,
         oversized) are behind that key and not revisited by this push.
         """
+        try:
+            self._push_all(report)
+        except VaultRetiredError as exc:
+            # PROTOCOL §19: refused, nothing of the batch was marked pushed; it stays pending
+            self._note_retired(exc.successor, None, "push")
+
+    def _push_all(self, report: SyncReport) -> None:
         after: tuple[str, str] | None = None
         while keys := push_keys(self.vault.conn, after=after):
             for start in range(0, len(keys), self.push_batch):

@@ -38,6 +38,7 @@ from engram_sync.client._errors import (
     RelayError,
     ResyncRequiredError,
     SyncError,
+    VaultRetiredError,
     one_line,
 )
 from engram_sync.client._sync.relay_client import EventStream, RelayClient
@@ -102,6 +103,7 @@ class FeedSignals:
         self.mode: FeedMode | None = None
         self.connected = False
         self.revoked: str | None = None
+        self._retired = False
         self.problem: str | None = None
         self.bad_hints = 0
         self.hints = 0
@@ -134,6 +136,19 @@ class FeedSignals:
             self.mode, self.connected, self.problem = mode, connected, problem
         if changed:
             self.wake.set()
+
+    def set_retired(self) -> None:
+        """The relay's `event: retired` (PROTOCOL §19): a wake-up for a sync at once, whose
+        pull says whether the vault is retired (a hint only, like a change hint)."""
+        with self._lock:
+            self._retired = True
+        self.wake.set()
+
+    def take_retired(self) -> bool:
+        """Whether `event: retired` came since the last call."""
+        with self._lock:
+            retired, self._retired = self._retired, False
+        return retired
 
     def set_revoked(self, message: str) -> None:
         with self._lock:
@@ -337,6 +352,10 @@ class LiveFeed:
         except FeedUnavailableError as exc:
             self.signals.set_link(FeedMode.EVENTS, False, one_line(str(exc))[:200])
             return _Outcome.UNSUPPORTED
+        except VaultRetiredError as exc:  # PROTOCOL §19, past the grace period
+            self.signals.set_link(FeedMode.EVENTS, False, one_line(str(exc))[:200])
+            self.signals.set_retired()
+            return _Outcome.FAILED
         except RelayError as exc:
             self.signals.set_link(FeedMode.EVENTS, False, one_line(str(exc))[:200])
             if exc.status in (400, 404, 405, 406, 501):
@@ -374,6 +393,11 @@ class LiveFeed:
                 "the relay ended the live feed because this device (or its key) was revoked"
             )
             return last
+        if event.event == "retired":
+            # PROTOCOL §19: the vault was retired (its data names the successor: a hint the
+            # loop's pull gets again from the pull's `retired`); the relay closes the stream
+            self.signals.set_retired()
+            return last
         if event.event != "change":
             return last  # unknown event types are ignored (additive)
         parsed = parse_hint(event.data, last)
@@ -403,6 +427,10 @@ class LiveFeed:
                 return _Outcome.FINAL
             except ResyncRequiredError:
                 page = None  # news: the loop's pull resyncs (PROTOCOL §9)
+            except VaultRetiredError as exc:  # PROTOCOL §19, past the grace period
+                self.signals.set_link(FeedMode.LONG_POLL, False, one_line(str(exc))[:200])
+                self.signals.set_retired()
+                return _Outcome.FAILED
             except RelayError as exc:
                 self.signals.set_link(FeedMode.LONG_POLL, False, one_line(str(exc))[:200])
                 return _Outcome.UNSUPPORTED if exc.status in (400, 404, 405) else _Outcome.FAILED
@@ -411,6 +439,8 @@ class LiveFeed:
                 return _Outcome.FAILED
             self.signals.set_link(FeedMode.LONG_POLL, True, None)
             self._failures = 0
+            if page is not None and not isinstance(page.retired, msgspec.UnsetType):
+                self.signals.set_retired()  # PROTOCOL §19: the loop's pull says it again
             head = page.head if page is not None and isinstance(page.head, int) else None
             news = page is None or bool(page.blobs) or (head is not None and head != cursor)
             took = time.monotonic() - began

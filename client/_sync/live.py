@@ -160,7 +160,10 @@ class LiveSync:
             hint = self.signals.take_hint()
             hinted = hint is not None and hint > self.session.state.cursor
             local = marker is not None and self._local_marker() != marker
-            if not (hinted or local or now >= next_timer):
+            retired = self.signals.take_retired()  # PROTOCOL §19: pull now, it says
+            if retired:
+                syncer.retired_by_relay()
+            if not (hinted or local or retired or now >= next_timer):
                 if hint is not None:
                     self.signals.hint_done()
                 self._publish(syncer, running=False)

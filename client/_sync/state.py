@@ -39,6 +39,33 @@ class SkippedBlob:
 
 
 @dataclass
+class RetiredHint:
+    """The relay said this vault was retired (PROTOCOL §19): a 410 `vault_retired` on a push
+    (`source` "push") or a pull ("pull", also a pull's `retired` field) or the live feed's
+    `event: retired` ("events"). Only a hint: the device stops pushing to the vault and keeps
+    every unpushed edit; it switches to `successor` only with a key it obtained itself."""
+
+    vault_id: str
+    successor: str | None
+    erase_after: str | None
+    source: str
+    seen_at: str
+
+    @classmethod
+    def from_json(cls, value: Any) -> RetiredHint | None:
+        """The hint kept in sync_state.json; None for anything else (a hand-edited file)."""
+        if not isinstance(value, dict) or not isinstance(value.get("vault_id"), str):
+            return None
+        return cls(
+            vault_id=value["vault_id"],
+            successor=_text_or_none(value.get("successor")),
+            erase_after=_text_or_none(value.get("erase_after")),
+            source=str(value.get("source", "")),
+            seen_at=str(value.get("seen_at", "")),
+        )
+
+
+@dataclass
 class SyncState:
     """What survives between runs."""
 
@@ -57,6 +84,10 @@ class SyncState:
     oversized: list[str] = field(default_factory=list)
     # issue 15: the cursor moves past this device's own pushes (client._sync.own_pushes)
     own_skips: list[OwnSkip] = field(default_factory=list)
+    # PROTOCOL §19: the relay's word that the linked vault was retired (None: it is live), and
+    # the vault this device synced before it switched to a successor (said once, then kept)
+    retired: RetiredHint | None = None
+    rekeyed_from: str | None = None
 
     @classmethod
     def load(cls, vault_dir: Path) -> SyncState:
@@ -78,6 +109,8 @@ class SyncState:
             skipped=[SkippedBlob(**s) for s in data.get("skipped", [])],
             oversized=list(data.get("oversized", [])),
             own_skips=_own_skips(data.get("own_skips")),
+            retired=RetiredHint.from_json(data.get("retired")),
+            rekeyed_from=_text_or_none(data.get("rekeyed_from")),
         )
 
     def refresh(self) -> None:
@@ -93,6 +126,7 @@ class SyncState:
             self.revoked = False
             self.generation, self.full_pull = None, False
             self.own_skips = []
+            self.retired = None
             self.save()
 
     def record_skipped(self, skipped: SkippedBlob) -> None:

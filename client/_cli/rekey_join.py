@@ -1,0 +1,146 @@
+"""`engram-sync rekey --join`, and what `sync` and `status` say of a retired vault
+(PROTOCOL §19; docs/rekey.md "Other devices"; client._sync.successor, client._sync.retirement).
+
+Secrets never come from the command line: the vault's current passphrase from
+ENGRAM_PASSPHRASE or a prompt, the new one from ENGRAM_NEW_PASSPHRASE or a prompt, the
+account password from ENGRAM_ACCOUNT_PASSWORD or a prompt, a key for the new vault from
+ENGRAM_NEW_API_KEY (default: the current key).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict
+from typing import Any
+
+import typer
+
+from engram_sync.client._cli.support import OPTIONS, CliError, ask_passphrase, err, out, print_json
+from engram_sync.client._cli.teams import account_password
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.successor import (
+    JoinReport,
+    join_kind,
+    join_with_account,
+    join_with_handoff,
+    join_with_passphrase,
+)
+from engram_sync.shared_format.errors import WrongPassphraseError
+
+ACCOUNT_PASSWORD_ENV = "ENGRAM_ACCOUNT_PASSWORD"  # noqa: S105 - a variable name
+NEW_PASSPHRASE_ENV = "ENGRAM_NEW_PASSPHRASE"  # noqa: S105 - as `rekey` reads it
+NEW_API_KEY_ENV = "ENGRAM_NEW_API_KEY"
+
+
+def ask_new_passphrase() -> str:
+    """The passphrase the vault was re-keyed to: ENGRAM_NEW_PASSPHRASE, else a prompt."""
+    env = os.environ.get(NEW_PASSPHRASE_ENV)
+    if env:
+        return env
+    if not sys.stdin.isatty():
+        raise CliError(
+            f"no new passphrase: set {NEW_PASSPHRASE_ENV} or run in a terminal to be asked"
+        )
+    value: str = typer.prompt("The vault's new passphrase", hide_input=True)
+    if not value:
+        raise CliError("the new passphrase must not be empty")
+    return value
+
+
+def _confirm(what: str) -> bool:
+    """Ask the person whether to switch to a vault that is not the relay's hint."""
+    if not sys.stdin.isatty():
+        return False
+    err.print(f"warning: {what}", highlight=False)
+    return typer.confirm("Switch this device to it anyway?", default=False)
+
+
+def _new_api_key() -> str | None:
+    value = os.environ.get(NEW_API_KEY_ENV, "").strip()
+    return value or None
+
+
+def _open(new_passphrase: str | None) -> tuple[VaultSession, str | None]:
+    """The session with the current passphrase; when that no longer opens engrams.db (a
+    join that rekeyed it already), with the new one."""
+    path = OPTIONS.vault
+    if not (path / "engrams.db").exists():
+        raise CliError(f"no vault at {path}: run `engram-sync init` (or pass --vault DIR)")
+    try:
+        return VaultSession.open(path, ask_passphrase()), new_passphrase
+    except WrongPassphraseError:
+        new_passphrase = new_passphrase or ask_new_passphrase()
+        return VaultSession.open(path, new_passphrase), new_passphrase
+
+
+def join(*, force: bool, json_out: bool) -> None:
+    """Move this device to the vault that replaced its retired one (PROTOCOL §19)."""
+    session, new_passphrase = _open(None)
+    with session:
+        kind = join_kind(session)
+        if kind == "passphrase":
+            report = join_with_passphrase(
+                session,
+                new_passphrase or ask_new_passphrase(),
+                api_key=_new_api_key(),
+                force=force,
+                confirm=_confirm,
+            )
+        elif kind == "account":
+            report = join_with_account(session, account_password())
+        else:
+            report = join_with_handoff(session, api_key=_new_api_key())
+    if json_out:
+        print_json(asdict(report))
+        return
+    out.print(_joined(report))
+
+
+def _joined(report: JoinReport) -> str:
+    if report.already:
+        return f"this device syncs vault {report.new_vault_id} already" + (
+            "; engrams.db now opens with the new passphrase" if report.db_rekeyed else ""
+        )
+    what = f"this device now syncs vault {report.new_vault_id} (it replaced {report.old_vault_id})"
+    if report.waiting_for_key:
+        return (
+            f"{what}; its key comes through the team handoff: run `engram-sync team request` "
+            f"and have an admin approve it; {report.pending} unpushed change(s) wait for it"
+        )
+    parts = [what]
+    if report.db_rekeyed:
+        parts.append("engrams.db now opens with the new passphrase")
+    parts.append(f"run `engram-sync sync`: {report.pending} unpushed change(s) go there")
+    return "; ".join(parts)
+
+
+def follow_successor(session: VaultSession) -> bool:
+    """`sync` of a retired account vault: the successor's key from the account, when the
+    account password is at hand (ENGRAM_ACCOUNT_PASSWORD or a terminal); True if switched."""
+    if join_kind(session) != "account":
+        return False
+    if not os.environ.get(ACCOUNT_PASSWORD_ENV) and not sys.stdin.isatty():
+        return False
+    report = join_with_account(session, account_password())
+    err.print(
+        f"vault {report.old_vault_id} was re-keyed on another device: this device now syncs "
+        f"its successor {report.new_vault_id} with the key from your account; "
+        f"{report.pending} unpushed change(s) go there now",
+        highlight=False,
+    )
+    return True
+
+
+def retired_status(session: VaultSession) -> dict[str, Any] | None:
+    """`status`: the relay's word that the linked vault is retired, and the re-key this
+    device followed (None when neither)."""
+    hint = session.state.retired
+    if hint is None and session.state.rekeyed_from is None:
+        return None
+    return {
+        "successor": hint.successor if hint else None,
+        "erase_after": hint.erase_after if hint else None,
+        "seen_at": hint.seen_at if hint else None,
+        "rekeyed_from": session.state.rekeyed_from,
+    }

@@ -1,0 +1,277 @@
+"""Moving this device to the successor of a retired vault (PROTOCOL §19; docs/rekey.md
+"Other devices"): `engram-sync rekey --join`, and the automatic switch of an account vault.
+
+The relay's successor is only a hint (client._sync.retirement). This device switches only
+with a K it obtained itself, and only when the successor's blobs (if it holds any) verify
+under that K (defence in depth, §14):
+
+- a passphrase vault: the person's new passphrase gives K and the vault id (§2); an id that
+  is not the relay's hint needs the person's confirmation (or `force`);
+- an account vault: the successor's wrap from the account (§13), unwrapped with A, its
+  vault_id suffix equal to the successor, and a key minted for it;
+- a team vault: the device is pointed at the successor with its key expected from the
+  handoff (§14): nothing is pushed or pulled until `team request` brought an authenticated K.
+
+The switch keeps every local memory, every unpushed edit and the known clocks; the state
+starts from cursor 0 with a link pull (client._sync.state.bind), so the next sync pulls the
+successor and pushes every version it lacks, the unpushed edits with new clocks above all
+it has seen. A passphrase vault's engrams.db is rekeyed to the new passphrase last (VAULT
+§2); K is stored for the successor first, so a crash anywhere leaves a device that syncs
+the vault its config names with that vault's keys, and running the join again finishes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engram_sync.client._accounts import account as account_ops
+from engram_sync.client._accounts.pairing import require_passphrase_vault, save_link
+from engram_sync.client._errors import AuthError, ForbiddenError, RelayError, SyncError
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.client._vault.keys import (
+    expect_vault_key,
+    key_source,
+    keys_open_relay_blobs,
+    pack_keys,
+    store_vault_key,
+)
+from engram_sync.client._vault.store import count_to_push
+from engram_sync.shared_format.b64 import Base64Error, b64decode_std
+from engram_sync.shared_format.errors import KeyUnwrapError
+from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v2
+from engram_sync.shared_format.vault import sqlcipher
+from engram_sync.shared_format.vault.keys import passphrase_vault_key
+from engram_sync.shared_format.vault.salt import vault_salt16
+from engram_sync.shared_format.wraps import unwrap_vault_key
+
+log = logging.getLogger(__name__)
+
+#: Asked when the new vault id is not the relay's hint: True to switch anyway.
+Confirm = Callable[[str], bool]
+
+
+class JoinError(SyncError):
+    """The switch to a successor was refused; nothing was switched. The message says why."""
+
+
+@dataclass
+class JoinReport:
+    """What `rekey --join` did (`--json`)."""
+
+    old_vault_id: str
+    new_vault_id: str
+    source: str  # where K came from: passphrase, account or handoff
+    hint: str | None  # the relay's successor (a hint)
+    hint_matched: bool
+    successor_verified: bool | None  # its blobs verify under K; None: it holds none (yet)
+    db_rekeyed: bool = False
+    pending: int = 0  # unpushed changes the next sync pushes to the successor
+    waiting_for_key: bool = False  # a team vault: K comes with `team request`
+    already: bool = False  # this device had switched already (a join run again)
+
+
+def successor_hint(session: VaultSession) -> str | None:
+    """The successor the relay named for the linked vault, if it said it was retired."""
+    hint = session.state.retired
+    if hint is None or hint.vault_id != session.config.vault_id:
+        return None
+    return hint.successor
+
+
+def _linked(session: VaultSession) -> tuple[str, str]:
+    vault_id, server_url = session.config.vault_id, session.config.server_url
+    if not vault_id or not server_url:
+        raise JoinError("this vault is not linked to a relay: run `engram-sync link` first")
+    return server_url, vault_id
+
+
+def _pending(session: VaultSession) -> int:
+    rows, tombstones = count_to_push(session.vault.conn)
+    return rows + tombstones
+
+
+def _verify_successor(
+    session: VaultSession, server_url: str, api_key: str | None, vault_id: str, keys: SyncKeys
+) -> bool | None:
+    """PROTOCOL §14 defence in depth: the successor's oldest blobs verify under K (None: it
+    holds none). A K under which none verifies is refused loudly, nothing switched."""
+    try:
+        with RelayClient(server_url, api_key, device_id=session.device.device_id) as relay:
+            verified = keys_open_relay_blobs(relay, vault_id, keys)
+            relay.register_device(vault_id, session.device.device_id, session.device.label)
+    except (AuthError, ForbiddenError) as exc:
+        raise JoinError(
+            f"the relay refused this device's API key for the new vault {vault_id} "
+            f"({exc.code}): pass a key for it (ENGRAM_NEW_API_KEY, or ask an admin); nothing "
+            "was switched"
+        ) from None
+    if verified is False:
+        raise JoinError(
+            f"the blobs of vault {vault_id} on the relay do not verify under the new key: it is "
+            "not this vault's successor (a wrong passphrase, or a relay pointing this device "
+            "at a vault that is not its own); nothing was switched, this device's memories and "
+            "unpushed changes are unchanged"
+        )
+    return verified
+
+
+def _switch(
+    session: VaultSession,
+    server_url: str,
+    vault_id: str,
+    api_key: str,
+    keys: SyncKeys | None,
+    source: str,
+) -> None:
+    """Point the device at the successor: K first (so the next command keys the successor
+    with it whatever opened engrams.db), then config and state (cursor 0, a link pull:
+    everything the successor lacks is pushed), the known clocks kept."""
+    old = session.config.vault_id
+    with session.vault.transaction() as conn:
+        if keys is not None:
+            store_vault_key(conn, pack_keys(keys, vault_id), source)
+        else:
+            expect_vault_key(conn, vault_id, source)  # a team vault: K from the handoff
+    save_link(session, server_url, api_key, vault_id)
+    session.state.rekeyed_from = old
+    session.state.last_error = None
+    session.state.save()
+    session._keys = keys
+    log.info("switched from retired vault %s to its successor %s (%s)", old, vault_id, source)
+
+
+def _rekey_database(session: VaultSession, new_passphrase: str) -> bool:
+    """VAULT §2: engrams.db keyed by the new passphrase (same salt); False when it is."""
+    if session.passphrase == new_passphrase:
+        return False
+    key = passphrase_vault_key(new_passphrase, vault_salt16(session.path))
+    sqlcipher.rekey(session.vault.conn, key)
+    session.passphrase = new_passphrase
+    return True
+
+
+def join_with_passphrase(
+    session: VaultSession,
+    new_passphrase: str,
+    *,
+    api_key: str | None = None,
+    force: bool = False,
+    confirm: Confirm | None = None,
+) -> JoinReport:
+    """A passphrase vault: the new passphrase gives K and the vault id (PROTOCOL §2)."""
+    require_passphrase_vault(session)
+    server_url, old = _linked(session)
+    if not new_passphrase:
+        raise JoinError("the new passphrase must not be empty")
+    new_id = vault_id_v2(new_passphrase)
+    if old == new_id:
+        if session.state.rekeyed_from is None:
+            raise JoinError(
+                f"this passphrase gives vault {old}, the one this device syncs already: enter "
+                "the new passphrase the vault was re-keyed to"
+            )
+        report = JoinReport(session.state.rekeyed_from, new_id, "passphrase", None, True, None)
+        report.already = True
+        report.db_rekeyed = _rekey_database(session, new_passphrase)  # a join cut short
+        report.pending = _pending(session)
+        return report
+    hint = successor_hint(session)
+    if hint != new_id:
+        what = (
+            f"the relay names {hint} as the successor of vault {old}, but the new passphrase "
+            f"gives vault {new_id}"
+            if hint
+            else f"the relay has not said that vault {old} was retired (or named no "
+            f"successor); the new passphrase gives vault {new_id}"
+        )
+        if not force and not (confirm is not None and confirm(what)):
+            raise JoinError(
+                f"{what}: check the new passphrase, or pass --force to switch to {new_id} "
+                "anyway; nothing was switched"
+            )
+    keys = derive_sync_keys(new_passphrase)
+    key = api_key or session.config.api_key
+    if not key:
+        raise JoinError("this vault has no API key: run `engram-sync link` first")
+    verified = _verify_successor(session, server_url, key, new_id, keys)
+    _switch(session, server_url, new_id, key, keys, "passphrase")
+    report = JoinReport(old, new_id, "passphrase", hint, hint == new_id, verified)
+    report.db_rekeyed = _rekey_database(session, new_passphrase)
+    report.pending = _pending(session)
+    return report
+
+
+def join_with_account(session: VaultSession, password: str) -> JoinReport:
+    """An account vault: K of the successor from the account (PROTOCOL §13), unwrapped with
+    A, its vault_id suffix the successor's; a key minted for it, bound to this device."""
+    server_url, old = _linked(session)
+    hint = successor_hint(session)
+    if hint is None:
+        raise JoinError(
+            f"the relay has not named a successor of vault {old}: an account vault follows only "
+            "a successor the relay names and the account holds the key of; run `engram-sync "
+            "sync` to ask the relay again"
+        )
+    unlocked = account_ops.unlock(session.path, password)
+    device = session.device
+    with unlocked.client() as relay:
+        try:
+            wrap = relay.vault_wrap(hint)
+        except RelayError as exc:
+            if exc.status != 404:
+                raise
+            raise JoinError(
+                f"your account holds no key for vault {hint} (yet): the re-key may still be "
+                "running on the other device; run `engram-sync sync` again later"
+            ) from None
+        try:
+            k = unwrap_vault_key(b64decode_std(wrap.wrapped_k), unlocked.account_key, hint)
+        except (KeyUnwrapError, Base64Error):
+            raise JoinError(
+                f"the key your account holds for vault {hint} does not open with your account "
+                "key or names another vault: refused, nothing was switched"
+            ) from None
+        keys = SyncKeys(enc_key=k.enc_key, hmac_key=k.hmac_key)
+        minted = relay.mint_key(hint, device_id=device.device_id, label=device.label)
+    verified = _verify_successor(session, server_url, minted.key, hint, keys)
+    _switch(session, server_url, hint, minted.key, keys, "account")
+    report = JoinReport(old, hint, "account", hint, True, verified)
+    report.pending = _pending(session)
+    return report
+
+
+def join_with_handoff(session: VaultSession, *, api_key: str | None = None) -> JoinReport:
+    """A team vault: point the device at the successor with its K expected from the handoff
+    (PROTOCOL §14); `team request` brings K (authenticated, checked against the successor's
+    blobs), and until then no sync pushes or pulls anything."""
+    server_url, old = _linked(session)
+    hint = successor_hint(session)
+    if hint is None:
+        raise JoinError(
+            f"the relay has not named a successor of vault {old}: ask a team admin for the new "
+            "vault id and link to it (`engram-sync link --code CODE`)"
+        )
+    key = api_key or session.config.api_key
+    if not key:
+        raise JoinError("this vault has no API key: run `engram-sync link` first")
+    try:
+        with RelayClient(server_url, key, device_id=session.device.device_id) as relay:
+            relay.register_device(hint, session.device.device_id, session.device.label)
+    except (AuthError, ForbiddenError) as exc:
+        raise JoinError(
+            f"the relay refused this device's API key for the new vault {hint} ({exc.code}): "
+            "ask a team admin for a pairing code for it (`engram-sync link --code CODE`)"
+        ) from None
+    _switch(session, server_url, hint, key, None, "handoff")
+    report = JoinReport(old, hint, "handoff", hint, True, None, waiting_for_key=True)
+    report.pending = _pending(session)
+    return report
+
+
+def join_kind(session: VaultSession) -> str:
+    """Where the linked vault's key comes from: passphrase, account or handoff."""
+    source = key_source(session.vault.conn, session.config.vault_id)
+    return "handoff" if source == "missing" else source
