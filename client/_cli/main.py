@@ -17,7 +17,6 @@ from types import FrameType
 from typing import Annotated, Any, Final
 
 import typer
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from engram_sync import __version__
 from engram_sync.client._accounts import account as account_ops
@@ -34,6 +33,7 @@ from engram_sync.client._cli.support import (
     out,
     print_json,
 )
+from engram_sync.client._cli.sync_view import run_sync as _run_sync
 from engram_sync.client._cli.teams import account_password
 from engram_sync.client._cli.usage import plain_help, usage_exit, version_callback
 from engram_sync.client._cli.vault_registry import resolve_vault, vaults_app
@@ -123,7 +123,7 @@ def init() -> None:
         raise CliError(f"a vault already exists at {OPTIONS.vault}")
     OPTIONS.vault.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open_session(create=True) as session:
-        out.print(f"created vault {session.path} (device {session.device.device_id})")
+        out.print(f"created vault {session.path} (device {session.device.device_id})", markup=False)
 
 
 @app.command()
@@ -201,7 +201,7 @@ def add(
         raise CliError("the memory text is empty")
     with open_session() as session, session.vault.transaction() as conn:
         memory_id = store_add(conn, text, layer=layer, tags=tag or [], project=project)
-    out.print(memory_id)
+    out.print(memory_id, markup=False)
 
 
 def _summary(memory: MemoryPlaintext, synced: bool) -> dict[str, Any]:
@@ -232,7 +232,8 @@ def list_(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")]
     for item in items:
         first_line = item["content"].splitlines()[0] if item["content"] else ""
         mark = "" if item["synced"] else " *"
-        out.print(f"{item['id']}  {item['modified_at'][:19]}  {first_line[:80]}{mark}")
+        line = f"{item['id']}  {item['modified_at'][:19]}  {first_line[:80]}{mark}"
+        out.print(line, markup=False)  # user text, printed as it is
     if not items:
         err.print("no memories yet: `engram-sync add TEXT`")
 
@@ -256,7 +257,7 @@ def edit(
     with open_session() as session, session.vault.transaction() as conn:
         if not edit_memory(conn, memory_id, text):
             raise CliError(f"no memory {memory_id!r}; `engram-sync list` shows the ids")
-    out.print(f"edited {memory_id}")
+    out.print(f"edited {memory_id}", markup=False)
 
 
 @app.command()
@@ -265,7 +266,7 @@ def delete(memory_id: Annotated[str, typer.Argument(help="Memory id.")]) -> None
     with open_session() as session, session.vault.transaction() as conn:
         if not delete_memory(conn, memory_id):
             raise CliError(f"no memory {memory_id!r}; `engram-sync list` shows the ids")
-    out.print(f"deleted {memory_id}")
+    out.print(f"deleted {memory_id}", markup=False)
 
 
 def _repair_notice(report: SyncReport) -> str | None:
@@ -290,32 +291,6 @@ def _report_dict(report: SyncReport) -> dict[str, Any]:
     return asdict(report)
 
 
-def _run_sync(session: VaultSession, show_progress: bool) -> SyncReport:
-    with session.relay() as relay:
-        if not show_progress:
-            return session.syncer(relay).sync()
-        columns = (
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.fields[detail]}"),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=err, transient=True) as bar:
-            pending = sum(count_to_push(session.vault.conn))
-            pull_task = bar.add_task("pulling", total=None, detail="")
-            push_task = bar.add_task("pushing", total=pending or None, detail="")
-
-            def progress(phase: str, report: SyncReport) -> None:
-                if phase == "pull":
-                    detail = f"{report.pulled} pulled, {report.applied} applied"
-                    bar.update(pull_task, detail=detail)
-                else:
-                    bar.update(push_task, completed=report.pushed, detail=f"{report.pushed} pushed")
-
-            return session.syncer(relay, progress).sync()
-
-
 @app.command()
 def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
     """Pull remote changes, then push local ones."""
@@ -332,14 +307,14 @@ def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] 
     parts = [f"pulled {report.pulled} (applied {report.applied}), pushed {report.pushed}"]
     notice = _repair_notice(report)
     if notice:
-        err.print(notice, highlight=False)
+        err.print(notice, highlight=False, markup=False)
     if report.conflicts:
         parts.append(f"{report.conflicts} conflict(s) kept: see `engram-sync conflicts`")
     if report.invalid:
         parts.append(f"{report.invalid} invalid blob(s) skipped: see `engram-sync status`")
     if report.oversized:
         parts.append(f"{len(report.oversized)} memory(ies) too large to sync")
-    out.print(", ".join(parts))
+    out.print(", ".join(parts), markup=False)
 
 
 @app.command()
@@ -441,7 +416,7 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")
             "vault_key": vault_keys.key_source(conn, session.config.vault_id),
             "last_sync_at": session.state.last_sync_at,
             "retired": rekey_join.retired_status(session),  # PROTOCOL §19
-            "last_error": session.state.last_error,
+            "last_error": _last_error(session),
         }
     if json_out:
         print_json(info)
@@ -451,10 +426,24 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")
             out.print(f"skipped_blobs: {len(value)}")
             for s in value[-10:]:
                 out.print(
-                    f"  {s['memory_id']} from {s['device_id']} @{s['vector_clock']}: {s['reason']}"
+                    f"  {s['memory_id']} from {s['device_id']} @{s['vector_clock']}: {s['reason']}",
+                    markup=False,
                 )
         else:
-            out.print(f"{key}: {value}")  # fmt: skip
+            out.print(f"{key}: {'none' if value is None else value}", markup=False)
+
+
+def _last_error(session: VaultSession) -> str | None:
+    """The last sync's failure in words; a revocation says so and what to do (a revoked
+    device fails every sync, so it is the problem whatever was recorded before)."""
+    if session.state.revoked:
+        return (
+            f"this device ({session.device.device_id}) was revoked for vault "
+            f"{session.config.vault_id}: it can no longer push or pull; its local memories "
+            "are kept. To sync again, ask an admin for a new key and run `engram-sync link` "
+            "with it"
+        )
+    return session.state.last_error
 
 
 @app.command()
@@ -482,7 +471,7 @@ def devices(json_out: Annotated[bool, typer.Option("--json", help="JSON output."
             " REVOKED" if r["revoked"] else ""
         )
         out.print(f"{r['device_id']}  {r['label'] or '-'}  last seen {r['last_seen']}  "
-                  f"{r['blob_count']} blobs{flags}")  # fmt: skip
+                  f"{r['blob_count']} blobs{flags}", markup=False)  # fmt: skip
 
 
 @app.command()
@@ -510,7 +499,7 @@ def revoke(
                     "`engram-sync devices`, or pass --force to pre-revoke it"
                 )
         relay.revoke_device(vault_id, device_id)
-    out.print(f"revoked {device_id}")
+    out.print(f"revoked {device_id}", markup=False)
 
 
 @conflicts_app.callback()
@@ -531,7 +520,7 @@ def conflicts_list(
     for c in items:
         what = "deletion" if c.local_deleted else (c.local_content or "")[:70]
         out.print(f"#{c.id}  {c.memory_id}  lost to {c.remote_device_id}@{c.remote_vector_clock}"
-                  f"  {c.detected_at[:19]}  {what}")  # fmt: skip
+                  f"  {c.detected_at[:19]}  {what}", markup=False)  # fmt: skip
 
 
 @conflicts_app.command("restore")
@@ -570,10 +559,14 @@ def main() -> None:
 
 def _report_error(exc: Exception) -> int:
     if isinstance(exc, WrongPassphraseError):
-        err.print(f"error: {exc}. Check ENGRAM_PASSPHRASE or the passphrase you typed.")
+        err.print(
+            f"error: {exc}. Check ENGRAM_PASSPHRASE or the passphrase you typed.", markup=False
+        )
         return 2
     if isinstance(exc, CliError | SyncError | FormatError | ValueError | OSError):
-        err.print(f"error: {exc}")
+        err.print(f"error: {exc}", markup=False)  # errors quote user text ([x] stays [x])
         return 1
-    err.print(f"error: {type(exc).__name__}: {exc} (run again with --debug for details)")
+    err.print(
+        f"error: {type(exc).__name__}: {exc} (run again with --debug for details)", markup=False
+    )
     return 1

@@ -132,7 +132,7 @@ def vaults_add(
         raise CliError(f"the name {name!r} is taken ({vaults[name]}): `vaults remove {name}` first")
     vaults[name] = str(path)
     _save(vaults)
-    out.print(f"{name} = {path}")
+    out.print(f"{name} = {path}", markup=False)
 
 
 @vaults_app.command("remove")
@@ -143,4 +143,4 @@ def vaults_remove(name: Annotated[str, typer.Argument(help="A vault name.")]) ->
         raise CliError(f"no vault named {name!r}; `engram-sync vaults` lists them")
     del vaults[name]
     _save(vaults)
-    out.print(f"removed the name {name} (the directory is kept)")
+    out.print(f"removed the name {name} (the directory is kept)", markup=False)

@@ -61,7 +61,7 @@ def _say(digest: DigestReport, repair: bool) -> None:
         )
     if digest.unresolved:
         shown = ", ".join(digest.unresolved[:20])
-        err.print(f"unresolved (nothing changed for them): {shown}")
+        err.print(f"unresolved (nothing changed for them): {shown}", markup=False)
     if digest.matched:
         out.print("in agreement now")
     elif not repair:

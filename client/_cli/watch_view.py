@@ -50,10 +50,10 @@ class WatchView:
         key = (status.state, status.mode, status.problem)
         if key != self._shown:
             self._shown = key
-            self.console.print(f"status: {describe(status)}", highlight=False)
+            self.console.print(f"status: {describe(status)}", highlight=False, markup=False)
 
     def say(self, text: str, *, stdout: bool = False) -> None:
-        (out if stdout else self.console).print(text, highlight=False)
+        (out if stdout else self.console).print(text, highlight=False, markup=False)
 
 
 class LiveWatchView(WatchView):

@@ -41,6 +41,7 @@ from engram_sync.client._vault.store import (
     apply_tombstone,
     clear_tombstone,
     count_to_push,
+    has_sync_history,
     known_version,
     local_state,
     mark_pushed,
@@ -313,6 +314,13 @@ class Syncer:
         seen: dict[str, int] | None = None
         if self.state.full_pull:
             seen, report.resynced = {}, True
+        elif self.state.link_pull:
+            # issue 17: a new link of a vault that synced elsewhere before; the reconcile
+            # pushes what the new vault lacks (a vault without history pulls as usual)
+            if has_sync_history(self.vault.conn):
+                seen = {}
+            else:
+                self.state.link_pull = False
         cursor = 0 if seen is not None else self.state.cursor
         origin = cursor
         limit = self.pull_page
@@ -365,8 +373,8 @@ class Syncer:
             if not page.has_more:
                 break
         if seen is not None:
-            report.repushed = self._reconcile(seen)
-            self.state.full_pull = False
+            report.repushed = self._reconcile(seen, new_link=self.state.link_pull)
+            self.state.full_pull = self.state.link_pull = False
         if isinstance(page.generation, str):
             self.state.generation = page.generation
         if not retired and self.state.retired is not None:
@@ -496,12 +504,14 @@ class Syncer:
         elif local[1] is not None and tombstone_plaintext(blob.memory_id) == local[0]:
             clear_tombstone(conn, blob.memory_id, local[1])
 
-    def _reconcile(self, seen: dict[str, int]) -> int:
+    def _reconcile(self, seen: dict[str, int], *, new_link: bool = False) -> int:
         """After a full re-pull (PROTOCOL §9, §17): missing is not deleted. Every version
         this device holds that the relay lacks (the memory is absent there, or only an
-        older version is) is pushed again; nothing is removed. Returns how many."""
+        older version is) is pushed again; nothing is removed. After the first pull of a
+        new link (issue 17) a deletion the new vault has never seen is pushed too.
+        Returns how many."""
         with self.vault.transaction() as conn:
-            return repush_missing(conn, seen)
+            return repush_missing(conn, seen, unseen_deletions=new_link)
 
     # -- push -------------------------------------------------------------------------------
 

@@ -80,6 +80,9 @@ class SyncState:
     # (after a restore or resync_required) is under way; it restarts from 0 until done.
     generation: str | None = None
     full_pull: bool = False
+    # issue 17: the first pull after linking to a new (relay, vault) starts from 0 and ends
+    # by queueing every version the new vault lacks (the old link's pushes do not count)
+    link_pull: bool = False
     skipped: list[SkippedBlob] = field(default_factory=list)
     oversized: list[str] = field(default_factory=list)
     # issue 15: the cursor moves past this device's own pushes (client._sync.own_pushes)
@@ -106,6 +109,7 @@ class SyncState:
             revoked=bool(data.get("revoked", False)),
             generation=_text_or_none(data.get("generation")),
             full_pull=bool(data.get("full_pull", False)),
+            link_pull=bool(data.get("link_pull", False)),
             skipped=[SkippedBlob(**s) for s in data.get("skipped", [])],
             oversized=list(data.get("oversized", [])),
             own_skips=_own_skips(data.get("own_skips")),
@@ -120,11 +124,12 @@ class SyncState:
             setattr(self, name, value)
 
     def bind(self, server_url: str, vault_id: str) -> None:
-        """Use this state for (server, vault); a different pair restarts from cursor 0."""
+        """Use this state for (server, vault); a different pair restarts from cursor 0, and
+        its first pull queues everything the new vault lacks (`link_pull`, issue 17)."""
         if (self.server_url, self.vault_id) != (server_url, vault_id):
             self.server_url, self.vault_id, self.cursor = server_url, vault_id, 0
             self.revoked = False
-            self.generation, self.full_pull = None, False
+            self.generation, self.full_pull, self.link_pull = None, False, True
             self.own_skips = []
             self.retired = None
             self.save()

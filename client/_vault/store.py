@@ -350,14 +350,27 @@ def clear_tombstone(conn: sqlite3.Connection, memory_id: str, deleted_at: str) -
     conn.execute("DELETE FROM tombstones WHERE id = ? AND deleted_at = ?", (memory_id, deleted_at))
 
 
-def repush_missing(conn: sqlite3.Connection, seen: dict[str, int]) -> int:
+def has_sync_history(conn: sqlite3.Connection) -> bool:
+    """Whether this vault holds a version it pushed or pulled (a link before this one)."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM sync_known_clocks)"
+        " OR EXISTS (SELECT 1 FROM engrams WHERE synced_at IS NOT NULL)"
+    ).fetchone()
+    return bool(row[0])
+
+
+def repush_missing(
+    conn: sqlite3.Connection, seen: dict[str, int], *, unseen_deletions: bool = False
+) -> int:
     """Queue again every version this device holds that the relay lacks, after a full
     re-pull that saw `seen` (memory id -> highest verified clock on the relay).
 
     PROTOCOL §17, missing is not deleted: a pushed row the relay has no version of, or
     only a version older than the one this device knows, needs a push again; a deletion
     whose tombstone the relay lost while it still holds an older live version gets its
-    tombstone pushed again. Nothing is removed. Returns how many were queued.
+    tombstone pushed again. With `unseen_deletions` (the first pull of a new link, issue
+    17) a deletion of a memory the relay has no version of at all is pushed too. Nothing
+    is removed. Returns how many were queued.
     """
     conn.execute(
         "CREATE TEMP TABLE IF NOT EXISTS sync_seen (id TEXT PRIMARY KEY, clock INTEGER NOT NULL)"
@@ -371,10 +384,12 @@ def repush_missing(conn: sqlite3.Connection, seen: dict[str, int]) -> int:
         " LEFT JOIN sync_known_clocks k ON k.memory_id = e.id"
         " WHERE s.id IS NULL OR s.clock < coalesce(k.vector_clock, 0))"
     ).rowcount
+    unseen = " OR s.id IS NULL" if unseen_deletions else ""
     tombs = conn.execute(
-        "INSERT OR IGNORE INTO tombstones (id, deleted_at)"
-        " SELECT k.memory_id, ? FROM sync_known_clocks k JOIN sync_seen s ON s.id = k.memory_id"
-        " WHERE s.clock < k.vector_clock AND k.memory_id NOT IN (SELECT id FROM engrams)",
+        "INSERT OR IGNORE INTO tombstones (id, deleted_at)"  # noqa: S608 - constants
+        " SELECT k.memory_id, ? FROM sync_known_clocks k LEFT JOIN sync_seen s"
+        f" ON s.id = k.memory_id WHERE (s.clock < k.vector_clock{unseen})"
+        " AND k.memory_id NOT IN (SELECT id FROM engrams)",
         (utc_now_rfc3339(),),
     ).rowcount
     conn.execute("DELETE FROM sync_seen")

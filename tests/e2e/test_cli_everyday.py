@@ -1,0 +1,201 @@
+"""The everyday `engram-sync` behaviours of issue 17 ("Polish"), through the real
+executable against a real relay: a relink pushes everything, `status` after a revocation,
+Ctrl-C during a sync, a wrong relay URL, weak passphrases, user text printed literally,
+and `watch` on a vault that is not linked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import asyncpg
+
+from engram_sync.relay.db.url import to_libpq_url
+from tests.relay.conftest import ADMIN_KEY, Relay
+from tests.relay.support import wait_for
+
+EXE = str(Path(sys.executable).parent / "engram-sync")
+PASSPHRASE = "everyday correct horse battery staple"
+
+
+def cli(
+    vault: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    full = dict(os.environ, ENGRAM_PASSPHRASE=PASSPHRASE, HOME=str(vault.parent), COLUMNS="200")
+    full.pop("ENGRAM_VAULT", None)
+    full.update(env or {})
+    return subprocess.run(
+        [EXE, "--vault", str(vault), *args],
+        env=full,
+        cwd=vault.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def _link(vault: Path, relay: Relay, vault_id: str) -> None:
+    ok(cli(vault, "link", "--relay", relay.url, "--api-key", ADMIN_KEY, "--vault-id", vault_id))
+
+
+def _relay_holds(relay: Relay, vault_id: str) -> dict[str, bool]:
+    """memory id -> deleted, of every blob the relay holds for the vault."""
+    with relay.client() as admin:
+        page = admin.get(f"/v1/vaults/{vault_id}/pull", params={"cursor": 0}).json()
+    assert not page["has_more"]
+    return {blob["memory_id"]: blob["deleted"] for blob in page["blobs"]}
+
+
+def test_link_to_a_new_relay_vault_pushes_every_memory_and_tombstone(
+    tmp_path: Path, relay: Relay
+) -> None:
+    vault = tmp_path / "vault"
+    ok(cli(vault, "init"))
+    ids = [ok(cli(vault, "add", f"memory {n}")).strip() for n in range(5)]
+    _link(vault, relay, "first-home")
+    ok(cli(vault, "sync"))
+    ok(cli(vault, "delete", ids[0]))
+    ok(cli(vault, "sync"))
+    first = _relay_holds(relay, "first-home")
+    assert first == {ids[0]: True, **{memory_id: False for memory_id in ids[1:]}}
+
+    _link(vault, relay, "second-home")  # the same relay, a new vault: nothing there yet
+    report = json.loads(ok(cli(vault, "sync", "--json")))
+    assert report["pushed"] == 4 + 1, report  # the four memories and the deletion
+    assert report["digest"]["requeued"] == 0  # queued by the link's first pull, not the check
+    assert _relay_holds(relay, "second-home") == first
+    again = json.loads(ok(cli(vault, "sync", "--json")))
+    assert again["pushed"] == 0
+
+
+def test_status_after_a_revocation_says_so_and_what_to_do(tmp_path: Path, relay: Relay) -> None:
+    admin, phone = tmp_path / "admin", tmp_path / "phone"
+    for vault in (admin, phone):
+        ok(cli(vault, "init"))
+        _link(vault, relay, "revoked-home")
+    ok(cli(phone, "add", "written on the phone"))
+    ok(cli(phone, "sync"))
+    phone_id = json.loads(ok(cli(phone, "status", "--json")))["device_id"]
+    fine = ok(cli(phone, "status"))
+    assert "last_error: none" in fine  # the positive case: nothing to report
+    assert "revoked" not in fine.split("revoked: False")[1]
+    ok(cli(admin, "revoke", phone_id))
+    ok(cli(phone, "add", "written after the revocation"))  # its push is refused
+
+    failed = cli(phone, "sync")
+    assert failed.returncode == 1
+    assert f"this device ({phone_id}) was revoked" in failed.stderr
+    shown = ok(cli(phone, "status"))
+    assert "last_error: None" not in shown
+    assert f"last_error: this device ({phone_id}) was revoked for vault revoked-home" in shown
+    assert "run `engram-sync link`" in shown  # what to do
+    status = json.loads(ok(cli(phone, "status", "--json")))
+    assert status["revoked"] is True
+    assert "was revoked" in status["last_error"]
+
+
+class _VaultRowLock:
+    """Holds the relay's row lock of a vault (what every push takes, relay.store.push) in a
+    thread, so a push waits on it until `release()`: a sync stopped mid-way, on purpose."""
+
+    def __init__(self, relay: Relay, vault_id: str) -> None:
+        self.relay, self.vault_id = relay, vault_id
+        self._held, self._release = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._hold()), daemon=True)
+
+    async def _hold(self) -> None:
+        conn = await asyncpg.connect(to_libpq_url(self.relay.database_url))
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    "SELECT 1 FROM vaults WHERE vault_id = $1 FOR UPDATE", self.vault_id
+                )
+                self._held.set()
+                await asyncio.to_thread(self._release.wait)
+        finally:
+            await conn.close()
+
+    def __enter__(self) -> _VaultRowLock:
+        self._thread.start()
+        assert self._held.wait(60)
+        return self
+
+    def waiters(self) -> int:
+        rows = self.relay.sql(
+            "SELECT count(*) AS n FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        return int(rows[0]["n"])
+
+    def __exit__(self, *exc: object) -> None:
+        self._release.set()
+        self._thread.join(60)
+
+
+def test_ctrl_c_during_a_sync_says_what_was_kept_and_the_next_sync_resumes(
+    tmp_path: Path, relay: Relay
+) -> None:
+    other, mine = tmp_path / "other", tmp_path / "mine"
+    for vault in (other, mine):
+        ok(cli(vault, "init"))
+        _link(vault, relay, "interrupted-home")
+    for n in range(3):
+        ok(cli(other, "add", f"from the other device {n}"))
+    ok(cli(other, "sync"))
+    ok(cli(mine, "add", "waiting to be pushed"))
+
+    env = dict(os.environ, ENGRAM_PASSPHRASE=PASSPHRASE, HOME=str(tmp_path))
+    with _VaultRowLock(relay, "interrupted-home") as lock:
+        proc = subprocess.Popen(
+            [EXE, "--vault", str(mine), "sync"], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        wait_for(
+            lambda: lock.waiters() > 0 or proc.poll() is not None, "the push to wait", every=0.2
+        )
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr
+    assert "interrupted: kept what was done before Ctrl-C: pulled 3 (applied 3), pushed 0" in (
+        stderr
+    )
+    assert "the cursor (3) is saved: the next `engram-sync sync` resumes there" in stderr
+
+    again = json.loads(ok(cli(mine, "sync", "--json")))
+    assert again["applied"] == 0  # the three pulled before Ctrl-C are not pulled again
+    assert len(_relay_holds(relay, "interrupted-home")) == 4
+
+
+def test_user_text_is_printed_literally(tmp_path: Path) -> None:
+    vault = tmp_path / "vault"
+    ok(cli(vault, "init"))
+    text = "[bold]loud[/bold] and [x] done, [red]not red[/red]"
+    memory_id = ok(cli(vault, "add", text)).strip()
+    listed = ok(cli(vault, "list"))
+    assert f"{memory_id}  " in listed
+    assert text in listed  # rich markup would print "loud and  done, not red"
+    found = ok(cli(vault, "search", "done"))
+    assert text in found
+    missing = cli(vault, "show", "[x]")
+    assert missing.returncode == 1
+    assert "no memory '[x]'" in missing.stderr
+    # the positive case: the same text through rich's markup loses its brackets
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    console.print(text)
+    assert text not in console.export_text()
