@@ -1,0 +1,166 @@
+"""`engram-sync rekey [--json]` (PROTOCOL §19, docs/rekey.md "Client"; client._sync.rekey).
+
+Secrets never come from the command line: the new passphrase from `ENGRAM_NEW_PASSPHRASE`
+or a prompt (asked twice), the API key for the new vault from `ENGRAM_NEW_API_KEY` or a
+prompt (Enter keeps the current key: an operator key that reaches every vault).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Annotated, Final
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from engram_sync.client._cli.support import OPTIONS, CliError, ask_passphrase, err, out, print_json
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.rekey import (
+    PUSH_BATCH,
+    Rekey,
+    RekeyProgress,
+    RekeyReport,
+    pending_record,
+)
+from engram_sync.shared_format.errors import WrongPassphraseError
+
+NEW_PASSPHRASE_ENV: Final = "ENGRAM_NEW_PASSPHRASE"  # noqa: S105 - a variable name
+NEW_API_KEY_ENV: Final = "ENGRAM_NEW_API_KEY"
+BATCH_ENV: Final = "ENGRAM_REKEY_BATCH"  # blobs per push of the copy (default PUSH_BATCH)
+
+
+def _batch_size() -> int:
+    raw = os.environ.get(BATCH_ENV, "").strip()
+    if not raw:
+        return PUSH_BATCH
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise CliError(f"{BATCH_ENV} must be a whole number from 1 to 1000, not {raw!r}")
+    return int(raw)
+
+
+def ask_new_passphrase() -> str:
+    """The new passphrase: ENGRAM_NEW_PASSPHRASE, else a prompt asked twice."""
+    env = os.environ.get(NEW_PASSPHRASE_ENV)
+    if env:
+        return env
+    if not sys.stdin.isatty():
+        raise CliError(
+            f"no new passphrase: set {NEW_PASSPHRASE_ENV} or run in a terminal to be asked"
+        )
+    value: str = typer.prompt("New vault passphrase", hide_input=True, confirmation_prompt=True)
+    if not value:
+        raise CliError("the new passphrase must not be empty")
+    return value
+
+
+def ask_new_api_key() -> str | None:
+    """The key for the new vault: ENGRAM_NEW_API_KEY, else a prompt; None keeps the current."""
+    env = os.environ.get(NEW_API_KEY_ENV)
+    if env:
+        return env.strip()
+    if not sys.stdin.isatty():
+        return None
+    value: str = typer.prompt(
+        "API key for the new vault (Enter keeps the current key)",
+        default="",
+        hide_input=True,
+        show_default=False,
+    )
+    return value.strip() or None
+
+
+@contextmanager
+def _open_for_rekey() -> Iterator[tuple[VaultSession, str | None]]:
+    """The session, and the new passphrase when this is (or resumes) a passphrase re-key.
+
+    A re-key killed after it rekeyed engrams.db opens only with the new passphrase."""
+    path = OPTIONS.vault
+    if not (path / "engrams.db").exists():
+        raise CliError(f"no vault at {path}: run `engram-sync init` (or pass --vault DIR)")
+    record = pending_record(path)
+    passphrase = ask_passphrase()
+    new_passphrase: str | None = None
+    try:
+        session = VaultSession.open(path, passphrase)
+    except WrongPassphraseError:
+        if record is None or record.kind != "passphrase" or record.step != "switched":
+            raise
+        new_passphrase = ask_new_passphrase()
+        session = VaultSession.open(path, new_passphrase)
+    with session:
+        kind = Rekey(session).kind()
+        if kind == "passphrase" and new_passphrase is None:
+            new_passphrase = ask_new_passphrase()
+        yield session, new_passphrase
+
+
+@contextmanager
+def _progress_bar(show: bool) -> Iterator[RekeyProgress | None]:
+    if not show:
+        yield None
+        return
+    columns = (
+        TextColumn("re-encrypting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("copy", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield progress
+
+
+def rekey(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
+    """Move the vault to new keys and a new vault id, then retire the old vault.
+
+    A passphrase vault gets a new passphrase (ENGRAM_NEW_PASSPHRASE, or a prompt asked
+    twice; never on the command line), which gives the new keys and vault id; engrams.db is
+    rekeyed to it at the end. An account or team vault gets a new random key. The API key
+    for the new vault comes from ENGRAM_NEW_API_KEY or a prompt (Enter keeps the current
+    key). Interrupted anywhere, running `engram-sync rekey` again finishes it.
+    """
+    batch = _batch_size()
+    with _open_for_rekey() as (session, new_passphrase):
+        record = pending_record(session.path)
+        new_api_key = ask_new_api_key() if record is None else None
+        with _progress_bar(show=not json_out and err.is_terminal) as progress:
+            report = Rekey(session, progress=progress, push_batch=batch).run(
+                new_passphrase=new_passphrase, new_api_key=new_api_key
+            )
+    if json_out:
+        print_json(asdict(report))
+        return
+    _say(report)
+
+
+def _say(report: RekeyReport) -> None:
+    verb = "resumed and finished" if report.resumed else "done"
+    out.print(
+        f"re-key {verb}: vault {report.old_vault_id} -> {report.new_vault_id} "
+        f"({report.live} memories, {report.tombstones} tombstones; {report.pushed} pushed now)"
+    )
+    out.print(f"the old vault is retired (pulls keep working until {report.erase_after or '?'})")
+    if report.kind == "passphrase":
+        out.print("use the new passphrase from now on, on this device and the others")
+    else:
+        out.print(
+            "the other devices get the new key from your account (`engram-sync link "
+            "--account`) or, for team members, by `engram-sync team approve` for each"
+        )
