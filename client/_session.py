@@ -17,7 +17,7 @@ from engram_sync.client._sync.state import SyncState
 from engram_sync.client._vault.keys import session_sync_keys
 from engram_sync.client._vault.schema import migrate
 from engram_sync.shared_format.keys import SyncKeys, vault_id_v1, vault_id_v2
-from engram_sync.shared_format.vault import Vault, VaultKeyKind, open_vault
+from engram_sync.shared_format.vault import Vault, VaultKeyKind, open_vault, open_vault_with_key
 
 
 class NotLinkedError(SyncError):
@@ -44,20 +44,40 @@ def choose_vault_id(passphrase: str, relay: RelayClient | None) -> str:
 
 @dataclass
 class VaultSession:
-    """One vault directory opened with its passphrase."""
+    """One vault directory opened with its passphrase, or with the keys derived from it that
+    the key agent holds (passphrase None; client._agent, docs/agent.md)."""
 
     path: Path
-    passphrase: str
+    passphrase: str | None
     vault: Vault
     device: Device
     config: SyncConfig
     state: SyncState
     _keys: SyncKeys | None = field(default=None, repr=False)
+    _passphrase_keys: SyncKeys | None = field(default=None, repr=False)
 
     @classmethod
     def open(cls, path: Path, passphrase: str, *, create: bool = False) -> VaultSession:
         """Open (or create) the vault; the passphrase must open it (nothing is written else)."""
-        vault = open_vault(path, passphrase, create=create)
+        return cls._prepare(path, open_vault(path, passphrase, create=create), passphrase, None)
+
+    @classmethod
+    def open_with_keys(
+        cls, path: Path, db_key: str, passphrase_keys: SyncKeys | None
+    ) -> VaultSession | None:
+        """Open the vault with keys already derived from its passphrase (the agent's): the
+        database key (VAULT §2) and the passphrase's sync keys (PROTOCOL §2; None for a
+        machine-key vault). None when the database key does not open it."""
+        kind = VaultKeyKind.MACHINE if passphrase_keys is None else VaultKeyKind.PASSPHRASE
+        vault = open_vault_with_key(path, db_key, kind)
+        if vault is None:
+            return None
+        return cls._prepare(path, vault, None, passphrase_keys)
+
+    @classmethod
+    def _prepare(
+        cls, path: Path, vault: Vault, passphrase: str | None, passphrase_keys: SyncKeys | None
+    ) -> VaultSession:
         try:
             tighten_modes(vault.path)
             migrate(vault.conn)  # the client's own tables (client._vault.schema)
@@ -69,6 +89,7 @@ class VaultSession:
                 device=device,
                 config=load_sync_config(path),
                 state=SyncState.load(path),
+                _passphrase_keys=passphrase_keys,
             )
         except BaseException:
             vault.close()
@@ -89,7 +110,10 @@ class VaultSession:
         """The sync keys, once: a vault key K stored for the linked vault (client._vault.keys),
         else derived from the passphrase (PROTOCOL §2)."""
         if self._keys is None:
-            self._keys = session_sync_keys(self.vault.conn, self.config.vault_id, self.passphrase)
+            secret = self._passphrase_keys or self.passphrase
+            if secret is None:
+                raise SyncError("a machine-key vault cannot sync: sync keys come from a passphrase")
+            self._keys = session_sync_keys(self.vault.conn, self.config.vault_id, secret)
         return self._keys
 
     def relay(self, **kwargs: object) -> RelayClient:
@@ -111,7 +135,9 @@ class VaultSession:
         if self.vault.key_kind is not VaultKeyKind.PASSPHRASE:
             raise SyncError("a machine-key vault cannot sync: sync keys come from a passphrase")
         with RelayClient(server_url, api_key, device_id=self.device.device_id) as relay:
-            chosen = vault_id or self.config.vault_id or choose_vault_id(self.passphrase, relay)
+            chosen = (
+                vault_id or self.config.vault_id or choose_vault_id(self._vault_id_secret(), relay)
+            )
             relay.register_device(chosen, self.device.device_id, label or self.device.label)
             if label and label != self.device.label:  # kept only once the relay took it
                 self.device.label = label
@@ -126,6 +152,15 @@ class VaultSession:
         save_sync_config(self.path, self.config)
         self.state.bind(self.config.server_url or "", chosen)
         return chosen
+
+    def _vault_id_secret(self) -> str:
+        """The passphrase a derived vault id needs (PROTOCOL §2); the agent holds no such id."""
+        if self.passphrase is None:
+            raise SyncError(
+                "deriving the vault id needs the passphrase, which the key agent does not hold: "
+                "pass --vault-id ID, or run `engram-sync lock` and link again"
+            )
+        return self.passphrase
 
     def syncer(
         self, relay: RelayClient, progress: ProgressCallback | None = None, **options: Any

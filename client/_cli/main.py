@@ -21,6 +21,8 @@ import typer
 from engram_sync import __version__
 from engram_sync.client._accounts import account as account_ops
 from engram_sync.client._accounts import pairing
+from engram_sync.client._agent import control as agent_control
+from engram_sync.client._cli import agent as cli_agent
 from engram_sync.client._cli import rekey_join
 from engram_sync.client._cli import search as cli_search
 from engram_sync.client._cli import teams as cli_teams
@@ -48,6 +50,7 @@ from engram_sync.client._errors import (
     VaultRetiredError,
 )
 from engram_sync.client._session import NotLinkedError, VaultSession
+from engram_sync.client._sync.config import load_sync_config
 from engram_sync.client._sync.device import ClockExhaustedError
 from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.live import LiveSync
@@ -87,6 +90,7 @@ app.command("rekey")(cli_rekey)  # PROTOCOL §19 (client._cli.rekey)
 cli_transfer.register(app)
 cli_search.register(app)
 app.add_typer(vaults_app, name="vaults")
+cli_agent.register(app)  # unlock, lock: the key agent (docs/agent.md)
 
 
 @app.callback()
@@ -180,7 +184,10 @@ def link(
         return
     if not api_key:
         raise CliError("pass --api-key KEY (or ENGRAM_API_KEY), --account or --code CODE")
-    with open_session() as session:
+    # a vault id derived from the passphrase needs the passphrase itself (not the agent's keys)
+    with open_session(
+        use_agent=bool(vault_id or load_sync_config(OPTIONS.vault).vault_id)
+    ) as session:
         chosen = session.link(relay, api_key, vault_id, label)
         with session.vault.transaction() as conn:
             vault_keys.clear_expected(conn, chosen)
@@ -419,6 +426,7 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")
             "last_sync_at": session.state.last_sync_at,
             "retired": rekey_join.retired_status(session),  # PROTOCOL §19
             "last_error": _last_error(session),
+            "agent": agent_control.agent_state(session.path),  # docs/agent.md
         }
     if json_out:
         print_json(info)

@@ -14,6 +14,7 @@ from typing import Any, Final
 import typer
 from rich.console import Console
 
+from engram_sync.client._agent.unlocked import unlocked_session
 from engram_sync.client._session import VaultSession
 
 DEFAULT_VAULT: Final = Path("~/.engram/vault")
@@ -46,11 +47,16 @@ def ask_passphrase(confirm: bool = False) -> str:
 
 
 @contextmanager
-def open_session(create: bool = False) -> Iterator[VaultSession]:
+def open_session(create: bool = False, use_agent: bool = True) -> Iterator[VaultSession]:
+    """The vault session: from the key agent's keys when it holds this vault
+    (`engram-sync unlock`, docs/agent.md), else with the passphrase (env or prompt)."""
     path = OPTIONS.vault
     if not create and not (path / "engrams.db").exists():
         raise CliError(f"no vault at {path}: run `engram-sync init` (or pass --vault DIR)")
-    with VaultSession.open(path, ask_passphrase(confirm=create), create=create) as session:
+    session = unlocked_session(path) if use_agent and not create else None
+    if session is None:
+        session = VaultSession.open(path, ask_passphrase(confirm=create), create=create)
+    with session:
         yield session
 
 

@@ -111,8 +111,11 @@ def key_source(conn: sqlite3.Connection, vault_id: str | None) -> str:
     return "missing" if waiting is not None else "passphrase"
 
 
-def session_sync_keys(conn: sqlite3.Connection, vault_id: str | None, passphrase: str) -> SyncKeys:
-    """The sync keys: a stored K for `vault_id`, else derived from the passphrase (§2).
+def session_sync_keys(
+    conn: sqlite3.Connection, vault_id: str | None, passphrase: str | SyncKeys
+) -> SyncKeys:
+    """The sync keys: a stored K for `vault_id`, else derived from the passphrase (§2), or
+    the passphrase's keys as the key agent holds them (docs/agent.md).
 
     VaultKeyMissingError when the vault expects a key from a handoff that has not come.
     """
@@ -125,7 +128,7 @@ def session_sync_keys(conn: sqlite3.Connection, vault_id: str | None, passphrase
                 f"this device has no key for vault {vault_id} yet: run `engram-sync team "
                 "request` and have an admin approve it with `engram-sync team approve`"
             )
-    return derive_sync_keys(passphrase)
+    return passphrase if isinstance(passphrase, SyncKeys) else derive_sync_keys(passphrase)
 
 
 def keys_open_relay_blobs(

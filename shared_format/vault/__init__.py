@@ -38,7 +38,13 @@ from engram_sync.shared_format.vault.sqlcipher import (
     IntegrityError,
     OperationalError,
 )
-from engram_sync.shared_format.vault.store import DB_FILE_NAME, Vault, VaultKeyKind, open_vault
+from engram_sync.shared_format.vault.store import (
+    DB_FILE_NAME,
+    Vault,
+    VaultKeyKind,
+    open_vault,
+    open_vault_with_key,
+)
 
 __all__ = [
     "DB_FILE_NAME",
@@ -63,6 +69,7 @@ __all__ = [
     "normalize_content",
     "normalized_hash",
     "open_vault",
+    "open_vault_with_key",
     "passphrase_vault_key",
     "read_machine_id",
     "strip_prefixes",

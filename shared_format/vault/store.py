@@ -137,6 +137,30 @@ def open_vault(
             raise VaultError(f"no Engram vault at {vault_dir}: {db_path.name} does not exist")
     except sqlcipher.Error as exc:
         raise VaultError(f"could not open the vault database {db_path}: {exc}") from exc
+    _prepare(conn, vault_dir)
+    return Vault(vault_dir, conn, kind, rekeyed_from_legacy=rekeyed)
+
+
+def open_vault_with_key(path: Path, key: str, kind: VaultKeyKind) -> Vault | None:
+    """Open the existing vault `path` with its database key already derived (VAULT §2: the
+    64 hex characters; the key agent, docs/agent.md); None when that key does not open it.
+    Nothing else is tried and nothing is created."""
+    vault_dir = Path(path)
+    db_path = vault_dir / DB_FILE_NAME
+    if not _has_database(db_path):
+        raise VaultError(f"no Engram vault at {vault_dir}: {db_path.name} does not exist")
+    try:
+        conn = sqlcipher.try_key(db_path, key)
+    except sqlcipher.Error as exc:
+        raise VaultError(f"could not open the vault database {db_path}: {exc}") from exc
+    if conn is None:
+        return None
+    _prepare(conn, vault_dir)
+    return Vault(vault_dir, conn, kind)
+
+
+def _prepare(conn: sqlite3.Connection, vault_dir: Path) -> None:
+    """The pragmas after keying and schema v10 (VAULT §2, §3); closes `conn` on failure."""
     try:
         sqlcipher.finish_open(conn)
         apply_schema(conn)
@@ -146,7 +170,6 @@ def open_vault(
     except BaseException:
         conn.close()
         raise
-    return Vault(vault_dir, conn, kind, rekeyed_from_legacy=rekeyed)
 
 
 def _has_database(db_path: Path) -> bool:

@@ -1,0 +1,72 @@
+"""Where the agent listens: `<runtime dir>/engram-sync/agent.sock` (docs/agent.md).
+
+The runtime directory is `$XDG_RUNTIME_DIR` when it is set to an absolute directory, else
+`/run/user/<uid>` when it exists and is this user's, else `<tmp>/engram-sync-<uid>` (the
+stdlib's temporary directory). The socket's own directory is made 0700 and must be owned by
+this user and not a symbolic link: a directory another user prepared is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Final
+
+APP_DIR: Final = "engram-sync"
+SOCKET_NAME: Final = "agent.sock"
+LOCK_NAME: Final = "agent.lock"
+DIR_MODE: Final = 0o700
+
+
+class AgentDirError(OSError):
+    """The agent's directory is not safe to use (someone else's, a link, too open)."""
+
+
+def runtime_dir() -> Path:
+    """The user's runtime directory (module docstring)."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    if xdg and os.path.isabs(xdg) and os.path.isdir(xdg):
+        return Path(xdg)
+    uid = os.getuid()
+    run_user = Path(f"/run/user/{uid}")
+    try:
+        info = run_user.lstat()
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == uid:
+            return run_user
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir())
+
+
+def agent_dir() -> Path:
+    """The agent's directory (not created here)."""
+    base = runtime_dir()
+    if base == Path(tempfile.gettempdir()):
+        return base / f"{APP_DIR}-{os.getuid()}"
+    return base / APP_DIR
+
+
+def socket_path() -> Path:
+    """The agent's socket."""
+    return agent_dir() / SOCKET_NAME
+
+
+def ensure_agent_dir() -> Path:
+    """Make the agent's directory 0700 (or check the one there) and return it.
+
+    AgentDirError when it exists but is a link, not a directory, or another user's.
+    """
+    directory = agent_dir()
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=DIR_MODE)
+    info = directory.lstat()
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise AgentDirError(f"{directory} is not a directory: refusing to run the agent there")
+    if info.st_uid != os.getuid():
+        raise AgentDirError(f"{directory} belongs to another user: refusing to use it")
+    if stat.S_IMODE(info.st_mode) != DIR_MODE:
+        os.chmod(directory, DIR_MODE)
+    return directory
