@@ -1,4 +1,4 @@
-"""`engram-relay vaults`: list and show vaults, set a vault's quota, grant accounts.
+"""`engram-relay vaults`: list and show vaults, set a vault's quota, grant accounts, retire.
 
 Also the operator side of vault ownership (PROTOCOL §13, docs/vault-ownership.md):
 minting a key (`keys create`, `pair`) or serving a static key for a vault an account
@@ -9,8 +9,10 @@ a key with `keys create --force` instead).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Annotated, Any
 
 import asyncpg
@@ -20,14 +22,18 @@ from rich.table import Table
 
 from engram_sync.relay.cli_options import DatabaseUrl, DataDir
 from engram_sync.relay.cli_support import CliError, check_vault, on_connection, run_db
+from engram_sync.relay.config import DEFAULT_RETIRE_GRACE_DAYS
+from engram_sync.relay.domain_errors import AlreadyRetiredError
 from engram_sync.relay.keys import StaticKey
 from engram_sync.relay.store import keys as key_store
 from engram_sync.relay.store import owners
+from engram_sync.relay.store import retire as retirement
 from engram_sync.relay.store.owners import VaultOwner
 
 log = logging.getLogger("engram_sync.relay.cli")
 vaults_app = typer.Typer(
-    help="List vaults, show one, set its quota, grant accounts.", no_args_is_help=True
+    help="List vaults, show one, set its quota, grant accounts, retire one.",
+    no_args_is_help=True,
 )
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
 
@@ -370,3 +376,50 @@ def vaults_ungrant(
             f"account {account_id} has no grant for vault {vault}; see `vaults show {vault}`"
         )
     out.print(f"grant of vault {vault} to account {account_id} removed", highlight=False)
+
+
+@vaults_app.command("retire")
+def vaults_retire(
+    vault: VaultId,
+    successor: Annotated[
+        str | None, typer.Option(help="The vault id devices should move to (a hint).")
+    ] = None,
+    grace_days: Annotated[
+        int | None,
+        typer.Option(
+            min=0, max=3650, help="Days pulls keep working (default ENGRAM_RETIRE_GRACE_DAYS, 30)."
+        ),
+    ] = None,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Retire a vault after a re-key (PROTOCOL §19, docs/rekey.md): every push to it is
+    refused 410 from now on; pulls work for the grace period, then its blobs are erased.
+    Idempotent; another successor than the stored one is refused."""
+    check_vault(vault)
+    if successor is not None:
+        check_vault(successor)
+        if successor == vault:
+            raise CliError("a vault cannot be its own successor")
+    days = grace_days
+    if days is None:
+        raw = os.environ.get("ENGRAM_RETIRE_GRACE_DAYS", "").strip()
+        days = int(raw) if raw.isdigit() else DEFAULT_RETIRE_GRACE_DAYS
+        if raw and not raw.isdigit():
+            raise CliError(f"ENGRAM_RETIRE_GRACE_DAYS must be a whole number of days, got {raw!r}")
+
+    async def work(c: asyncpg.Connection) -> retirement.Retirement:
+        return await retirement.retire_on(c, vault, successor, timedelta(days=days))
+
+    try:
+        done = run_db(database_url, data_dir, work)
+    except AlreadyRetiredError as exc:
+        raise CliError(
+            f"vault {vault} was already retired with successor {exc.successor or 'none'}"
+        ) from None
+    out.print(
+        f"vault {vault} retired (successor {done.successor or 'none'}); "
+        f"retired at {done.retired_at.isoformat()}, blobs erased after "
+        f"{done.erase_after.isoformat()}",
+        highlight=False,
+    )

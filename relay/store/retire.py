@@ -74,16 +74,24 @@ async def retire(
     FOR UPDATE once its lock is released), so pushes and the retire are serialised.
     """
     async with pool.acquire() as conn:
-        await conn.execute(_ENSURE_ROW, vault_id)
-        async with conn.transaction():
-            row = await conn.fetchrow(_RETIRE, vault_id, successor, grace)
-            if row is not None:  # unused pairing codes would mint keys for it: gone
-                await conn.execute("DELETE FROM pairing_codes WHERE vault_id = $1", vault_id)
-            else:  # retired before: same answer for the same call, else 409
-                row = await conn.fetchrow(_LOCK + " FOR UPDATE", vault_id)
-                assert row is not None  # the row exists and retirements are never undone
-                if row["successor"] != successor:
-                    raise AlreadyRetiredError(vault_id, row["successor"])
+        return await retire_on(conn, vault_id, successor, grace)
+
+
+async def retire_on(
+    conn: asyncpg.Connection, vault_id: str, successor: str | None, grace: timedelta
+) -> Retirement:
+    """`retire` on one connection outside a transaction (the route's pooled one, or
+    `engram-relay vaults retire`'s own)."""
+    await conn.execute(_ENSURE_ROW, vault_id)
+    async with conn.transaction():
+        row = await conn.fetchrow(_RETIRE, vault_id, successor, grace)
+        if row is not None:  # unused pairing codes would mint keys for it: gone
+            await conn.execute("DELETE FROM pairing_codes WHERE vault_id = $1", vault_id)
+        else:  # retired before: same answer for the same call, else 409
+            row = await conn.fetchrow(_LOCK + " FOR UPDATE", vault_id)
+            assert row is not None  # the row exists and retirements are never undone
+            if row["successor"] != successor:
+                raise AlreadyRetiredError(vault_id, row["successor"])
     return _of(row)
 
 

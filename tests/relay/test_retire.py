@@ -9,10 +9,14 @@ the retire did (its sequence is at most the vault's at the retire) or was refuse
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -389,3 +393,31 @@ def test_pairing_codes_and_handoff_requests_are_refused_for_a_retired_vault(
     redeemed = http.post("/pair/redeem", json={"code": code, "device_id": new_device_id()})
     assert_error(redeemed, 410, "code_invalid")  # the retire removed the unused code
     assert http.post(f"/v1/vaults/{live}/pairing-codes", json={}).status_code == 200
+
+
+# --- the operator's command ---------------------------------------------------------------
+
+
+def relay_cli(relay: Relay, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if "DATABASE_URL" not in k}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "engram-relay"), "vaults", "retire", *args,
+         "--database-url", relay.database_url],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_engram_relay_vaults_retire(relay: Relay, http: httpx.Client) -> None:
+    old, new, other = new_vault_id("cli-old"), new_vault_id("cli-new"), new_vault_id("cli-x")
+    push_ok(http, old, Sealer(old).blobs(1))
+    done = relay_cli(relay, old, "--successor", new, "--grace-days", "7")
+    assert done.returncode == 0, done
+    assert f"vault {old} retired (successor {new})" in done.stdout
+    assert_retired_refusal(push(http, old, Sealer(old).blobs(1, prefix="x")), new)
+    row = relay.sql("SELECT erase_after - retired_at AS grace FROM vaults WHERE vault_id = $1", old)
+    assert row[0]["grace"] == timedelta(days=7)
+    assert relay_cli(relay, old, "--successor", new).returncode == 0  # idempotent
+    refused = relay_cli(relay, old, "--successor", other)
+    assert refused.returncode != 0
+    assert f"already retired with successor {new}" in refused.stderr
+    assert "Traceback" not in refused.stderr
