@@ -18,7 +18,8 @@ from engram_sync.shared_format.keys import vault_id_v2
 from tests.e2e.conftest import PASSPHRASE, DeviceHandle
 from tests.e2e.helpers import add, contents
 from tests.e2e.hostile.conftest import Scene
-from tests.e2e.hostile.proxy import Answer, rewrite_json
+from tests.e2e.hostile.proxy import Answer, event_stream, rewrite_json
+from tests.e2e.live_support import Watcher, wait_for
 from tests.relay.conftest import ADMIN_KEY
 
 RETIRED_410 = {"error": "this vault was retired", "code": "vault_retired", "successor": "evil"}
@@ -93,3 +94,72 @@ def test_a_successor_whose_blobs_do_not_verify_is_refused(scene: Scene) -> None:
     scene.proxy.honest()
     assert alpha.sync().pushed == 3
     assert set(pending) <= set(contents(alpha))
+
+
+RETIRED_EVENT = b'event: retired\ndata: {"successor": "evil", "erase_after": "2099-01-01"}\n\n'
+
+
+def _feed_only(scene: Scene) -> None:
+    """The device learns of changes from the event stream alone (no digest repairs)."""
+
+    def change(info: dict[str, Any]) -> None:
+        info["features"] = [f for f in info["features"] if f not in ("pull-wait", "digest")]
+
+    scene.proxy.on("GET", r"^/v1/info$", rewrite_json(change))
+
+
+def test_a_retired_event_wakes_the_watch_and_its_pull_ends_it(scene: Scene) -> None:
+    """`event: retired` (PROTOCOL §19) makes the watch pull at once (its timer never fires
+    here); the pull says the vault is retired, and the watch ends saying so."""
+    watching = scene.device("watching")
+    _feed_only(scene)
+    quiet = scene.proxy.on(
+        "GET", r"/events$", lambda e: event_stream(b"retry: 2000\n\n", hold=1), forward=False
+    )
+    watching.restart()
+    watch = Watcher(watching.path).start()
+    try:
+        assert watch.error is None
+        first = len(watch.reports)
+
+        def retired(value: dict[str, Any]) -> None:
+            value["retired"] = {"successor": None, "erase_after": "2099-01-01T00:00:00Z"}
+
+        scene.proxy.on("GET", r"/pull$", rewrite_json(retired))
+        scene.proxy.on(  # the next stream: the relay's retired event
+            "GET", r"/events$", lambda e: event_stream(RETIRED_EVENT, hold=60), forward=False
+        )
+        quiet.times = quiet.hits  # the quiet stream is not served again
+        wait_for(lambda: not watch.running, "the watch to end on the retired vault")
+    finally:
+        watch.stop()
+    assert isinstance(watch.error, VaultRetiredError)
+    assert len(watch.reports) == first  # no sync reported success after the event
+    with watching.open() as session:
+        assert session.state.retired is not None
+        assert session.state.retired.source == "pull"
+
+
+def test_a_lying_retired_event_costs_one_pull_and_the_watch_goes_on(scene: Scene) -> None:
+    watching = scene.device("lied-to")
+    _feed_only(scene)
+    scene.proxy.on(
+        "GET",
+        r"/events$",
+        lambda e: event_stream(b"retry: 2000\n\n", (0.5, RETIRED_EVENT), hold=60),
+        forward=False,
+        times=1,
+    )
+    scene.proxy.on(
+        "GET", r"/events$", lambda e: event_stream(b"retry: 2000\n\n", hold=60), forward=False
+    )
+    watching.restart()
+    watch = Watcher(watching.path).start()
+    try:
+        wait_for(lambda: len(watch.reports) >= 2, "the pull the event asked for")
+        assert watch.running  # a live vault: the watch goes on
+    finally:
+        watch.stop()
+    assert watch.error is None
+    with watching.open() as session:
+        assert session.state.retired is None
