@@ -31,6 +31,7 @@ from engram_sync.client._errors import (
 from engram_sync.client._session import NotLinkedError
 from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.live import LiveStatus
+from engram_sync.client._sync.rekey import RekeyError, RekeyReport
 from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
 from engram_sync.shared_format.plaintext import Link, MemoryPlaintext
 
@@ -52,6 +53,8 @@ __all__ = [
     "ProtocolError",
     "QuotaExceededError",
     "RateLimitedError",
+    "RekeyError",
+    "RekeyReport",
     "RelayError",
     "RelayMisbehavedError",
     "RelayUnavailableError",

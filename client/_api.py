@@ -17,6 +17,7 @@ from engram_sync.client._errors import RateLimitedError, RelayUnavailableError, 
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.live import LiveStatus, LiveSync
+from engram_sync.client._sync.rekey import Rekey, RekeyReport
 from engram_sync.client._vault import store
 from engram_sync.client._vault.search import SearchFilters, search_memories
 from engram_sync.shared_format.plaintext import MemoryPlaintext
@@ -141,6 +142,24 @@ class Vault:
         """
         with self._session.relay() as relay:
             return self._session.syncer(relay, progress).sync()
+
+    def rekey(
+        self,
+        new_passphrase: str | None = None,
+        *,
+        new_api_key: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> RekeyReport:
+        """Move the vault to new keys and a new vault id, then retire the old vault on the
+        relay (PROTOCOL §19, docs/rekey.md). A passphrase vault needs `new_passphrase` (its
+        database is rekeyed to it at the end: reopen with it); an account or team vault gets a
+        new random key. `new_api_key` is the key for the new vault (default: the current one).
+        `progress` gets (done, total) while the versions are re-encrypted and pushed.
+        Interrupted anywhere, calling it again (with the same new passphrase) finishes it.
+        """
+        return Rekey(self._session, progress=progress).run(
+            new_passphrase=new_passphrase, new_api_key=new_api_key
+        )
 
     def watch(
         self,

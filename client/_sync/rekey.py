@@ -278,7 +278,7 @@ class Rekey:
                 _kill_point("step:copied")
                 self._check(new_relay, record.new_vault_id)
                 _kill_point("step:checked")
-                answer = self._retire(old_relay, record)
+                answer = self._retire(record)
                 refused_from = time.monotonic()
                 record.step, record.retired_at = "retired", answer.retired_at
                 report.retired_at, report.erase_after = answer.retired_at, answer.erase_after
@@ -609,8 +609,16 @@ class Rekey:
 
     # -- step 4: retire -----------------------------------------------------------------------
 
-    def _retire(self, relay: RelayClient, record: RekeyRecord) -> RetireAnswer:
+    def _retire(self, record: RekeyRecord) -> RetireAnswer:
+        """PROTOCOL §19 with the device's current key for the old vault (the person may have
+        linked it again with an admin key after a refusal), else the recorded one."""
         old, new = record.old_vault_id, record.new_vault_id
+        config = self.session.config
+        key = config.api_key if config.vault_id == old and config.api_key else record.old_api_key
+        with self._relay(key) as relay:
+            return self._post_retire(relay, old, new)
+
+    def _post_retire(self, relay: RelayClient, old: str, new: str) -> RetireAnswer:
         body = encode_json(RetireRequest(successor=new))
         try:
             response = relay._send(  # one route of §19, idempotent (SAFE)
@@ -624,9 +632,9 @@ class Rekey:
             raise RekeyError(
                 f"the relay refused to retire vault {old} ({exc.code}): the API key of this "
                 "device is not an admin key for it (and for the new vault). The new vault "
-                f"{new} holds everything; run `engram-sync rekey` again with an admin key in "
-                "ENGRAM_NEW_API_KEY... or ask an admin of the vault to link this device with "
-                "an admin key, then run `engram-sync rekey` again to finish"
+                f"{new} holds everything; link this device with an admin key (`engram-sync "
+                f"link --relay {relay.base_url} --api-key ADMIN_KEY --vault-id {old}`), or ask "
+                "an admin to, then run `engram-sync rekey` again to finish"
             ) from None
         except RelayError as exc:
             if exc.code == "already_retired":

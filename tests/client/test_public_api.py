@@ -32,6 +32,8 @@ PUBLIC = [
     "ProtocolError",
     "QuotaExceededError",
     "RateLimitedError",
+    "RekeyError",
+    "RekeyReport",
     "RelayError",
     "RelayMisbehavedError",
     "RelayUnavailableError",

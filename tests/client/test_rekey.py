@@ -1,0 +1,155 @@
+"""The re-key library (client._sync.rekey, `Vault.rekey`; PROTOCOL §19) against a real relay.
+
+A vault whose K came from an account or a handoff gets a new random K and vault id (the
+decrypted sets of the two vaults compared; the local passphrase unchanged); a version
+edited here after the re-key's first sync is copied from the old vault's blob (the old
+version, at its clock) and the edit itself lands in the new vault with the next sync; a
+retire refused for a non-admin key says what to do and, once linked with an admin key,
+running it again finishes.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from msgspec import UnsetType
+
+from engram_sync.client import RekeyError, Vault
+from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.rekey import STATE_FILE, Rekey
+from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.client._vault import store
+from engram_sync.client._vault.keys import key_source, store_vault_key, stored_vault_key
+from engram_sync.shared_format.blob import BlobCipher
+from engram_sync.shared_format.keys import SyncKeys
+from engram_sync.shared_format.plaintext import MemoryPlaintext, decode_plaintext
+from engram_sync.shared_format.wraps import pack_vault_key
+from tests.relay.conftest import ADMIN_KEY, Relay
+
+PASSPHRASE = "rekey library test passphrase"
+
+Versions = dict[str, tuple[str, int, bool, str | None]]
+
+
+def _decrypted(relay: Relay, vault_id: str, keys: SyncKeys) -> Versions:
+    cipher = BlobCipher(keys)
+    found: Versions = {}
+    with RelayClient(relay.url, ADMIN_KEY) as client:
+        page = client.pull(vault_id, cursor=0, limit=1000)
+    assert not page.has_more
+    for blob in page.blobs:
+        decoded = decode_plaintext(cipher.open(blob), expected_id=blob.memory_id)
+        content = decoded.content if isinstance(decoded, MemoryPlaintext) else None
+        found[blob.memory_id] = (blob.device_id, blob.vector_clock, blob.deleted, content)
+    return found
+
+
+def _keys(session: VaultSession, vault_id: str) -> SyncKeys:
+    stored = stored_vault_key(session.vault.conn, vault_id)
+    assert stored is not None
+    return SyncKeys(enc_key=stored.enc_key, hmac_key=stored.hmac_key)
+
+
+def _team_vault(path: Path, relay: Relay, vault_id: str, api_key: str = ADMIN_KEY) -> list[str]:
+    """A device holding a team vault's K (as after a handoff): 5 memories, 1 deleted, synced."""
+    with VaultSession.open(path, PASSPHRASE, create=True) as session:
+        team_k = pack_vault_key(bytes(range(32)), bytes(range(32, 64)), vault_id)
+        with session.vault.transaction() as conn:
+            store_vault_key(conn, team_k, "handoff")
+        session.link(relay.url, api_key, vault_id, "laptop")
+        with session.vault.transaction() as conn:
+            ids = [store.add_memory(conn, f"team memory {i}") for i in range(5)]
+            store.delete_memory(conn, ids[0])
+        with session.relay() as client:
+            session.syncer(client).sync()
+    return ids
+
+
+def test_a_team_vault_gets_a_new_random_key_and_vault_id(tmp_path: Path, relay: Relay) -> None:
+    path = tmp_path / "laptop"
+    _team_vault(path, relay, "team-rekey")
+    with VaultSession.open(path, PASSPHRASE) as session:
+        before = _decrypted(relay, "team-rekey", _keys(session, "team-rekey"))
+
+    with Vault.open(path, PASSPHRASE) as vault:
+        report = vault.rekey()
+        assert vault.vault_id == report.new_vault_id
+
+    assert report.kind == "random"
+    assert re.fullmatch(r"[0-9a-f]{64}", report.new_vault_id)
+    assert (report.live, report.tombstones) == (4, 1)
+    assert report.db_rekeyed is False
+    with VaultSession.open(path, PASSPHRASE) as session:  # the local passphrase is unchanged
+        new_keys = _keys(session, report.new_vault_id)
+        assert new_keys.enc_key != bytes(range(32))
+        assert stored_vault_key(session.vault.conn, "team-rekey") is None  # old K forgotten
+        assert key_source(session.vault.conn, report.new_vault_id) == "account"
+        assert session.config.vault_id == report.new_vault_id
+    assert _decrypted(relay, report.new_vault_id, new_keys) == before
+    assert not (path / STATE_FILE).exists()
+
+
+def test_a_version_edited_here_during_the_rekey_is_copied_from_the_old_vault(
+    tmp_path: Path, relay: Relay
+) -> None:
+    path = tmp_path / "laptop"
+    ids = _team_vault(path, relay, "team-edited")
+    with VaultSession.open(path, PASSPHRASE) as session:
+        before = _decrypted(relay, "team-edited", _keys(session, "team-edited"))
+
+        def edit_during_copy(done: int, total: int) -> None:
+            if done == 0:  # after the first sync, before the first batch
+                with session.vault.transaction() as conn:
+                    assert store.edit_memory(conn, ids[1], "edited during the re-key")
+
+        report = Rekey(session, progress=edit_during_copy).run(
+            new_passphrase=None, new_api_key=None
+        )
+        new_keys = _keys(session, report.new_vault_id)
+        # the new vault holds the old version (its clock, its content), not the edit
+        assert _decrypted(relay, report.new_vault_id, new_keys) == before
+        assert before[ids[1]][3] == "team memory 1"
+        with session.relay() as client:
+            synced = session.syncer(client).sync()
+    assert synced.pushed == 1  # the edit, kept unpushed, lands in the new vault
+    after = _decrypted(relay, report.new_vault_id, new_keys)
+    assert after[ids[1]][3] == "edited during the re-key"
+    assert after[ids[1]][1] > before[ids[1]][1]
+
+
+def test_a_refused_retire_says_what_to_do_and_a_rerun_finishes(
+    tmp_path: Path, relay: Relay
+) -> None:
+    member_key = relay.mint("team-member", admin=False)
+    path = tmp_path / "laptop"
+    _team_vault(path, relay, "team-member", api_key=member_key)
+    with Vault.open(path, PASSPHRASE) as vault:
+        with pytest.raises(RekeyError, match="not an admin key") as refused:
+            vault.rekey(new_api_key=ADMIN_KEY)  # the new vault with an admin key
+        assert "engram-sync link" in str(refused.value)
+        assert vault.vault_id == "team-member"  # not switched
+    assert (path / STATE_FILE).exists()
+    with RelayClient(relay.url, ADMIN_KEY) as client:
+        assert isinstance(client.pull("team-member", cursor=0, limit=1).retired, UnsetType)
+
+    with Vault.open(path, PASSPHRASE) as vault:
+        vault.link(relay.url, ADMIN_KEY, vault_id="team-member")  # an admin key now
+        report = vault.rekey()
+        assert report.resumed is True
+        assert report.pushed == 0  # the new vault held everything already
+        assert report.already_there == 5
+        assert vault.vault_id == report.new_vault_id
+
+
+def test_a_passphrase_rekey_needs_a_new_passphrase(tmp_path: Path, relay: Relay) -> None:
+    path = tmp_path / "solo"
+    with VaultSession.open(path, PASSPHRASE, create=True) as session:
+        session.link(relay.url, ADMIN_KEY, None, "solo")
+    with Vault.open(path, PASSPHRASE) as vault:
+        with pytest.raises(RekeyError, match="new passphrase"):
+            vault.rekey()
+        with pytest.raises(RekeyError, match="is the current one"):
+            vault.rekey(PASSPHRASE)
+    assert not (path / STATE_FILE).exists()  # the passphrase path: tests/e2e/test_rekey_cli.py
