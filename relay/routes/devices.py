@@ -7,10 +7,10 @@ from typing import Any
 from litestar import Request, delete, get, post
 from litestar.params import FromPath, JSONBody
 
-from engram_sync.relay.auth import authorize
 from engram_sync.relay.errors import bad_request, forbidden
 from engram_sync.relay.labels import label_problem
 from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.routes.retire import authorize_until_erased
 from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import devices as store
 from engram_sync.shared_format.wire import (
@@ -24,7 +24,7 @@ from engram_sync.shared_format.wire import (
 @get("/v1/vaults/{vault_id:str}/devices", tags=["devices"])
 async def list_devices(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> DeviceRoster:
     """Every device that pushed, pulled or registered, newest first."""
-    await authorize(request, require_id(vault_id, "vault_id"))
+    await authorize_until_erased(request, require_id(vault_id, "vault_id"))  # PROTOCOL §19
     devices = await store.roster(relay_state(request).require_pool(), vault_id)
     return DeviceRoster(vault_id=vault_id, devices=devices)
 
@@ -42,7 +42,7 @@ async def register_device(
     link` registers), not replace another one (403 `label_locked`). A device that takes
     no slot yet counts against the vault's device quota (402, the §5 body).
     """
-    principal = await authorize(request, require_id(vault_id, "vault_id"))
+    principal = await authorize_until_erased(request, require_id(vault_id, "vault_id"))  # §19
     device_id, label = data.device_id.strip(), data.label.strip()
     require_id(device_id, "device_id")
     if not label:
@@ -70,7 +70,7 @@ async def revoke_device(
     request: Request[Any, Any, Any], vault_id: FromPath[str], device_id: FromPath[str]
 ) -> DeviceRevoked:
     """Revoke a device and every key bound to it (admin; idempotent)."""
-    await authorize(request, require_id(vault_id, "vault_id"), admin=True)
+    await authorize_until_erased(request, require_id(vault_id, "vault_id"), admin=True)  # §19
     require_id(device_id, "device_id")
     await store.revoke(relay_state(request).require_pool(), vault_id, device_id)
     return DeviceRevoked(vault_id=vault_id, device_id=device_id)

@@ -17,10 +17,10 @@ from typing import Annotated, Any
 from litestar import Request, get, post
 from litestar.params import FromPath, QueryParameter
 
-from engram_sync.relay.auth import authorize
 from engram_sync.relay.bodies import BODY_OPT, decode_body
 from engram_sync.relay.errors import bad_request
 from engram_sync.relay.routes.ids import require_id
+from engram_sync.relay.routes.retire import authorize_until_erased
 from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import digest as store
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
@@ -57,7 +57,7 @@ async def digest(
 ) -> DigestAnswer:
     """The vault's digest, one bucket's, one bucket's list, or every bucket's (§18)."""
     state = relay_state(request)
-    await authorize(request, require_id(vault_id, "vault_id"))
+    await authorize_until_erased(request, require_id(vault_id, "vault_id"))  # PROTOCOL §19
     pool = state.require_pool()
     if list_ and bucket is None:
         raise bad_request("list=1 needs bucket=B (0..255)", code="invalid_request", field="list")
@@ -116,7 +116,7 @@ async def narrow(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> Na
     8 bytes of each of its 256 sub-bucket digests, the versions of the sub-buckets whose
     digests differ, a page at a time. Auth as pull; one statement, one snapshot."""
     state = relay_state(request)
-    await authorize(request, require_id(vault_id, "vault_id"))
+    await authorize_until_erased(request, require_id(vault_id, "vault_id"))  # PROTOCOL §19
     data = await decode_body(request, NarrowRequest)
     try:
         prefixes = b64decode_std(data.subs)
@@ -148,7 +148,7 @@ async def fetch(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> Fet
     """The current blob of each memory id asked for (at most 1000), within the page byte
     cap (`has_more`: ask again for the rest). Auth as pull (docs/digest.md)."""
     state = relay_state(request)
-    await authorize(request, require_id(vault_id, "vault_id"))
+    await authorize_until_erased(request, require_id(vault_id, "vault_id"))  # PROTOCOL §19
     data = await decode_body(request, FetchRequest)
     if not data.memory_ids:
         raise bad_request("memory_ids is empty", code="invalid_request", field="memory_ids")

@@ -31,6 +31,17 @@ from engram_sync.shared_format.wire import RetireRequest, RetireResponse
 log = logging.getLogger(__name__)
 
 
+async def authorize_until_erased(
+    request: Request[Any, Any, Any], vault_id: str, *, admin: bool = False
+) -> Principal:
+    """`authorize`, then 410 `vault_retired` once the vault's grace period is over
+    (PROTOCOL §19: every route of an erased vault answers it; checked after the key, so
+    the relay tells nobody else that a vault exists)."""
+    principal = await authorize(request, vault_id, admin=admin)
+    await store.refuse_if_erased(relay_state(request).require_pool(), vault_id)
+    return principal
+
+
 async def _may_use_successor(
     request: Request[Any, Any, Any], principal: Principal, vault: str
 ) -> bool:

@@ -17,6 +17,7 @@ from engram_sync.relay.push_rules import check_structure
 from engram_sync.relay.routes.feed_support import listener_of
 from engram_sync.relay.routes.ids import require_id
 from engram_sync.relay.routes.long_poll import MAX_WAIT_S, held_pull
+from engram_sync.relay.routes.retire import authorize_until_erased
 from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import sync as store
 from engram_sync.relay.store.push import PushJob
@@ -166,7 +167,7 @@ async def pull(
 
 async def _stats(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> VaultStats:
     state = relay_state(request)
-    await authorize(request, require_id(vault_id, "vault_id"))
+    await authorize_until_erased(request, require_id(vault_id, "vault_id"))  # §19
     total, latest = await store.vault_stats(state.require_pool(), vault_id)
     return VaultStats(vault_id=vault_id, total_blobs=total, latest_sync=latest)
 

@@ -316,6 +316,9 @@ def test_after_the_grace_period_the_blobs_are_erased_and_pull_is_410(
     push_ok(http, old, Sealer(old).blobs(4))
     push_ok(http, live, Sealer(live).blobs(2))
     retire_ok(http, old, new)
+    for method, path, body in VAULT_READS:  # within the grace period: they all answer
+        answer = http.request(method, path.format(v=old), json=body)
+        assert answer.status_code == 200, (path, answer.text)
     relay.sql(
         "UPDATE vaults SET erase_after = retired_at - interval '1 second' WHERE vault_id = $1",
         old,
@@ -336,8 +339,25 @@ def test_after_the_grace_period_the_blobs_are_erased_and_pull_is_410(
     assert row["successor"] == new  # the row stays, a tombstone of the retirement
     assert_retired_refusal(pull(http, old, cursor=0), new)
     assert_retired_refusal(push(http, old, Sealer(old).blobs(1)), new)
+    for method, path, body in VAULT_READS:  # every route of the vault
+        assert_retired_refusal(http.request(method, path.format(v=old), json=body), new)
+    device = new_device_id()
+    registered = http.post(f"/v1/vaults/{old}/devices/register", json={"device_id": device,
+                                                                      "label": "x"})  # fmt: skip
+    assert_retired_refusal(registered, new)
+    assert_retired_refusal(http.delete(f"/v1/vaults/{old}/devices/{device}"), new)
     assert len(pull_ok(http, live, cursor=0)["blobs"]) == 2  # other vaults untouched
     assert run_db(relay.database_url, run_sweep)["retired_vaults"] == 0  # done once
+
+
+# Reads that keep working during the grace period and answer 410 after it (PROTOCOL §19).
+VAULT_READS: list[tuple[str, str, Any]] = [
+    ("GET", "/v1/vaults/{v}/stats", None),
+    ("GET", "/sync/{v}/stats", None),
+    ("GET", "/v1/vaults/{v}/devices", None),
+    ("GET", "/v1/vaults/{v}/digest", None),
+    ("POST", "/v1/vaults/{v}/fetch", {"memory_ids": ["mem-0"]}),
+]
 
 
 def test_a_vault_within_its_grace_period_is_not_erased(relay: Relay, http: httpx.Client) -> None:

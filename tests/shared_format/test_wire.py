@@ -19,6 +19,7 @@ from engram_sync.shared_format.wire import (
     QuotaErrorDetail,
     SyncBlob,
     SyncHealth,
+    VaultRetirement,
     convert,
     decode_json,
     encode_json,
@@ -183,3 +184,20 @@ def test_deep_nesting_is_a_typed_error_not_a_crash() -> None:
     shallow = b'{"blobs":[' + b'{"a":' * 5 + b"1" + b"}" * 5 + b"]}"
     with pytest.raises(WireDecodeError, match=r"\$\.blobs\[0\]"):  # ordinary error, not depth
         decode_json(shallow, PushRequest)
+
+
+def test_pull_retired_is_absent_unless_the_vault_is_retired() -> None:
+    """PROTOCOL §19: `retired` is additive; a live vault's answer is the §5 core."""
+    assert "retired" not in json.loads(encode_json(PullResponse(blobs=[], has_more=False)))
+    retired = PullResponse(
+        blobs=[], has_more=False, retired=VaultRetirement(None, "2027-01-01T00:00:00+00:00")
+    )
+    assert json.loads(encode_json(retired))["retired"] == {
+        "successor": None,
+        "erase_after": "2027-01-01T00:00:00+00:00",
+    }
+    page = decode_json(
+        b'{"blobs":[],"has_more":false,"retired":{"successor":"v2","erase_after":"x"}}',
+        PullResponse,
+    )
+    assert page.retired == VaultRetirement("v2", "x")
