@@ -132,16 +132,18 @@ async def _refresh_health(state: RelayState) -> None:
             async with state.require_pool().acquire() as conn:
                 # The per-vault counts the pushes keep (0003_vault_counts): a scan of
                 # the vaults, never of the blobs, which stalled pushes on a large relay.
-                # PROTOCOL §17: the generation rides along, so a restore reaches every
+                # PROTOCOL §17: the generation is read with them, so a restore reaches every
                 # replica within one refresh period.
+                # Two statements: Citus cannot push a subquery on relay_meta down
+                # into the aggregate over the distributed vaults (deploy/SCALING.md §3).
                 row = await conn.fetchrow(
                     "SELECT count(*) AS vaults, coalesce(sum(live_blobs), 0) AS live,"
                     " coalesce(sum(tombstones), 0) AS tombstones,"
-                    " pg_database_size(current_database()) AS size,"
-                    " (SELECT generation FROM relay_meta) AS generation FROM vaults"
+                    " pg_database_size(current_database()) AS size FROM vaults"
                 )
-            if row["generation"] is not None:
-                state.generation = row["generation"]
+                generation = await conn.fetchval("SELECT generation FROM relay_meta")
+            if generation is not None:
+                state.generation = generation
             state.health.vaults = int(row["vaults"])
             state.health.total_blobs = int(row["live"])
             state.health.db_size_bytes = int(row["size"])

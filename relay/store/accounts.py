@@ -204,7 +204,7 @@ async def put_password_wrap(conn: Conn, account_id: str, wrapped_a: str, salt_pw
     await conn.execute(
         "INSERT INTO account_wraps (account_id, wrapped_a, salt_pw) VALUES ($1, $2, $3)"
         " ON CONFLICT (account_id) DO UPDATE"
-        " SET wrapped_a = $2, salt_pw = $3, updated_at = now()",
+        " SET wrapped_a = $2, salt_pw = $3, updated_at = EXCLUDED.updated_at",
         account_id,
         wrapped_a,
         salt_pw,
@@ -218,7 +218,8 @@ async def put_recovery_wrap(
     await conn.execute(
         "INSERT INTO account_wraps (account_id, wrapped_a_rec, salt_rec, rec_verifier)"
         " VALUES ($1, $2, $3, $4) ON CONFLICT (account_id) DO UPDATE"
-        " SET wrapped_a_rec = $2, salt_rec = $3, rec_verifier = $4, updated_at = now()",
+        " SET wrapped_a_rec = $2, salt_rec = $3, rec_verifier = $4,"
+        " updated_at = EXCLUDED.updated_at",
         account_id,
         wrapped_a_rec,
         salt_rec,
@@ -289,7 +290,7 @@ async def put_vault_wrap(
         updated: datetime = await conn.fetchval(
             "INSERT INTO vault_wraps (account_id, vault_id, wrapped_k) VALUES ($1, $2, $3)"
             " ON CONFLICT (account_id, vault_id) DO UPDATE"
-            " SET wrapped_k = $3, updated_at = now() RETURNING updated_at",
+            " SET wrapped_k = $3, updated_at = EXCLUDED.updated_at RETURNING updated_at",
             account_id,
             vault_id,
             wrapped_k,
@@ -357,7 +358,9 @@ async def account_keys(conn: Conn, account_id: str) -> list[AccountKey]:
 async def revoke_account_key(conn: Conn, account_id: str, key_id: str) -> bool:
     """Revoke one of the account's keys (idempotent); False when it is not the account's."""
     rows = await conn.fetch(
-        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())"
+        # least() skips NULL: the first revocation's time stays. (Citus refuses now()
+        # inside coalesce or CASE: deploy/SCALING.md §3.)
+        "UPDATE api_keys SET revoked_at = least(revoked_at, now())"
         " WHERE id = $1 AND account_id = $2 RETURNING vault_id",
         key_id,
         account_id,

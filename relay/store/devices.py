@@ -111,7 +111,8 @@ async def register(
         await conn.execute(
             """
             INSERT INTO devices (vault_id, device_id, label) VALUES ($1, $2, $3)
-            ON CONFLICT (vault_id, device_id) DO UPDATE SET label = $3, last_seen = now()
+            ON CONFLICT (vault_id, device_id)
+            DO UPDATE SET label = $3, last_seen = EXCLUDED.last_seen
             """,
             vault_id,
             device_id,
@@ -133,7 +134,7 @@ async def _revoke(conn: asyncpg.Connection, vault_id: str, device_id: str) -> in
         """
         INSERT INTO devices (vault_id, device_id, revoked_at) VALUES ($1, $2, now())
         ON CONFLICT (vault_id, device_id)
-        DO UPDATE SET revoked_at = coalesce(devices.revoked_at, now())
+        DO UPDATE SET revoked_at = coalesce(devices.revoked_at, EXCLUDED.revoked_at)
         """,
         vault_id,
         device_id,

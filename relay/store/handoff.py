@@ -86,6 +86,9 @@ _COLUMNS: Final = (
     "request_id, vault_id, public_key, label, requester_key_id, created_at, expires_at,"
     f" sealed_at, claimed_at, {_STATUS} AS status, requester_pake AS pake, pairing_id"
 )
+# A request just inserted is pending (its ttl is positive). Citus refuses now() in
+# RETURNING, so the insert names the status instead of computing it (deploy/SCALING.md §3).
+_NEW_COLUMNS: Final = _COLUMNS.replace(f"{_STATUS} AS status", "'pending' AS status")
 
 
 def _row(record: asyncpg.Record) -> HandoffRow:
@@ -125,7 +128,7 @@ async def create(
             "INSERT INTO handoff_requests (vault_id, request_id, public_key, label,"  # noqa: S608
             " requester_key_id, expires_at, requester_pake, pairing_id)"
             " VALUES ($1, $2, $3, $4, $5, now() + $6, $7, $8)"
-            f" RETURNING {_COLUMNS}",
+            f" RETURNING {_NEW_COLUMNS}",
             vault_id,
             new_request_id(),
             public_key,
@@ -200,29 +203,32 @@ async def claim(
     """Hand the seal over and erase it, exactly once; None for everyone else (see `get`)."""
     async with pool.acquire() as conn:
         await purge_expired_requests(conn, vault_id)
-        # `old` locks the row and carries the values before the UPDATE erases them;
-        # a concurrent claimer waits on that lock, then re-checks `claimed_at IS NULL`
-        # against the winner's committed row and updates nothing.
-        record = await conn.fetchrow(
-            """
-            WITH old AS (
-                SELECT vault_id, request_id, admin_public_key, sealed, admin_pake, seal_auth
-                FROM handoff_requests
-                WHERE vault_id = $1 AND request_id = $2 FOR UPDATE
+        async with conn.transaction():
+            # Lock the row and read the seal before the UPDATE erases it; a concurrent
+            # claimer waits on that lock, then re-checks `claimed_at IS NULL` against
+            # the winner's committed row and updates nothing. Two statements: Citus
+            # refuses FOR UPDATE inside a CTE (deploy/SCALING.md §3).
+            record = await conn.fetchrow(
+                "SELECT admin_public_key, sealed, admin_pake, seal_auth FROM handoff_requests"
+                " WHERE vault_id = $1 AND request_id = $2 FOR UPDATE",
+                vault_id,
+                request_id,
             )
-            UPDATE handoff_requests h
-            SET claimed_at = now(), sealed = NULL, admin_public_key = NULL,
-                admin_pake = NULL, seal_auth = NULL
-            FROM old
-            WHERE h.vault_id = old.vault_id AND h.request_id = old.request_id
-              AND h.requester_key_id = $3 AND h.claimed_at IS NULL
-              AND h.sealed IS NOT NULL AND h.expires_at > now()
-            RETURNING old.admin_public_key, old.sealed, old.admin_pake, old.seal_auth
-            """,
-            vault_id,
-            request_id,
-            requester_key_id,
-        )
+            status = await conn.execute(
+                """
+                UPDATE handoff_requests
+                SET claimed_at = now(), sealed = NULL, admin_public_key = NULL,
+                    admin_pake = NULL, seal_auth = NULL
+                WHERE vault_id = $1 AND request_id = $2
+                  AND requester_key_id = $3 AND claimed_at IS NULL
+                  AND sealed IS NOT NULL AND expires_at > now()
+                """,
+                vault_id,
+                request_id,
+                requester_key_id,
+            )
+            if status != "UPDATE 1":
+                return None
     if record is None or record["sealed"] is None:
         return None
     return ClaimedSeal(

@@ -34,13 +34,16 @@ async def claim(conn: asyncpg.Connection, request: IdempotentRequest) -> bool:
     """Take the key for this transaction; False when another request's row holds it.
 
     An expired row is taken over (its 24 hours are up), as if it had been purged.
+    `excluded.created_at` is the inserted row's default, now(): Citus refuses now()
+    itself in ON CONFLICT's SET and WHERE (deploy/SCALING.md §3).
     """
     taken = await conn.fetchval(
         "INSERT INTO idempotency_keys (lookup, request_mac, answer, expires_at)"
         " VALUES ($1, $2, $3, now() + $4)"
         " ON CONFLICT (lookup) DO UPDATE SET request_mac = excluded.request_mac,"
-        "   answer = excluded.answer, created_at = now(), expires_at = excluded.expires_at"
-        "   WHERE idempotency_keys.expires_at <= now()"
+        "   answer = excluded.answer, created_at = excluded.created_at,"
+        "   expires_at = excluded.expires_at"
+        "   WHERE idempotency_keys.expires_at <= excluded.created_at"
         " RETURNING true",
         request.lookup,
         request.request_mac,

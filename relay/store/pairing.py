@@ -124,7 +124,8 @@ async def redeem(db: Database, code: str, device_id: str, label: str | None) -> 
         )
         await conn.execute(
             "INSERT INTO devices (vault_id, device_id, label) VALUES ($1, $2, $3)"
-            " ON CONFLICT (vault_id, device_id) DO UPDATE SET label = $3, last_seen = now()",
+            " ON CONFLICT (vault_id, device_id)"
+            " DO UPDATE SET label = $3, last_seen = EXCLUDED.last_seen",
             vault_id,
             device_id,
             device_label,

@@ -283,12 +283,20 @@ async def wait_for_lock_waiters(
     """Until `count` backends named `application_name` wait on a lock (a test's gate): the
     deterministic interleaving of the race tests (bounded poll, WAIT_S)."""
     deadline = time.monotonic() + WAIT_S
+    # On Citus a router statement waits on its shard's worker, not on the coordinator
+    # backend the test named: count the cluster's lock waits there instead.
+    citus = await conn.fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'citus'")
     while True:
-        waiting = await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE application_name = $1 AND wait_event_type = 'Lock'",
-            application_name,
-        )
+        if citus:
+            waiting = await conn.fetchval(
+                "SELECT count(DISTINCT waiting_gpid) FROM citus_lock_waits"
+            )
+        else:
+            waiting = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                application_name,
+            )
         if waiting >= count:
             return
         if time.monotonic() > deadline:

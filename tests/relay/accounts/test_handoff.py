@@ -188,8 +188,11 @@ def test_concurrent_claims_at_the_store_have_one_winner(served: Relay) -> None:
         )
         try:
             async with gate.transaction():
-                await gate.execute(
-                    "SELECT 1 FROM handoff_requests WHERE request_id = $1 FOR SHARE", request_id
+                await gate.execute(  # by vault too: one shard on Citus
+                    "SELECT 1 FROM handoff_requests WHERE vault_id = $1 AND request_id = $2"
+                    " FOR SHARE",
+                    vault_id,
+                    request_id,
                 )
                 claims = [
                     asyncio.ensure_future(
