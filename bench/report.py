@@ -193,6 +193,7 @@ def _figures(data: dict[str, Any]) -> list[str]:
         _row("13. push -> change hint: p99", "", wake["p99_ms"], "", "ms"),
     ]  # fmt: skip
     rows += _live_rows(s["live_latency"], s["live_throughput"])
+    rows += _agent_rows(s["agent"])
     return _table(("figure", "min", "median", "max", "unit"), rows)
 
 
@@ -325,3 +326,14 @@ def write(
     json_path.write_text(text + "\n", encoding="utf-8")
     md_path.write_text(markdown(data, command, plots, plot_note), encoding="utf-8")
     return json_path, md_path
+
+
+def _agent_rows(agent: dict[str, Any]) -> list[str]:
+    """Figure 16 (issue 17, docs/agent.md): unlock once."""
+    command = agent["command"]
+    return [
+        _summary_row(f"16. `{command}` with the key agent", agent["with_agent_ms"]),
+        _summary_row(f"16. `{command}` without it (passphrase)", agent["without_agent_ms"]),
+        _summary_row("16. interpreter start (`python -c pass`)", agent["python_startup_ms"]),
+        _summary_row("16. interpreter start + the CLI's imports", agent["cli_import_ms"]),
+    ]

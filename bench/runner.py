@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from bench import (
+    agent,
     ceiling,
     client_e2e,
     import_jsonl,
@@ -418,6 +419,10 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         sections["live_feed"] = run.live_feed()
                         sections["live_latency"] = run.live_latency()
                         sections["live_throughput"] = run.live_throughput()
+                        log("unlock once: a command with and without the key agent")
+                        sections["agent"] = agent.measure(  # issue 17, docs/agent.md
+                            db.scratch, agent.QUICK_RUNS if settings.quick else agent.RUNS
+                        )
                     finally:
                         loop.run(conn.close())
                 time.sleep(1.0)  # idle a moment: "after" is the relay at rest

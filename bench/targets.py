@@ -12,6 +12,7 @@ FIND_ROUND_TRIPS: Final = 3.0  # issue 16: one divergent memory found in <= 3 ro
 FIND_BYTES: Final = 16 * 1024.0  # and <= 16 KB of answers
 DIGEST_PUSH_OVERHEAD: Final = 0.02  # push throughput with the digest within 2% of without
 IMPORT_RATE_LIMIT: Final = 10_000.0  # issue 17: memories/s imported from JSONL
+AGENT_COMMAND_LIMIT_MS: Final = 50.0  # issue 17: a command with the key agent running
 WAKE_P50_LIMIT_MS: Final = 15.0  # issue 15: push -> applied on the other device, p50
 WAKE_P99_LIMIT_MS: Final = 75.0  # and p99 (here only the relay's part: push -> hint)
 FEED_PUSH_OVERHEAD: Final = 0.03  # issue 15: push throughput with the feed within 3% of off
@@ -120,6 +121,7 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
     targets += live_feed_targets(sections["live_feed"])
     targets += live_latency_targets(sections["live_latency"])
     targets += live_throughput_targets(sections["live_throughput"])
+    targets.append(agent_target(sections["agent"]))
     return [t.as_json() for t in targets]
 
 
@@ -233,4 +235,19 @@ def pull_memory_target(pulls: dict[str, Any]) -> Target:
         extra_ok=pulls["blobs_per_pull"] == pulls["blobs"],
         detail=f"({pulls['pages_per_pull']} pages of at most "
         f"{pulls['max_page_bytes'] / 1024 / 1024:g} MiB per pull, every blob)",
+    )
+
+
+def agent_target(agent: dict[str, Any]) -> Target:
+    """Issue 17 (docs/agent.md): one command's wall time with the key agent holding the keys;
+    the detail gives the same command without it and what any command pays before it runs."""
+    return Target(
+        "agent_command_ms",
+        f"wall ms of `{agent['command']}` as a subprocess with the key agent running",
+        agent["with_agent_ms"]["median"],
+        AGENT_COMMAND_LIMIT_MS,
+        "<=",
+        detail=f"(without the agent {agent['without_agent_ms']['median']:.0f} ms; before any "
+        f"command runs: the interpreter's start {agent['python_startup_ms']['median']:.0f} ms, "
+        f"start + the CLI's imports {agent['cli_import_ms']['median']:.0f} ms)",
     )

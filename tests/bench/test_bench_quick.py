@@ -32,6 +32,7 @@ SECTIONS = (
     "live_feed",
     "live_latency",
     "live_throughput",
+    "agent",
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -52,6 +53,7 @@ TARGETS = {
     "live_sync_applied_p99",
     "live_feed_push_overhead",
     "live_feed_push_vs_ceiling",
+    "agent_command_ms",
 }
 
 

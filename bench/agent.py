@@ -1,0 +1,85 @@
+"""Figure 16, unlock once (issue 17, docs/agent.md): the wall time of one `engram-sync list` of a
+one-memory vault as a subprocess, with the key agent holding the vault's keys and without
+it (ENGRAM_PASSPHRASE: Argon2id of VAULT.md §2 and PROTOCOL §2 in the command), and, apart,
+what any command pays before it runs: the interpreter's start and the CLI's imports.
+
+The runs of the four measurements are interleaved, so a burst of load on the shared
+machine hits them alike. The agent is started and stopped here, in a runtime directory of
+its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from bench.stats import summary
+
+PASSPHRASE: Final = "engram bench agent passphrase: correct horse battery staple"  # noqa: S105
+EXE: Final = str(Path(sys.executable).parent / "engram-sync")
+COMMAND: Final = ("list",)
+CLI_MODULE: Final = "engram_sync.client._cli.main"
+RUNS: Final = 15  # interleaved rounds of a full run
+QUICK_RUNS: Final = 2  # and of `python -m bench --quick` (tests/bench)
+
+
+def _env(root: Path, passphrase: bool, runtime: str = "run") -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
+    env.update(
+        HOME=str(root / "home"),
+        XDG_CONFIG_HOME=str(root / "home" / "config"),
+        XDG_RUNTIME_DIR=str(root / runtime),
+        ENGRAM_VAULT=str(root / "vault"),
+    )
+    if passphrase:
+        env["ENGRAM_PASSPHRASE"] = PASSPHRASE
+    return env
+
+
+def _run(argv: list[str], env: dict[str, str]) -> float:
+    """Wall milliseconds of one subprocess, which must succeed."""
+    started = time.perf_counter()
+    subprocess.run(  # noqa: S603 - our interpreter and executable, fixed argv
+        argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, check=True, timeout=300
+    )
+    return (time.perf_counter() - started) * 1000
+
+
+def measure(scratch: Path, runs: int) -> dict[str, Any]:
+    """`runs` interleaved rounds of: interpreter start, CLI imports, the command with the
+    agent, the command with the passphrase and no agent."""
+    root = scratch / "agent-bench"
+    (root / "home").mkdir(parents=True, exist_ok=True)
+    (root / "run").mkdir(mode=0o700, exist_ok=True)
+    (root / "run-no-agent").mkdir(mode=0o700, exist_ok=True)
+    with_pass, without_pass = _env(root, True), _env(root, False)
+    no_agent = _env(root, True, "run-no-agent")  # a runtime directory no agent listens in
+    if not (root / "vault" / "engrams.db").exists():
+        _run([EXE, "init"], with_pass)
+        _run([EXE, "add", "one memory"], with_pass)
+    _run([EXE, "unlock", "--timeout", "600"], with_pass)
+    figures: dict[str, list[float]] = {k: [] for k in ("python", "imports", "agent", "prompt")}
+    try:
+        _run([EXE, *COMMAND], without_pass)  # warm-up: file caches, the agent's first answer
+        _run([EXE, *COMMAND], no_agent)
+        for _ in range(runs):
+            figures["python"].append(_run([sys.executable, "-c", "pass"], without_pass))
+            figures["imports"].append(
+                _run([sys.executable, "-c", f"import {CLI_MODULE}"], without_pass)
+            )
+            figures["agent"].append(_run([EXE, *COMMAND], without_pass))
+            figures["prompt"].append(_run([EXE, *COMMAND], no_agent))
+    finally:
+        _run([EXE, "lock"], without_pass)
+    return {
+        "command": "engram-sync " + " ".join(COMMAND),
+        "runs": runs,
+        "python_startup_ms": summary(figures["python"], "ms"),
+        "cli_import_ms": summary(figures["imports"], "ms"),
+        "with_agent_ms": summary(figures["agent"], "ms"),
+        "without_agent_ms": summary(figures["prompt"], "ms"),
+    }
