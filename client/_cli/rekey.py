@@ -24,13 +24,16 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from engram_sync.client._accounts.account import load_account
 from engram_sync.client._cli.support import OPTIONS, CliError, ask_passphrase, err, out, print_json
+from engram_sync.client._cli.teams import account_password
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.rekey import (
     PUSH_BATCH,
     Rekey,
     RekeyProgress,
     RekeyReport,
+    account_minter,
     pending_record,
 )
 from engram_sync.shared_format.errors import WrongPassphraseError
@@ -132,17 +135,25 @@ def rekey(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")]
 
     A passphrase vault gets a new passphrase (ENGRAM_NEW_PASSPHRASE, or a prompt asked
     twice; never on the command line), which gives the new keys and vault id; engrams.db is
-    rekeyed to it at the end. An account or team vault gets a new random key. The API key
-    for the new vault comes from ENGRAM_NEW_API_KEY or a prompt (Enter keeps the current
-    key). Interrupted anywhere, running `engram-sync rekey` again finishes it.
+    rekeyed to it at the end. An account or team vault gets a new random key; signed in to
+    an account, its wrap is stored there and a key minted for the new vault (the account
+    password from ENGRAM_ACCOUNT_PASSWORD or a prompt). Otherwise the API key for the new
+    vault comes from ENGRAM_NEW_API_KEY or a prompt (Enter keeps the current key).
+    Interrupted anywhere, running `engram-sync rekey` again finishes it.
     """
     batch = _batch_size()
     with _open_for_rekey() as (session, new_passphrase):
         record = pending_record(session.path)
-        new_api_key = ask_new_api_key() if record is None else None
+        new_api_key, mint = None, None
+        if record is None:
+            from_account = new_passphrase is None and load_account(session.path) is not None
+            if from_account and not os.environ.get(NEW_API_KEY_ENV):
+                mint = account_minter(session, account_password())  # PROTOCOL §13
+            else:
+                new_api_key = ask_new_api_key()
         with _progress_bar(show=not json_out and err.is_terminal) as progress:
             report = Rekey(session, progress=progress, push_batch=batch).run(
-                new_passphrase=new_passphrase, new_api_key=new_api_key
+                new_passphrase=new_passphrase, new_api_key=new_api_key, mint_key=mint
             )
     if json_out:
         print_json(asdict(report))

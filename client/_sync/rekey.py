@@ -702,6 +702,27 @@ class Rekey:
         self.report.steps.append("done")
 
 
+def account_minter(session: VaultSession, password: str) -> Callable[[str, bytes], str]:
+    """For `Rekey.run(mint_key=...)`: PROTOCOL §13, K of the new vault wrapped under the
+    account key A (`PUT /account/vaults/{new}/wrap`, so the person's other devices get it with
+    `engram-sync link --account`), then a key for the new vault minted through the account
+    (`POST /account/keys`): admin, and not bound to one device, since the copy pushes the
+    versions of every device under their own device ids (PROTOCOL §10)."""
+    from engram_sync.client._accounts import account as account_ops
+    from engram_sync.shared_format.b64 import b64encode_std
+    from engram_sync.shared_format.wraps import wrap_vault_key
+
+    def mint(vault_id: str, k: bytes) -> str:
+        unlocked = account_ops.unlock(session.path, password)
+        wrapped = b64encode_std(wrap_vault_key(k, unlocked.account_key))
+        with unlocked.client() as relay:
+            relay.put_vault_wrap(vault_id, wrapped, unlocked.secret)
+            label = f"{session.device.label} (re-key)"
+            return relay.mint_key(vault_id, device_id=None, label=label, admin=True).key
+
+    return mint
+
+
 def _with_pending_links(conn: object, memory: MemoryPlaintext) -> MemoryPlaintext:
     """The memory with its links whose target this device does not hold (they wait in
     `sync_pending_links`), as its blob carried them."""

@@ -153,3 +153,60 @@ def test_a_passphrase_rekey_needs_a_new_passphrase(tmp_path: Path, relay: Relay)
         with pytest.raises(RekeyError, match="is the current one"):
             vault.rekey(PASSPHRASE)
     assert not (path / STATE_FILE).exists()  # the passphrase path: tests/e2e/test_rekey_cli.py
+
+
+def test_an_account_vault_stores_the_new_wrap_and_mints_its_key(
+    tmp_path: Path, relay: Relay
+) -> None:
+    from engram_sync.client._accounts import account
+    from engram_sync.client._sync.rekey import account_minter
+    from engram_sync.shared_format.b64 import b64decode_std
+    from engram_sync.shared_format.wraps import unwrap_vault_key
+
+    email, password = "rekey@example.org", "the account password of the re-key test"
+    alpha = tmp_path / "alpha"  # a passphrase vault whose K the account holds (`vault open`)
+    with VaultSession.open(alpha, PASSPHRASE, create=True) as session:
+        session.link(relay.url, ADMIN_KEY, "team-account", "alpha")
+        with session.vault.transaction() as conn:
+            for i in range(3):
+                store.add_memory(conn, f"account memory {i}")
+        with session.relay() as client:
+            session.syncer(client).sync()
+        account.signup(session.path, relay.url, email, password)
+        assert account.open_vault(session, password) == "team-account"
+    bravo = tmp_path / "bravo"  # links through the account: K source "account"
+    with VaultSession.open(bravo, "bravo's own passphrase", create=True) as session:
+        account.signin(session.path, relay.url, email, password)
+        account.link_with_account(session, relay.url, password, label="bravo")
+        old_key = session.config.api_key
+        with session.relay() as client:
+            session.syncer(client).sync()
+        before = _decrypted(relay, "team-account", _keys(session, "team-account"))
+
+        report = Rekey(session).run(
+            new_passphrase=None, new_api_key=None, mint_key=account_minter(session, password)
+        )
+
+        assert report.kind == "random"
+        new_id = report.new_vault_id
+        assert session.config.vault_id == new_id
+        assert session.config.api_key not in (None, old_key, ADMIN_KEY)  # minted for it
+        new_keys = _keys(session, new_id)
+        unlocked = account.unlock(session.path, password)
+        with unlocked.client() as client:
+            wrap = client.vault_wrap(new_id)
+    assert report.live == 3
+    assert _decrypted(relay, new_id, new_keys) == before
+    k = unwrap_vault_key(b64decode_std(wrap.wrapped_k), unlocked.account_key, new_id)
+    assert (k.enc_key, k.hmac_key) == (new_keys.enc_key, new_keys.hmac_key)
+    with RelayClient(relay.url, ADMIN_KEY) as client:
+        retired = client.pull("team-account", cursor=0, limit=1).retired
+    assert not isinstance(retired, UnsetType)
+    assert retired.successor == new_id
+    charlie = tmp_path / "charlie"  # another device of the person gets the new K
+    with VaultSession.open(charlie, "charlie's own passphrase", create=True) as session:
+        account.signin(session.path, relay.url, email, password)
+        assert account.link_with_account(session, relay.url, password, new_id) == new_id
+        with session.relay() as client:
+            session.syncer(client).sync()
+        assert len(store.list_memories(session.vault.conn)) == 3

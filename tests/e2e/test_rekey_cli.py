@@ -243,6 +243,7 @@ def test_random_kill_points(tmp_path: Path, relay: Relay) -> None:
         place = tmp_path / f"round{i}"
         place.mkdir()
         _kill_and_finish(place, relay, point, f"old passphrase {i}", f"new passphrase {i}")
+        print(f"round {i + 1}/{rounds}: killed at {point}, finished")  # the figure, with -s
 
 
 def test_a_resume_with_another_new_passphrase_is_refused(tmp_path: Path, relay: Relay) -> None:
