@@ -25,6 +25,7 @@ from rich.progress import (
 )
 
 from engram_sync.client._accounts.account import load_account
+from engram_sync.client._cli import rekey_join
 from engram_sync.client._cli.support import OPTIONS, CliError, ask_passphrase, err, out, print_json
 from engram_sync.client._cli.teams import account_password
 from engram_sync.client._session import VaultSession
@@ -130,7 +131,21 @@ def _progress_bar(show: bool) -> Iterator[RekeyProgress | None]:
         yield progress
 
 
-def rekey(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
+def rekey(
+    json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+    join: Annotated[
+        bool,
+        typer.Option(
+            "--join",
+            help="This vault was re-keyed on another device: move this device to the new vault "
+            "(its new passphrase, your account, or the team handoff), keeping every unpushed edit.",
+        ),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="With --join: switch even to a vault the relay did not name."),
+    ] = False,
+) -> None:
     """Move the vault to new keys and a new vault id, then retire the old vault.
 
     A passphrase vault gets a new passphrase (ENGRAM_NEW_PASSPHRASE, or a prompt asked
@@ -140,7 +155,14 @@ def rekey(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")]
     password from ENGRAM_ACCOUNT_PASSWORD or a prompt). Otherwise the API key for the new
     vault comes from ENGRAM_NEW_API_KEY or a prompt (Enter keeps the current key).
     Interrupted anywhere, running `engram-sync rekey` again finishes it.
+
+    With --join (PROTOCOL §19, client._cli.rekey_join): the other devices follow a re-key.
     """
+    if join:
+        rekey_join.join(force=force, json_out=json_out)
+        return
+    if force:
+        raise CliError("--force goes with --join")
     batch = _batch_size()
     with _open_for_rekey() as (session, new_passphrase):
         record = pending_record(session.path)
