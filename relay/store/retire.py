@@ -50,11 +50,13 @@ _ENSURE_ROW = (
     " INSERT INTO vaults (vault_id) VALUES ($1) ON CONFLICT DO NOTHING"
 )
 _LOCK = f"SELECT {_COLUMNS} FROM vaults WHERE vault_id = $1 AND retired_at IS NOT NULL"  # noqa: S608
-_RETIRE = f"""
+# No now() in RETURNING (Citus refuses it, deploy/SCALING.md §3): just retired, the vault
+# is erased already only with a grace of 0, i.e. when erase_after is retired_at.
+_RETIRE = """
     UPDATE vaults SET retired_at = now(), successor = $2, erase_after = now() + $3::interval
     WHERE vault_id = $1 AND retired_at IS NULL
-    RETURNING {_COLUMNS}
-"""  # noqa: S608 - constants only
+    RETURNING vault_id, successor, retired_at, erase_after, erase_after <= retired_at AS erased
+"""
 
 
 def _of(row: asyncpg.Record) -> Retirement:
