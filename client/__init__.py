@@ -27,6 +27,7 @@ from engram_sync.client._errors import (
     RelayUnavailableError,
     ResyncRequiredError,
     SyncError,
+    VaultRetiredError,
 )
 from engram_sync.client._session import NotLinkedError
 from engram_sync.client._sync.engine import SyncReport
@@ -63,6 +64,7 @@ __all__ = [
     "SyncReport",
     "Vault",
     "VaultError",
+    "VaultRetiredError",
     "WrongPassphraseError",
     "__version__",
 ]

@@ -42,6 +42,7 @@ PUBLIC = [
     "SyncReport",
     "Vault",
     "VaultError",
+    "VaultRetiredError",
     "WrongPassphraseError",
     "__version__",
 ]
