@@ -166,6 +166,28 @@ def test_a_vault_cannot_be_its_own_successor(http: httpx.Client) -> None:
     assert push_ok(http, old, Sealer(old).blobs(1))["accepted"] == 1
 
 
+def test_a_revoked_device_learns_nothing_of_the_retirement(
+    relay: Relay, http: httpx.Client
+) -> None:
+    """PROTOCOL §19: devices bound to revoked keys learn nothing new, not even the
+    successor: their keys get 403 `device_revoked` before any 410."""
+    old, new = new_vault_id("revoked"), new_vault_id("hidden")
+    kept, gone = new_device_id(), new_device_id()
+    kept_key, gone_key = relay.mint(old, device_id=kept), relay.mint(old, device_id=gone)
+    push_ok(http, old, Sealer(old).blobs(1))
+    assert http.delete(f"/v1/vaults/{old}/devices/{gone}").status_code == 200
+    retire_ok(http, old, new)
+    with client(relay, gone_key) as c:
+        for answer in (push(c, old, [Sealer(old).blob("x", 1, device_id=gone)]),
+                       pull(c, old, cursor=0)):  # fmt: skip
+            body = assert_error(answer, 403, "device_revoked")
+            assert new not in answer.text
+            assert "successor" not in body
+    with client(relay, kept_key) as c:  # the positive case: a live device is told
+        assert_retired_refusal(push(c, old, [Sealer(old).blob("y", 1, device_id=kept)]), new)
+        assert pull_ok(c, old, cursor=0)["retired"]["successor"] == new
+
+
 # --- pushes racing the retire ---------------------------------------------------------------
 
 
