@@ -29,10 +29,12 @@ verify none is refused.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import signal
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -40,13 +42,13 @@ from pathlib import Path
 from typing import Final
 
 import msgspec
-from msgspec import structs
 
 from engram_sync.client._atomic import read_json, write_json_atomic
 from engram_sync.client._errors import ForbiddenError, RelayError, SyncError
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.config import SyncConfig, save_sync_config
 from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.lock import sync_lock
 from engram_sync.client._sync.relay_client import RelayClient, Retry, path_segment
 from engram_sync.client._vault.held_versions import by_bucket, held_versions
 from engram_sync.client._vault.keys import (
@@ -57,7 +59,14 @@ from engram_sync.client._vault.keys import (
     store_vault_key,
     stored_vault_key,
 )
-from engram_sync.client._vault.store import get_row, named_rows, row_needs_push, row_to_plaintext
+from engram_sync.client._vault.store import (
+    _ENGRAM_COLUMNS,
+    _IDS_PER_QUERY,
+    _embedding_floats,
+    _json_or,
+    named_rows,
+    row_needs_push,
+)
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.digest import (
@@ -267,38 +276,71 @@ class Rekey:
         old_relay = self._relay(record.old_api_key)
         new_relay = self._relay(record.new_api_key)
         with old_relay, new_relay:
-            if record.step == "copy":
-                self._require_retire(old_relay)
-                if report.resumed:
-                    self._pull_old(old_relay)
-                self._check_new_vault_keys(new_relay, record.new_vault_id, new.keys)
-                started = time.monotonic()
-                self._copy(new_relay, record.new_vault_id, new.keys)
-                report.copy_seconds = time.monotonic() - started
-                _kill_point("step:copied")
-                self._check(new_relay, record.new_vault_id)
-                _kill_point("step:checked")
-                answer = self._retire(record)
-                refused_from = time.monotonic()
-                record.step, record.retired_at = "retired", answer.retired_at
-                report.retired_at, report.erase_after = answer.retired_at, answer.erase_after
-                record.save(path)
-                report.steps.append("retired")
-                _kill_point("step:retired")
-            else:
-                refused_from = time.monotonic()
-                report.retired_at = record.retired_at
-            if record.step == "retired":
-                before = report.pushed
-                self._pull_old(old_relay)  # what reached the old vault before the retire
-                self._copy(new_relay, record.new_vault_id, new.keys)
-                report.caught_up = report.pushed - before
-                cursor = self._check(new_relay, record.new_vault_id)
-                self._switch(record, new, cursor)
-                report.write_refused_s = time.monotonic() - refused_from
-                _kill_point("step:switched")
+            checked: tuple[tuple[int, float, int], int] | None = None
+            # the window from the retire to the switch: no other sync of this device runs
+            # in it (client._sync.lock), so only the pull below can change the held set
+            with contextlib.ExitStack() as window:
+                if record.step == "copy":
+                    self._require_retire(old_relay)
+                    if report.resumed:
+                        self._pull_old(old_relay)
+                    self._check_new_vault_keys(new_relay, record.new_vault_id, new.keys)
+                    started = time.monotonic()
+                    self._copy(new_relay, record.new_vault_id, new.keys)
+                    report.copy_seconds = time.monotonic() - started
+                    _kill_point("step:copied")
+                    window.enter_context(sync_lock(path))
+                    cursor = self._check(new_relay, record.new_vault_id)
+                    checked = (self._fingerprint(), cursor)
+                    _kill_point("step:checked")
+                    answer = self._retire(record)
+                    refused_from = time.monotonic()
+                    record.step, record.retired_at = "retired", answer.retired_at
+                    report.retired_at, report.erase_after = answer.retired_at, answer.erase_after
+                    record.save(path)
+                    report.steps.append("retired")
+                    _kill_point("step:retired")
+                else:
+                    refused_from = time.monotonic()
+                    report.retired_at = record.retired_at
+                if record.step == "retired":
+                    if checked is None:
+                        window.enter_context(sync_lock(path))
+                    cursor = self._catch_up(old_relay, new_relay, record, new, checked)
+                    self._switch(record, new, cursor)
+                    report.write_refused_s = time.monotonic() - refused_from
+                    _kill_point("step:switched")
         self._finish(record, new)
         return report
+
+    def _catch_up(
+        self,
+        old_relay: RelayClient,
+        new_relay: RelayClient,
+        record: RekeyRecord,
+        new: NewKeys,
+        checked: tuple[tuple[int, float, int], int] | None,
+    ) -> int:
+        """After the retire: pull the old vault once more; what reached it before the retire
+        is copied and checked. When the pull changed nothing this device holds (the known
+        versions' fingerprint is the one of the check before the retire), that check stands
+        and its cursor is the new vault's. Returns the new vault's cursor."""
+        before = self.report.pushed
+        self._pull_old(old_relay)
+        if checked is not None and self._fingerprint() == checked[0]:
+            return checked[1]
+        self._copy(new_relay, record.new_vault_id, new.keys)
+        self.report.caught_up = self.report.pushed - before
+        return self._check(new_relay, record.new_vault_id)
+
+    def _fingerprint(self) -> tuple[int, float, int]:
+        """(count, total, highest) of the known clocks: any pulled or pushed version changes
+        it (a new version always has a higher clock than the one it replaces)."""
+        row = self.session.vault.conn.execute(
+            "SELECT count(*), total(vector_clock), coalesce(max(vector_clock), 0)"
+            " FROM sync_known_clocks"
+        ).fetchone()
+        return int(row[0]), float(row[1]), int(row[2])
 
     # -- start and resume ---------------------------------------------------------------------
 
@@ -533,17 +575,19 @@ class Rekey:
         conn = self.session.vault.conn
         texts: dict[str, str] = {}
         from_old: list[Version] = []
+        rows = _rows(conn, [v.memory_id for v in batch if not v.deleted])
+        current = []
         for v in batch:
             if v.deleted:
                 texts[v.memory_id] = tombstone_plaintext(v.memory_id)
                 continue
-            row = get_row(conn, v.memory_id)
+            row = rows.get(v.memory_id)
             if row is None or row_needs_push(row):
                 from_old.append(v)  # edited or deleted here since: the version is elsewhere
                 continue
-            texts[v.memory_id] = encode_memory(
-                _with_pending_links(conn, row_to_plaintext(conn, row))
-            )
+            current.append(row)
+        for memory in memories_of_rows(conn, current):
+            texts[memory.id] = encode_memory(memory)
         if from_old:
             texts.update(self._old_plaintexts(from_old))
         return texts
@@ -723,23 +767,75 @@ def account_minter(session: VaultSession, password: str) -> Callable[[str, bytes
     return mint
 
 
-def _with_pending_links(conn: object, memory: MemoryPlaintext) -> MemoryPlaintext:
-    """The memory with its links whose target this device does not hold (they wait in
-    `sync_pending_links`), as its blob carried them."""
-    rows = named_rows(
-        conn,  # type: ignore[arg-type]
-        "SELECT target_id, link_type, weight FROM sync_pending_links WHERE source_id = ?",
-        (memory.id,),
-    ).fetchall()
-    if not rows:
-        return memory
-    links = {link.target_id: link for link in memory.links}
-    for r in rows:
-        links.setdefault(
-            r["target_id"],
-            Link(link_type=r["link_type"], target_id=r["target_id"], weight=r["weight"]),
+def _rows(conn: sqlite3.Connection, ids: list[str]) -> dict[str, sqlite3.Row]:
+    """The engrams rows of `ids` (one query per 500 ids)."""
+    found: dict[str, sqlite3.Row] = {}
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        chunk = ids[start : start + _IDS_PER_QUERY]
+        marks = ", ".join("?" * len(chunk))
+        query = f"SELECT {_ENGRAM_COLUMNS} FROM engrams WHERE id IN ({marks})"  # noqa: S608
+        for row in named_rows(conn, query, chunk):
+            found[row["id"]] = row
+    return found
+
+
+def memories_of_rows(conn: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[MemoryPlaintext]:
+    """`row_to_plaintext` of each row (PROTOCOL §4), its links, waiting links (the links
+    whose target this device does not hold, `sync_pending_links`, as the blob carried them)
+    and embedding read in one query each per 500 rows instead of two per row."""
+    ids = [row["id"] for row in rows]
+    links: dict[str, dict[str, Link]] = {i: {} for i in ids}
+    embeddings: dict[str, tuple[bytes, str]] = {}
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        chunk = ids[start : start + _IDS_PER_QUERY]
+        marks = ", ".join("?" * len(chunk))
+        for table in ("engram_links", "sync_pending_links"):  # real links win over waiting
+            query = (
+                f"SELECT source_id, link_type, target_id, weight FROM {table}"  # noqa: S608
+                f" WHERE source_id IN ({marks})"
+            )
+            for source, kind, target, weight in conn.execute(query, chunk):
+                links[source].setdefault(
+                    target, Link(link_type=kind, target_id=target, weight=weight)
+                )
+        query = (
+            "SELECT engram_id, embedding, model FROM engram_embeddings"  # noqa: S608
+            f" WHERE engram_id IN ({marks})"
         )
-    return structs.replace(memory, links=[links[t] for t in sorted(links)])
+        for engram_id, blob, model in conn.execute(query, chunk):
+            embeddings[engram_id] = (bytes(blob), model)
+    memories = []
+    for row in rows:
+        tags = _json_or(row["tags"], [])
+        emb = embeddings.get(row["id"])
+        held = links[row["id"]]
+        memories.append(
+            MemoryPlaintext(
+                id=row["id"],
+                content=row["content"],
+                layer=row["layer"],
+                scope=row["scope"],
+                content_type=row["content_type"],
+                source=row["source"],
+                privacy_level=row["privacy_level"],
+                context=_json_or(row["context"], {}),
+                created_at=row["created_at"],
+                modified_at=row["modified_at"] or row["created_at"],
+                last_retrieved=row["last_retrieved"],
+                occurred_at=row["occurred_at"],
+                project=row["project"],
+                tags=[str(t) for t in tags] if isinstance(tags, list) else [],
+                strength=float(row["strength"]),
+                valence=float(row["valence"]),
+                retrievals=int(row["retrievals"]),
+                imagined=bool(row["imagined"]),
+                grounded=bool(row["grounded"]),
+                links=[held[t] for t in sorted(held)],
+                embedding=_embedding_floats(emb[0]) if emb else None,
+                embedding_model=emb[1] if emb else None,
+            )
+        )
+    return memories
 
 
 def _now() -> str:

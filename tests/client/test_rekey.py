@@ -210,3 +210,38 @@ def test_an_account_vault_stores_the_new_wrap_and_mints_its_key(
         with session.relay() as client:
             session.syncer(client).sync()
         assert len(store.list_memories(session.vault.conn)) == 3
+
+
+def test_the_batched_rows_read_as_row_to_plaintext_plus_waiting_links(tmp_path: Path) -> None:
+    from engram_sync.client._sync.rekey import memories_of_rows
+    from engram_sync.shared_format.plaintext import Link
+
+    with VaultSession.open(tmp_path / "v", PASSPHRASE, create=True) as session:
+        conn = session.vault.conn
+        with session.vault.transaction() as tx:
+            a = store.add_memory(tx, "a", tags=["x", "y"], project="p")
+            b = store.add_memory(tx, "b")
+            c = store.add_memory(tx, "c")
+            tx.execute(
+                "INSERT INTO engram_links (source_id, target_id, weight, link_type)"
+                " VALUES (?, ?, 0.7, 'causal'), (?, ?, 0.2, 'temporal')",
+                (a, c, a, b),
+            )
+            tx.execute(
+                "INSERT INTO sync_pending_links (source_id, target_id, link_type, weight)"
+                " VALUES (?, 'mem_not_here', 'associative', 0.5)",
+                (a,),
+            )
+            tx.execute(
+                "INSERT INTO engram_embeddings (engram_id, embedding, model, dimensions,"
+                " created_at) VALUES (?, ?, 'm', 2, '2026-01-01T00:00:00+00:00')",
+                (b, bytes(16)),
+            )
+        rows = [r for r in (store.get_row(conn, i) for i in (a, b, c)) if r is not None]
+        batched = memories_of_rows(conn, rows)
+        single = [store.row_to_plaintext(conn, row) for row in rows]
+    assert batched[1:] == single[1:]  # b (embedding) and c (nothing) as row_to_plaintext
+    waiting = Link(link_type="associative", target_id="mem_not_here", weight=0.5)
+    assert batched[0].links == sorted([*single[0].links, waiting], key=lambda x: x.target_id)
+    assert len(batched[0].links) == 3
+    assert [m.id for m in batched] == [a, b, c]
