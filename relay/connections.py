@@ -61,6 +61,10 @@ REPORT_EVERY_S: Final = 60.0
 # How long a connection that has sent nothing yet is spared by the cap (at most; never
 # more than half the header timeout).
 FRESH_GRACE_S: Final = 0.5
+# A scope key a long-lived response (an event stream, relay.routes.events) sets to a
+# callable ending it: a graceful shutdown calls it instead of waiting out
+# `timeout_graceful_shutdown` (10 s) and cancelling the response.
+STOP_ON_SHUTDOWN: Final = "engram.stop_on_shutdown"
 
 ENV_HEADER_TIMEOUT: Final = "ENGRAM_RELAY_HEADER_TIMEOUT_S"
 ENV_BODY_TIMEOUT: Final = "ENGRAM_RELAY_BODY_TIMEOUT_S"
@@ -320,6 +324,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._body_pending = False
         self._cancel_body_timer()
         super().on_message_complete()
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown of this connection, and a response in flight that
+        asked for it (`STOP_ON_SHUTDOWN`) is told to end now."""
+        super().shutdown()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            stop = cycle.scope.get(STOP_ON_SHUTDOWN)
+            if callable(stop):
+                stop()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -6,8 +6,10 @@ process has heard of for its vault (from its own pushes, from the NOTIFYs other
 processes send, relay.feed_listener, and from the database read a waiter starts with)
 and an `epoch` that moves when every waiter should re-check who it is serving (a device
 of the vault was revoked, or the LISTEN connection was lost and is back: a notification
-may have been missed). Waking is one `asyncio.Event` per vault, swapped on each wake: an
-idle waiter costs a coroutine and nothing else (no timer beyond its ping, no query).
+may have been missed). Waking is one `asyncio.Event` per vault, swapped on each wake, for
+waiters that `wait` (the long-poll), plus the wakers event streams register while they
+sit idle (`add_waker`): an idle waiter costs a coroutine and nothing else (no timer
+beyond its ping, no query).
 
 Nothing here touches the database or HTTP: the cursor in PostgreSQL stays the truth, a
 watch only says when it is worth looking again.
@@ -17,13 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator, Mapping
+import logging
+from collections.abc import Callable, Iterator, Mapping
+
+log = logging.getLogger(__name__)
 
 
 class VaultWatch:
     """What the waiters of one vault share."""
 
-    __slots__ = ("_event", "epoch", "seq", "users", "version")
+    __slots__ = ("_event", "_wakers", "epoch", "seq", "users", "version")
 
     def __init__(self) -> None:
         self.seq = 0  # the highest sequence heard of (0 = nothing yet)
@@ -31,6 +36,7 @@ class VaultWatch:
         self.version = 0  # moves on every wake
         self.users = 0
         self._event = asyncio.Event()
+        self._wakers: set[Callable[[], None]] = set()
 
     def observe(self, seq: int) -> bool:
         """Record `seq`; wake the waiters if it passes what was known. True when it did."""
@@ -49,6 +55,21 @@ class VaultWatch:
         self.version += 1
         event, self._event = self._event, asyncio.Event()
         event.set()
+        for waker in tuple(self._wakers):
+            try:
+                waker()
+            except Exception:  # one broken waiter must not stop a push or the listener
+                log.exception("a change feed waker failed")
+
+    def add_waker(self, waker: Callable[[], None]) -> None:
+        """Call `waker` (synchronously, in the event loop) on every wake until it is
+        discarded; it must not raise. An event stream's way to be woken without a task or
+        a future of its own (relay.routes.events)."""
+        self._wakers.add(waker)
+
+    def discard_waker(self, waker: Callable[[], None]) -> None:
+        """Stop calling `waker` (no error when it was not added)."""
+        self._wakers.discard(waker)
 
     async def wait(self, version: int, timeout: float) -> bool:
         """Wait until the watch moves past `version` or `timeout` seconds pass; True if it

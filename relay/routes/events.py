@@ -11,34 +11,49 @@ An idle stream holds no database connection and sends no query: it waits on its
 vault's watch in the process's change hub (relay.feed). The database is read once at
 the start (the vault's sequence) and, for a revocable listener, once whenever the
 watch asks every waiter to re-check (a revocation notice, a LISTEN reconnect).
+
+Memory (issue 15: 10,000 idle streams within 200 MB): the route authorizes like any
+other (Litestar parses and validates, `authorize`, the same 4xx bodies), then answers
+with `EventStream`, a plain ASGI app of our own instead of Litestar's `Stream`. That
+one ran an anyio task group per response (a task for the body, one listening for the
+disconnect: about 6 KB a stream, measured in docs/live-feed.md). `EventStream` runs in
+the request's own task: idle, it awaits the client's next ASGI message (the
+disconnect) under an `asyncio.timeout` for the ping, and the vault's watch wakes it by
+moving that timeout to now. No task, future or event of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, cast
 
 import asyncpg
 import msgspec
 from litestar import Request, get
-from litestar.background_tasks import BackgroundTask
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, QueryParameter
-from litestar.response import Stream
 from litestar.response.sse import ServerSentEventMessage
+from litestar.types import ASGIApp, Empty, Receive, Scope, Send
+from litestar.utils.scope.state import ScopeState
+from msgspec import UnsetType
 
 from engram_sync.relay.auth import authorize
+from engram_sync.relay.connections import STOP_ON_SHUTDOWN
 from engram_sync.relay.errors import bad_request
-from engram_sync.relay.feed import ChangeHub, VaultWatch
+from engram_sync.relay.feed import VaultWatch
 from engram_sync.relay.routes.feed_support import Listener, join, listener_of
 from engram_sync.relay.routes.ids import require_id
-from engram_sync.relay.routes.sync import device_for_progress
+from engram_sync.relay.routes.sync import device_for_progress, retired_field
 from engram_sync.relay.state import RelayState, relay_state
 from engram_sync.relay.store import feed as feed_store
+from engram_sync.relay.store.retire import retirement
+from engram_sync.shared_format.wire import VaultRetirement
 
 log = logging.getLogger(__name__)
 
 RETRY_MS: Final = 2000
+MEDIA_TYPE: Final = "text/event-stream"
 _SEP: Final = "\n"
 _RETRY: Final = ServerSentEventMessage(data=None, retry=RETRY_MS, sep=_SEP).encode()
 _PING: Final = ServerSentEventMessage(data=None, comment="ping", sep=_SEP).encode()
@@ -50,6 +65,13 @@ _REVOKED_BODY: Final = msgspec.json.encode(
     }
 ).decode()
 _REVOKED: Final = ServerSentEventMessage(data=_REVOKED_BODY, event="revoked", sep=_SEP).encode()
+# The headers Litestar's `Stream` sent (docs/live-feed.md "The wire"); the request-id
+# middleware adds X-Request-ID on the way out.
+_HEADERS: Final = (
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+    (b"content-type", f"{MEDIA_TYPE}; charset=utf-8".encode()),
+)
 
 
 def change_message(seq: int) -> bytes:
@@ -58,60 +80,154 @@ def change_message(seq: int) -> bytes:
     return ServerSentEventMessage(data=data, event="change", sep=_SEP).encode()
 
 
-class _Place:
-    """The stream's place in the hub, given back once (by the stream's end, or by the
-    response's background task when the stream never started)."""
-
-    def __init__(self, hub: ChangeHub, vault_id: str, watch: VaultWatch) -> None:
-        self._hub, self._vault_id, self.watch = hub, vault_id, watch
-        self._held = True
-
-    def release(self) -> None:
-        if self._held:
-            self._held = False
-            self._hub.leave(self._vault_id, self.watch)
-
-    async def release_after_response(self) -> None:
-        self.release()
+# A new message dict for every send: middlewares may change the one they are given (the
+# request-id middleware sets its headers).
+async def _start(send: Send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": list(_HEADERS)})
 
 
-async def _changes(
-    state: RelayState, place: _Place, listener: Listener, cursor: int
-) -> AsyncIterator[bytes]:
-    watch = place.watch
-    ping_s = state.config.events_ping_s
-    try:
-        yield _RETRY
-        watch.observe(await feed_store.vault_head(state.require_pool(), listener.vault_id))
-        sent = cursor
-        checked = None  # the watch epoch the listener was last checked at (None: not yet)
-        while True:
-            version = watch.version  # before reading seq and epoch: no wake is lost
-            if listener.revocable and checked != watch.epoch:
-                checked = watch.epoch
-                if not await listener.still_allowed(state):
-                    yield _REVOKED
-                    return
-            if watch.seq > sent:
-                sent = watch.seq
-                yield change_message(sent)
-            if not await watch.wait(version, ping_s):
-                # A ping costs nothing but the write: the revocation check above runs on
-                # the watch's epoch, which revocation notices and reconnects move.
-                yield _PING
-    except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
-        # The database is away: end the stream; the device reconnects after `retry`.
-        log.warning("event stream ended: %s", type(exc).__name__)
-    finally:
-        place.release()
+async def _write(send: Send, chunk: bytes, *, more: bool = True) -> None:
+    await send({"type": "http.response.body", "body": chunk, "more_body": more})
 
 
-@get("/v1/vaults/{vault_id:str}/events", tags=["sync"])
+class EventStream:
+    """One subscriber's stream (PROTOCOL §15), as the ASGI app the route answers with.
+
+    It takes its place in the hub when it starts (503 `busy`, as a JSON error, when the
+    process holds `events_max_streams` waiters) and gives it back on every way out: the
+    client hung up, the device was revoked, the database went away, the relay stops, or
+    the task was cancelled.
+    """
+
+    __slots__ = ("_cursor", "_listener", "_state", "_stopping", "_timeout", "_waker")
+
+    def __init__(self, state: RelayState, listener: Listener, cursor: int) -> None:
+        self._state, self._listener, self._cursor = state, listener, cursor
+        self._timeout: asyncio.Timeout | None = None  # set while the stream is idle
+        self._stopping = False
+        self._waker = self.wake  # one bound method, added to and discarded from the watch
+
+    def wake(self) -> None:
+        """Cut the idle wait short (the watch moved, or the relay stops)."""
+        timeout = self._timeout
+        if timeout is not None and not timeout.expired():
+            timeout.reschedule(asyncio.get_running_loop().time())
+
+    def stop(self) -> None:
+        """End the stream soon (the relay is shutting down: devices reconnect after
+        `retry`, to another process or to this one restarted)."""
+        self._stopping = True
+        self.wake()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        hub = self._state.require_hub()
+        vault_id = self._listener.vault_id
+        watch = join(hub, vault_id)  # raises 503 busy before anything was sent
+        # A graceful shutdown ends the stream at once (relay.connections), not after its
+        # timeout; devices reconnect after `retry`.
+        cast(dict[str, Any], scope)[STOP_ON_SHUTDOWN] = self.stop
+        try:
+            await _start(send)
+            if await self._serve(watch, receive, send):
+                await _write(send, b"", more=False)  # the end of the body
+        finally:
+            hub.leave(vault_id, watch)
+
+    async def _serve(self, watch: VaultWatch, receive: Receive, send: Send) -> bool:
+        """The stream's messages until it ends; False when the client hung up (nothing
+        more to send), True when the relay ends it (the end of the body follows)."""
+        listener, state = self._listener, self._state
+        try:
+            await _write(send, _RETRY)
+            watch.observe(await feed_store.vault_head(state.require_pool(), listener.vault_id))
+            sent = self._cursor
+            checked = None  # the watch epoch the listener was last checked at (None: not yet)
+            while True:
+                version = watch.version  # before reading seq and epoch: no wake is lost
+                if listener.revocable and checked != watch.epoch:
+                    checked = watch.epoch
+                    if not await listener.still_allowed(state):
+                        await _write(send, _REVOKED)
+                        return True
+                if watch.seq > sent:
+                    sent = watch.seq
+                    await _write(send, change_message(sent))
+                woken = await self._idle(watch, version, receive)
+                if woken is None:
+                    return False
+                if self._stopping:
+                    return True
+                if not woken:
+                    # A ping costs nothing but the write: the revocation check above runs
+                    # on the watch's epoch, which revocation notices and reconnects move.
+                    await _write(send, _PING)
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+            # The database is away: end the stream; the device reconnects after `retry`.
+            log.warning("event stream ended: %s", type(exc).__name__)
+            return True
+
+    async def _idle(self, watch: VaultWatch, version: int, receive: Receive) -> bool | None:
+        """Wait for the watch to move past `version`, the ping interval or the client's
+        hang-up: True woken (or stopping), False a ping is due, None the client left."""
+        if watch.version != version or self._stopping:
+            return True
+        try:
+            async with asyncio.timeout(self._state.config.events_ping_s) as timeout:
+                self._timeout = timeout
+                watch.add_waker(self._waker)
+                # The request's own (empty) body comes first, then only the disconnect.
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                return None
+        except TimeoutError:
+            return watch.version != version or self._stopping
+        finally:
+            self._timeout = None
+            watch.discard_waker(self._waker)
+
+
+class _ScopeDiet:
+    """What Litestar keeps in a request's scope that a stream need not hold for hours:
+    the parsed headers (about 1.8 KB; authorization read them already) and the route's
+    exception handlers, a new dict of the same handlers for every request (about 0.6
+    KB), swapped for one equal dict shared by every stream."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[Any, Any] | None = None
+
+    def apply(self, request: Request[Any, Any, Any]) -> None:
+        state = ScopeState.from_scope(request.scope)
+        state.headers = Empty
+        handlers = state.exception_handlers
+        if isinstance(handlers, dict):
+            if self._handlers != handlers:
+                self._handlers = handlers
+            state.exception_handlers = self._handlers
+
+
+_diet: Final = _ScopeDiet()
+
+
+_OPENAPI_200: Final = ResponseSpec(
+    data_container=str,
+    generate_examples=False,
+    description="The vault's change hints as Server-Sent Events (PROTOCOL §15): `retry:` "
+    "first, `event: change` with the vault's sequence, `: ping` comments, `event: revoked`",
+    media_type=MEDIA_TYPE,
+)
+
+
+@get(
+    "/v1/vaults/{vault_id:str}/events",
+    tags=["sync"],
+    media_type=MEDIA_TYPE,
+    responses={200: _OPENAPI_200},
+)
 async def events(
     request: Request[Any, Any, Any],
     vault_id: FromPath[str],
     cursor: Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)] = None,
-) -> Stream:
+) -> ASGIApp:
     """The vault's change hints as Server-Sent Events, from `cursor` on (PROTOCOL §15).
     Auth as pull; 503 `busy` when the process holds `events_max_streams` waiters."""
     state = relay_state(request)
@@ -122,14 +238,28 @@ async def events(
             code="invalid_request",
             field="cursor",
         )
+    retired = await retirement(state.require_pool(), vault_id)
+    if retired is not None:  # PROTOCOL §19: `event: retired`, then the end (410 once erased)
+        if retired.erased:
+            raise retired.refusal()
+        return RetiredStream(retired_field(retired))
     listener = listener_of(
         request, state, vault_id, device_for_progress(request, principal.device_id)
     )
-    hub = state.require_hub()
-    place = _Place(hub, vault_id, join(hub, vault_id))
-    return Stream(
-        _changes(state, place, listener, cursor),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        background=BackgroundTask(place.release_after_response),
-    )
+    _diet.apply(request)
+    return EventStream(state, listener, cursor)
+
+
+class RetiredStream:
+    """The whole stream of a retired vault (PROTOCOL §19): `retry`, then `event: retired`
+    with the `retired` JSON of a pull (`{"successor", "erase_after"}`), then the end."""
+
+    __slots__ = ("_message",)
+
+    def __init__(self, retired: VaultRetirement | UnsetType) -> None:
+        data = msgspec.json.encode(retired).decode()
+        self._message = ServerSentEventMessage(data=data, event="retired", sep=_SEP).encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _start(send)
+        await _write(send, _RETRY + self._message, more=False)

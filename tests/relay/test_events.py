@@ -5,14 +5,18 @@ auth as pull, 400 for a bad cursor, 503 `busy` over the cap."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 
 import httpx
 import pytest
+import uvicorn
 
-from tests.relay.conftest import ADMIN_KEY, Relay, base_config
+from engram_sync.relay.app import create_app
+from engram_sync.relay.connections import ConnectionLimits, GuardedConfig
+from tests.relay.conftest import ADMIN_KEY, Relay, base_config, free_port
 from tests.relay.sse import Message, messages, next_event
 from tests.relay.support import (
     Sealer,
@@ -236,3 +240,82 @@ def test_idle_streams_send_no_query(postgres_url: str) -> None:
             assert before  # there are pooled connections to watch
             pull_ok(http, vaults[0], cursor=0)
             assert pool_activity(r) != after
+
+
+def test_every_stream_gets_its_own_response_headers(relay: Relay) -> None:
+    """The stream's start message is built anew for each stream: the request-id
+    middleware adds its header to the message it is given, and a shared one would carry
+    every earlier stream's id too (found by the 10,000-stream bench)."""
+    vault = new_vault_id()
+    ids = []
+    for _ in range(3):
+        with stream(relay, vault, 0) as response:
+            opened(response)
+            ids.append(response.headers.get_list("x-request-id"))
+    assert [len(found) for found in ids] == [1, 1, 1], ids
+    assert len({found[0] for found in ids}) == 3
+    assert response.headers["x-accel-buffering"] == "no"
+
+
+def test_a_hang_up_gives_the_place_back_without_a_ping(postgres_url: str) -> None:
+    """An idle stream notices its client hang up while it waits (it listens for the
+    disconnect), not only when a ping fails to go out: with an hour between pings and
+    room for one stream, the next stream is let in once the first one hung up."""
+    config = replace(base_config("unused"), events_ping_s=3600, events_max_streams=1)
+    with migrated_database(postgres_url) as url, serve(replace(config, database_url=url)) as r:
+        vault = new_vault_id()
+        head = push_ok(client(r), vault, Sealer(vault).blobs(1))["cursor"]
+        with stream(r, vault, 0) as first:
+            feed = opened(first)  # kept referenced: a dropped iterator closes its response
+            assert next_event(feed).json() == {"cursor": head}
+            with stream(r, vault, 0) as refused:  # the one place is taken
+                refused.read()
+                assert_error(refused, 503, "busy")
+
+        def let_in() -> bool:
+            with stream(r, vault, 0) as again:
+                if again.status_code == 503:
+                    again.read()
+                    return False
+                assert next_event(opened(again)).json() == {"cursor": head}
+                return True
+
+        wait_for(let_in, "the hung-up stream's place to be given back", every=0.1)
+
+
+def test_a_graceful_stop_ends_open_streams_at_once(postgres_url: str) -> None:
+    """A relay stopping (SIGTERM: uvicorn's graceful shutdown) ends its open streams with
+    the end of their body instead of waiting out its shutdown timeout and then cutting
+    them off (relay.connections `STOP_ON_SHUTDOWN`). Served with the relay's own uvicorn
+    protocol, as `engram-relay serve` serves it; pings an hour apart, so the only way
+    the stream ends is the stop."""
+    config = replace(base_config("unused"), events_ping_s=3600)
+    with migrated_database(postgres_url) as url:
+        config = replace(config, database_url=url)
+        port = free_port()
+        server = uvicorn.Server(
+            GuardedConfig(
+                create_app(config),
+                limits=ConnectionLimits(),
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+                timeout_graceful_shutdown=20,  # cut off after 20 s: the client sees an error
+            )
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: server.started, "the relay to start")
+            relay = Relay(f"http://127.0.0.1:{port}", url, config)
+            vault = new_vault_id()
+            with stream(relay, vault, 0) as first, stream(relay, vault, 0) as second:
+                feeds = [opened(first), opened(second)]
+                server.should_exit = True
+                # Each stream ends cleanly (an incomplete chunked body would raise here).
+                assert [list(feed) for feed in feeds] == [[], []]
+            thread.join(timeout=60)
+            assert not thread.is_alive()
+        finally:
+            server.should_exit = True
+            thread.join(timeout=60)
