@@ -336,4 +336,8 @@ def _agent_rows(agent: dict[str, Any]) -> list[str]:
         _summary_row(f"16. `{command}` without it (passphrase)", agent["without_agent_ms"]),
         _summary_row("16. interpreter start (`python -c pass`)", agent["python_startup_ms"]),
         _summary_row("16. interpreter start + the CLI's imports", agent["cli_import_ms"]),
-    ]
+        _summary_row(f"16. `{command}` with the key agent: CPU", agent["cpu_ms"]["with_agent"]),
+        _summary_row(f"16. `{command}` without it: CPU", agent["cpu_ms"]["without_agent"]),
+        _summary_row("16. interpreter start + the CLI's imports: CPU",
+                     agent["cpu_ms"]["cli_import"]),
+    ]  # fmt: skip
