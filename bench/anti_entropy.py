@@ -41,6 +41,7 @@ from bench.stats import summary
 from engram_sync.client._sync.anti_entropy import AntiEntropy
 from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.relay.store import digest as digest_store
 from engram_sync.relay.store.push import BLOB_UPSERT
 from engram_sync.shared_format.digest import Version, bucket_of, version_hash
 
@@ -144,7 +145,9 @@ def find_one(url: str, key: str, vault_id: str, held: list[Version]) -> dict[str
     missing = held[-1]
     device = held[:-1]
     wire = WireCounter()
-    with RelayClient(url, key, transport=wire) as relay:
+    # `?buckets=1` is one grouped pass over the vault's rows: tens of seconds for
+    # 1,000,000 rows on the loaded machine, past the client's default 30 s (bucket_reads)
+    with RelayClient(url, key, transport=wire, timeout=600.0) as relay:
         relay.offers("digest")  # /v1/info is asked once per client, before any check
         before = wire.sent + wire.received
         probe = AntiEntropy(cast("Syncer", _Probe(relay, vault_id)), SyncReport())
@@ -199,16 +202,17 @@ async def _write(
 
 def python_seconds_per_blob(corpus: Corpus, blobs: int) -> float:
     """The push path's digest work per blob: the old version out, the new one in, and the
-    bucket column (relay.store.push: _decide and blob_columns)."""
+    bucket column (relay.store.push: _decide and blob_columns). CPU time of this process
+    (time.process_time), so other processes on a loaded machine do not inflate it."""
     ids = [corpus.memory_id(i) for i in range(blobs)]
-    started = time.perf_counter()
+    started = time.process_time()
     value = 0
     for i, memory_id in enumerate(ids):
         value ^= version_hash(memory_id, "bench-device", i, False)
         value ^= version_hash(memory_id, "bench-device", i + 1, False)
     buckets = [bucket_of(memory_id) for memory_id in ids]
     assert len(buckets) == blobs
-    return (time.perf_counter() - started) / blobs
+    return (time.process_time() - started) / blobs
 
 
 async def write_overhead(
@@ -234,6 +238,45 @@ async def write_overhead(
     return {"blobs": blobs, "batch": batch, "with_s": with_s, "without_s": without_s}
 
 
+async def bucket_reads(conn: asyncpg.Connection, vault_id: str) -> dict[str, Any]:
+    """The relay's bucket statements on the vault's busiest bucket: whether their plans use
+    the index (vault_id, digest_bucket) or scan blobs (EXPLAIN), and how long each takes
+    (median of 3, ms): a narrowing, a list page from the middle of the bucket, one
+    bucket's digest, and every bucket's (`?buckets=1`, a pass over the vault's rows)."""
+    bucket = await conn.fetchval(
+        "SELECT digest_bucket FROM blobs WHERE vault_id = $1 GROUP BY digest_bucket"
+        " ORDER BY count(*) DESC LIMIT 1",
+        vault_id,
+    )
+    middle = await conn.fetchval(
+        "SELECT memory_id FROM blobs WHERE vault_id = $1 AND digest_bucket = $2"
+        " ORDER BY memory_id OFFSET (SELECT count(*) / 2 FROM blobs"
+        " WHERE vault_id = $1 AND digest_bucket = $2) LIMIT 1",
+        vault_id,
+        bucket,
+    )
+    statements = {
+        "narrow": (digest_store._NARROW, [vault_id, bucket, bytes(2048), "", 2000]),
+        "list_page": (digest_store._LIST, [vault_id, bucket, middle, 2000]),
+        "one_bucket": (digest_store._BUCKETS, [vault_id, bucket]),
+        "every_bucket": (digest_store._BUCKETS, [vault_id, None]),  # `?buckets=1`
+    }
+    found: dict[str, Any] = {"bucket": bucket}
+    for name, (sql, args) in statements.items():
+        plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN {sql}", *args))
+        took = []
+        for _ in range(3):
+            started = time.perf_counter()
+            await conn.fetch(sql, *args)
+            took.append((time.perf_counter() - started) * 1e3)
+        found[name] = {
+            "uses_bucket_index": "blobs_digest_bucket_idx" in plan,
+            "scans_blobs": "Seq Scan on blobs" in plan,
+            "ms": statistics.median(took),
+        }
+    return found
+
+
 async def _find_vault(conn: asyncpg.Connection, blobs: int, log: Callable[[str], None]) -> str:
     started = time.perf_counter()
     vault_id = await build_vault(conn, blobs)
@@ -256,6 +299,7 @@ def measure_parts(
 ) -> dict[str, Any]:
     """Figure 12 on a database and relay (url, key) already running."""
     vault_id = loop.run(_find_vault(conn, vault_blobs, log))
+    reads = loop.run(bucket_reads(conn, vault_id))
     held = vault_versions(vault_blobs)
     log(f"anti-entropy: one divergent memory in a vault of {len(held):,} memories")
     finds = [find_one(relay[0], relay[1], vault_id, held) for _ in range(repeats)]
@@ -277,6 +321,7 @@ def measure_parts(
         "answer_bytes": summary([float(f["answer_bytes"]) for f in finds], "bytes"),
         "found": all(f["found"] for f in finds),
         "find_s": summary([f["seconds"] for f in finds], "s"),
+        "bucket_reads": reads,
         "upsert_blobs": upsert_blobs,
         "upsert_with_s": summary(cost["with_s"], "s"),
         "upsert_without_s": summary(cost["without_s"], "s"),

@@ -159,11 +159,13 @@ def _figures(data: dict[str, Any]) -> list[str]:
     rows += [
         _summary_row(f"12. find 1 divergent memory in {d['vault_blobs']:,} blobs: round trips",
                      d["round_trips"]),
-        _summary_row("12. find it: answer bytes", d["answer_bytes"]),
+        _summary_row("12. find it: bytes on the wire, both directions", d["wire_bytes"]),
+        _summary_row("12. find it: JSON bodies, both directions", d["json_bytes"]),
         _summary_row(f"12. upsert {d['upsert_blobs']:,} blobs with the digest column",
                      d["upsert_with_s"]),
         _summary_row(f"12. upsert {d['upsert_blobs']:,} blobs without it", d["upsert_without_s"]),
         _summary_row("12. upsert with / without - 1", d["database_overhead"]),
+        _summary_row("12. upsert with - without, per blob", d["database_us_per_blob"]),
         _row("12. push path hashing per blob", "", d["python_us_per_blob"], "", "us"),
         _row("12. push cost of the digest (database + hashing)", "", d["push_overhead"], "", "x"),
     ]  # fmt: skip
