@@ -32,6 +32,7 @@ from engram_sync.relay.store.push import PushJob, PushLimits, PushOutcome, Quota
 from engram_sync.shared_format.handoff import new_handoff_keypair
 from tests.relay.accounts.helpers import signup
 from tests.relay.conftest import Relay
+from tests.relay.sse import Message, messages, next_event
 from tests.relay.support import (
     Sealer,
     assert_error,
@@ -439,6 +440,29 @@ def test_pairing_codes_and_handoff_requests_are_refused_for_a_retired_vault(
     redeemed = http.post("/pair/redeem", json={"code": code, "device_id": new_device_id()})
     assert_error(redeemed, 410, "code_invalid")  # the retire removed the unused code
     assert http.post(f"/v1/vaults/{live}/pairing-codes", json={}).status_code == 200
+
+
+def test_the_event_stream_of_a_retired_vault_says_retired_and_ends(
+    relay: Relay, http: httpx.Client
+) -> None:
+    old, new = new_vault_id("ev-old"), new_vault_id("ev-new")
+    push_ok(http, old, Sealer(old).blobs(2))
+    with http.stream("GET", f"/v1/vaults/{old}/events", params={"cursor": 0}) as response:
+        feed = messages(response)  # live: retry, then the change at once
+        assert next(feed) == Message(retry=2000)
+        assert next_event(feed) == Message(event="change", data='{"cursor":2}')
+    body = retire_ok(http, old, new)
+    with http.stream("GET", f"/v1/vaults/{old}/events", params={"cursor": 0}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        received = list(messages(response))  # the stream ends by itself
+    assert received[0] == Message(retry=2000)
+    assert received[1].event == "retired"
+    assert received[1].json() == {"successor": new, "erase_after": body["erase_after"]}
+    assert len(received) == 2
+    relay.sql("UPDATE vaults SET erase_after = retired_at WHERE vault_id = $1", old)
+    gone = http.get(f"/v1/vaults/{old}/events", params={"cursor": 0})
+    assert_retired_refusal(gone, new)
 
 
 # --- the operator's command ---------------------------------------------------------------
