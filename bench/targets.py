@@ -12,6 +12,9 @@ FIND_ROUND_TRIPS: Final = 3.0  # issue 16: one divergent memory found in <= 3 ro
 FIND_BYTES: Final = 16 * 1024.0  # and <= 16 KB transferred, both directions
 DIGEST_PUSH_OVERHEAD: Final = 0.02  # push throughput with the digest within 2% of without
 IMPORT_RATE_LIMIT: Final = 10_000.0  # issue 17: memories/s imported from JSONL
+REKEY_SECONDS_LIMIT: Final = 60.0  # issue 16: 100,000 memories re-keyed (scaled to M)
+REKEY_FULL_MEMORIES: Final = 100_000
+REKEY_REFUSED_LIMIT: Final = 1.0  # issue 16: the old vault refusing this device's writes
 AGENT_COMMAND_LIMIT_MS: Final = 50.0  # issue 17: a command with the key agent running
 WAKE_P50_LIMIT_MS: Final = 15.0  # issue 15: push -> applied on the other device, p50
 WAKE_P99_LIMIT_MS: Final = 75.0  # and p99 (here only the relay's part: push -> hint)
@@ -118,6 +121,7 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
             ">=",
         )
     )
+    targets += rekey_targets(sections["rekey"])
     targets += live_feed_targets(sections["live_feed"])
     targets += live_latency_targets(sections["live_latency"])
     targets += live_throughput_targets(sections["live_throughput"])
@@ -252,3 +256,27 @@ def agent_target(agent: dict[str, Any]) -> Target:
         f"command runs: the interpreter's start {agent['python_startup_ms']['median']:.0f} ms, "
         f"start + the CLI's imports {agent['cli_import_ms']['median']:.0f} ms)",
     )
+
+
+def rekey_targets(rekey: dict[str, Any]) -> list[Target]:
+    """Issue 16 (PROTOCOL §19, bench.rekey): M memories re-keyed, the one-time Argon2id
+    derivations apart, and the window in which the old vault refuses this device's writes."""
+    m = f"{rekey['memories']:,} memories ({rekey['tombstones']:,} of them tombstones)"
+    return [
+        Target(
+            "rekey_seconds",
+            f"seconds to re-key {m} (engram-sync rekey's code), Argon2id apart; client CPU "
+            f"{rekey['client_cpu_s']:.1f} s",
+            rekey["seconds_excluding_argon2"],
+            REKEY_SECONDS_LIMIT * rekey["memories"] / REKEY_FULL_MEMORIES,
+            "<=",
+        ),
+        Target(
+            "rekey_write_refused",
+            "seconds from the retire's answer to the device's switch to the new vault (its "
+            "writes held back only then)",
+            rekey["write_refused_s"] if rekey["write_refused_s"] is not None else float("inf"),
+            REKEY_REFUSED_LIMIT,
+            "<=",
+        ),
+    ]
