@@ -21,7 +21,7 @@ from engram_sync.client._errors import VaultRetiredError
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.rekey import Rekey
 from engram_sync.client._sync.relay_client import RelayClient
-from engram_sync.client._sync.successor import JoinError, join_with_passphrase
+from engram_sync.client._sync.successor import JoinError, join_with_handoff, join_with_passphrase
 from engram_sync.client._vault import keys as vault_keys
 from engram_sync.client._vault.store import count_to_push
 from engram_sync.shared_format.b64 import b64encode_std
@@ -321,3 +321,41 @@ def test_sync_status_and_rekey_join_through_the_executable(tmp_path: Path, relay
     assert status["last_error"] is None
     alpha.sync()
     assert written in contents(alpha)
+
+
+def test_a_team_device_waits_for_the_handoff_then_pushes_its_edits(
+    tmp_path: Path, relay: Relay
+) -> None:
+    """A member whose K came by the handoff (§14): `rekey --join` points it at the successor
+    with its key expected from the handoff; nothing syncs until K arrives, then its
+    unpushed edits go there. (The handoff itself is tests/e2e/test_accounts.py's; here its
+    result, K stored with source `handoff`, is written directly.)"""
+    alpha, bravo = make_device(tmp_path, relay, "alpha"), make_device(tmp_path, relay, "bravo")
+    with bravo.open() as session, session.vault.transaction() as conn:
+        vault_keys.store_vault_key(
+            conn, vault_keys.pack_keys(derive_sync_keys(PASSPHRASE), "team-e2e"), "handoff"
+        )
+    add(alpha, "shared")
+    alpha.sync()
+    bravo.sync()
+    written = add(bravo, "written by the member")
+    successor = _rekey(alpha, NEW)
+    with pytest.raises(VaultRetiredError, match="team request"):
+        bravo.sync()
+    with bravo.open() as session:
+        joined = join_with_handoff(session)
+        assert joined.waiting_for_key
+        assert session.config.vault_id == successor
+        assert vault_keys.key_source(session.vault.conn, successor) == "missing"
+    with pytest.raises(vault_keys.VaultKeyMissingError):
+        bravo.sync()  # no key: nothing pushed under the wrong keys, nothing pulled
+    assert _pending(bravo) == (1, 0)
+    bravo.restart()
+    with bravo.open() as session, session.vault.transaction() as conn:  # the handoff's K
+        vault_keys.store_vault_key(
+            conn, vault_keys.pack_keys(derive_sync_keys(NEW), successor), "handoff"
+        )
+    assert bravo.sync().pushed == 1
+    assert _relay_contents(relay, successor, derive_sync_keys(NEW))[written] == (
+        "written by the member"
+    )
