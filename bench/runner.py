@@ -29,6 +29,7 @@ from bench.corpus import Corpus
 from bench.database import BenchDatabase
 from bench.env import environment
 from bench.monitor import ResourceMonitor
+from bench.rekey import measure as measure_rekey
 from bench.relay_load import (
     LatencyRun,
     concurrent_single_pushes,
@@ -313,6 +314,17 @@ class Run:
                 self.db.scratch, workers=self.s.workers, quick=self.s.quick,
             )  # fmt: skip
 
+    # -- 13: re-key (issue 16, PROTOCOL §19) ------------------------------------------------
+
+    def rekey(self) -> dict[str, Any]:
+        """M memories (the JSONL import's M) re-keyed by the real client (bench.rekey)."""
+        m = self.s.import_memories
+        self.log(f"re-key: {m} memories (a tenth of them tombstones) to a new passphrase")
+        scratch = self.db.scratch / "rekey"
+        scratch.mkdir(parents=True, exist_ok=True)
+        with self.monitor.phase("rekey"):
+            return measure_rekey(scratch, self.relay.url, self.relay.key, m)
+
     # -- 11: JSONL import (issue 17) ---------------------------------------------------------
 
     def jsonl_import(self) -> dict[str, Any]:
@@ -416,6 +428,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         sections["client_e2e"] = run.client_e2e()
                         sections["pull_memory"] = run.pull_memory()
                         sections["jsonl_import"] = run.jsonl_import()
+                        sections["rekey"] = run.rekey()  # issue 16 (bench.rekey)
                         sections["live_feed"] = run.live_feed()
                         sections["live_latency"] = run.live_latency()
                         sections["live_throughput"] = run.live_throughput()
