@@ -67,6 +67,15 @@ class Counts:
         }
 
 
+async def _get(conn: RawHttpConnection, path: str) -> tuple[int, bytes]:
+    """A GET on the device's keep-alive connection; once more on a new connection when the
+    relay had closed the idle one (uvicorn closes keep-alive connections idle for 5 s)."""
+    try:
+        return await conn.request("GET", path)
+    except (OSError, asyncio.IncompleteReadError):
+        return await conn.request("GET", path)  # conn.request closed it: a new connection
+
+
 async def _device(url: httpx.URL, key: str, vault_id: str, stream: _Stream, counts: Counts) -> None:
     """Pull on each hint past the cursor, as a feed-only device does."""
     conn = RawHttpConnection(url.host, url.port or 80, headers(key, str(uuid.uuid4())))
@@ -77,9 +86,7 @@ async def _device(url: httpx.URL, key: str, vault_id: str, stream: _Stream, coun
             counts.hints += 1
             while hint > cursor:
                 try:
-                    status, body = await conn.request(
-                        "GET", f"/v1/vaults/{vault_id}/pull?cursor={cursor}&limit=1000"
-                    )
+                    status, body = await _get(conn, f"/v1/vaults/{vault_id}/pull?cursor={cursor}")
                     if status != 200:
                         raise BenchError(f"pull answered {status}: {body[:120]!r}")
                     page = msgspec.json.decode(body, type=_Page)

@@ -299,11 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=default_workers())
     args = parser.parse_args(argv)
     key = "bench-" + secrets.token_urlsafe(24)
-    with (
-        BenchDatabase() as db,
-        RelayProcess(db.url, key, db.scratch / "relay.log", workers=args.workers) as relay,
-    ):
-        section = measure(relay.url, key, db.scratch, quick=args.quick)
+    with BenchDatabase() as db:
+        relay = RelayProcess(db.url, key, db.scratch / "relay.log", workers=args.workers)
+        relay.start(timeout=180.0)  # a loaded machine starts workers slowly
+        try:
+            section = measure(relay.url, key, db.scratch, quick=args.quick)
+        finally:
+            relay.stop()
     print(json.dumps(section, indent=2))
     for target in live_latency_targets(section):
         t = target.as_json()

@@ -43,6 +43,7 @@ QUICK_BLOBS: Final = 1_000
 FULL_ROUNDS: Final = 6
 QUICK_ROUNDS: Final = 2
 FEED_ENV: Final = "ENGRAM_RELAY_LIVE_FEED"
+START_TIMEOUT_S: Final = 180.0  # two workers each, on a loaded machine
 
 
 @contextlib.contextmanager
@@ -54,7 +55,7 @@ def relay_with_feed(
     os.environ[FEED_ENV] = feed
     try:
         relay = RelayProcess(database_url, key, log_dir / f"relay-feed-{feed}.log", workers=workers)
-        relay.start()
+        relay.start(timeout=START_TIMEOUT_S)
     finally:
         if before is None:
             os.environ.pop(FEED_ENV, None)

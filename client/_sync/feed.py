@@ -233,24 +233,30 @@ class LiveFeed:
         offered = self._offered(client)
         if offered is None:
             return
-        best = self._best_mode(offered)
-        mode, fell_back_at = best, 0.0
+        mode = self._best_mode(offered)
+        fell_back_at = time.monotonic()  # when the mode in use became a worse one
         while not self._stop.is_set():
-            if (
-                mode is not best
-                and time.monotonic() - fell_back_at >= self.timing.better_mode_retry_s
-            ):
-                mode, self._failures = best, 0  # after a while, try the better mode again
+            retry_at = fell_back_at + self.timing.better_mode_retry_s
+            if mode is not FeedMode.EVENTS and time.monotonic() >= retry_at:
+                # Issue 15: out of the event stream (a fallback, or a relay that offered
+                # none) for better_mode_retry_s: ask /v1/info again (the relay or its
+                # proxy may have changed) and start over from the best mode it offers.
+                fresh = self._offered(client)
+                if fresh is None:
+                    return
+                offered, mode = fresh, self._best_mode(fresh)
+                fell_back_at, self._failures = time.monotonic(), 0
+                log.info("live feed: trying %s again", mode.value)
+                continue
             if mode is FeedMode.POLL:
                 self.signals.set_link(FeedMode.POLL, False, self.signals.problem)
-                again = None if best is FeedMode.POLL else self.timing.better_mode_retry_s
-                if self._pause(again):
+                if self._pause(max(0.0, retry_at - time.monotonic())):
                     return
                 continue
             if mode is FeedMode.EVENTS:
                 outcome = self._stream_once(client)
             else:
-                outcome = self._long_poll(client)
+                outcome = self._long_poll(client, until=retry_at)
             if outcome is _Outcome.FINAL:
                 return
             if outcome is _Outcome.HEALTHY:
@@ -410,11 +416,14 @@ class LiveFeed:
 
     # -- the long-poll ----------------------------------------------------------------------
 
-    def _long_poll(self, client: RelayClient) -> _Outcome:
-        """Long-polls (PROTOCOL §15) until one fails; each is a hint at most, never data:
-        a page asked with limit 1 only says whether there is anything past the cursor."""
+    def _long_poll(self, client: RelayClient, *, until: float) -> _Outcome:
+        """Long-polls (PROTOCOL §15) until one fails, or HEALTHY at `until` (monotonic: time
+        to try the event stream again); each is a hint at most, never data: a page asked
+        with limit 1 only says whether there is anything past the cursor."""
         early = 0
         while not self._stop.is_set():
+            if time.monotonic() >= until:
+                return _Outcome.HEALTHY
             began = time.monotonic()
             cursor = self._cursor()
             self._long_polls += 1

@@ -27,9 +27,13 @@ class RelayProcess:
         log_level: str = "warning",
         bin_dir: Path = BIN,
         env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        start_timeout_s: float = 60.0,
     ) -> None:
         self.bin_dir = bin_dir  # the environment whose `engram-relay` runs
         self.env = env or {}  # more variables for the process (ENGRAM_RELAY_*)
+        self.args = args  # more options of `serve` (e.g. --workers 2)
+        self.start_timeout_s = start_timeout_s  # workers start slowly on a loaded machine
         self.log_path = log_path
         self.log_level = log_level
         self.port = free_port()
@@ -47,10 +51,10 @@ class RelayProcess:
         log = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [str(self.bin_dir / "engram-relay"), "serve", "--port", str(self.port),
-             "--database-url", self.database_url, "--log-level", self.log_level],
+             "--database-url", self.database_url, "--log-level", self.log_level, *self.args],
             env=env, stdout=log, stderr=log,
         )  # fmt: skip
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
