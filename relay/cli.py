@@ -116,15 +116,27 @@ def serve(
                 raise CliError("; ".join(refused))
             first_key = _first_admin_key(url, has_static=bool(config.static_keys))
             base = f"http://{host}:{port}"
-            out.print(f"Engram Sync relay listening on [bold]{base}[/bold]")
+            # issue 17: with --log-format json the log (stderr) is JSON lines only and what
+            # is printed for a person (stdout) has no styling: no escapes on a terminal. The
+            # first admin key is printed, never logged.
+            plain = log_format == "json"
+            if plain:
+                log.info("relay listening", extra={"url": base, "workers": workers})
+                print(f"Engram Sync relay listening on {base}", flush=True)
+            else:
+                out.print(f"Engram Sync relay listening on [bold]{base}[/bold]")
             if first_key is not None:
                 path = save_admin_key(relay_dir, first_key)
-                out.print(f"First admin key (shown once, saved 0600 in {path}):")
-                out.print(f"  [bold]{first_key}[/bold]")
+                if plain:
+                    print(f"First admin key (shown once, saved 0600 in {path}):", flush=True)
+                    print(f"  {first_key}", flush=True)
+                else:
+                    out.print(f"First admin key (shown once, saved 0600 in {path}):")
+                    out.print(f"  [bold]{first_key}[/bold]")
             if workers > 1:
                 overrides = {"quota_devices": quota_devices, "quota_bytes": quota_bytes}
                 export_for_workers(url, overrides, log_level, log_format)
-                out.print(f"{workers} worker processes")
+                print(f"{workers} worker processes", flush=True)
             serve_app(config, host=host, port=port, workers=workers, sockets=sockets, limits=limits)
     finally:
         for sock in sockets:

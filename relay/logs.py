@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -19,19 +20,31 @@ _STANDARD: Final = frozenset(
 )
 
 
+# issue 17: uvicorn passes a coloured copy of some messages as `color_message`; a log line
+# is for machines, so it is dropped, and escape sequences in a message are removed.
+_DROPPED: Final = frozenset({"color_message"})
+_ANSI: Final = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
 class JsonFormatter(logging.Formatter):
-    """`{"ts","level","logger","msg",...extra}` per line."""
+    """`{"ts","level","logger","msg",...extra}` per line: plain JSON, no ANSI escapes;
+    `request_id` only on lines written while serving a request (relay.request_context)."""
 
     def format(self, record: logging.LogRecord) -> str:
         payload: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _ANSI.sub("", record.getMessage()),
         }
         for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
-                payload[key] = value if isinstance(value, str | int | float | bool) else str(value)
+            if key in _STANDARD or key in _DROPPED or key.startswith("_"):
+                continue
+            if value is None:
+                if key != "request_id":  # outside a request: no field, not "None"
+                    payload[key] = None
+                continue
+            payload[key] = value if isinstance(value, str | int | float | bool) else str(value)
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
         return json.dumps(payload, ensure_ascii=False)

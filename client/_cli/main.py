@@ -27,6 +27,7 @@ from engram_sync.client._cli import rekey_join
 from engram_sync.client._cli import search as cli_search
 from engram_sync.client._cli import teams as cli_teams
 from engram_sync.client._cli import transfer as cli_transfer
+from engram_sync.client._cli.passphrase import ask_new_passphrase
 from engram_sync.client._cli.rekey import rekey as cli_rekey
 from engram_sync.client._cli.support import (
     OPTIONS,
@@ -50,7 +51,7 @@ from engram_sync.client._errors import (
     VaultRetiredError,
 )
 from engram_sync.client._session import NotLinkedError, VaultSession
-from engram_sync.client._sync.config import load_sync_config
+from engram_sync.client._sync.config import DEFAULT_INTERVAL_SECS, load_sync_config
 from engram_sync.client._sync.device import ClockExhaustedError
 from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.live import LiveSync
@@ -123,12 +124,19 @@ def _main(
 
 
 @app.command()
-def init() -> None:
-    """Create a new passphrase-encrypted vault in the vault directory."""
+def init(
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Keep a weak passphrase without asking (for scripts)."),
+    ] = False,
+) -> None:
+    """Create a new passphrase-encrypted vault in the vault directory (a weak passphrase
+    is named and needs a confirmation, or --force)."""
     if (OPTIONS.vault / "engrams.db").exists():
         raise CliError(f"a vault already exists at {OPTIONS.vault}")
+    passphrase = ask_new_passphrase(force=force)  # client._cli.passphrase (zxcvbn)
     OPTIONS.vault.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open_session(create=True) as session:
+    with VaultSession.open(OPTIONS.vault, passphrase, create=True) as session:
         out.print(f"created vault {session.path} (device {session.device.device_id})", markup=False)
 
 
@@ -335,6 +343,7 @@ def watch(
             help="Seconds between syncs when nothing else triggers one (the live feed and "
             "local changes sync at once).",
             min=1,
+            show_default=f"the vault's interval_secs, {DEFAULT_INTERVAL_SECS}",
         ),
     ] = None,
 ) -> None:

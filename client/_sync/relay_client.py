@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import random
 import secrets
 import socket
@@ -93,7 +94,32 @@ MAX_ERROR_BYTES: Final = 64 * 1024
 # 1 in 200 requests made after 4.97-5.03 s idle, in a reproduction.
 KEEPALIVE_EXPIRY_S: Final = 4.0
 
+# issue 17: how long a client that has not reached the relay yet tries to connect (each
+# attempt's connect timeout, and the budget of its retries), so a wrong relay URL fails in a
+# few seconds with one line. Once the relay answered, a refused connection (a restart) is
+# retried on the usual schedule. README "Configuration": ENGRAM_CONNECT_TIMEOUT.
+CONNECT_TIMEOUT_ENV: Final = "ENGRAM_CONNECT_TIMEOUT"
+DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
+_CONNECT_FAILURES: Final = (httpx.ConnectError, httpx.ConnectTimeout)
+
 T = TypeVar("T")
+
+
+def connect_timeout_from_env() -> float:
+    """ENGRAM_CONNECT_TIMEOUT in seconds (default 5); ValueError naming it when it is not a
+    number in (0, 600]."""
+    raw = os.environ.get(CONNECT_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_CONNECT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 < value <= 600):
+        raise ValueError(
+            f"{CONNECT_TIMEOUT_ENV}={raw!r} is not a number of seconds in (0, 600], e.g. 5"
+        )
+    return value
 
 
 class Retry(Enum):
@@ -160,6 +186,7 @@ class RelayClient:
         *,
         device_id: str | None = None,
         timeout: float = 30.0,
+        connect_timeout: float | None = None,
         max_retries: int = 5,
         backoff_base: float = 0.5,
         backoff_max: float = 30.0,
@@ -189,6 +216,9 @@ class RelayClient:
         self.base_url = _display_url(url)
         self.device_id = device_id
         self.timeout = timeout
+        wait = connect_timeout if connect_timeout is not None else connect_timeout_from_env()
+        self.connect_timeout = min(wait, timeout)
+        self._reached = False  # any answer of the relay so far (see CONNECT_TIMEOUT_ENV)
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
@@ -205,7 +235,7 @@ class RelayClient:
         self._http = httpx.Client(
             base_url=url,
             headers=headers,
-            timeout=httpx.Timeout(timeout),
+            timeout=httpx.Timeout(timeout, connect=self.connect_timeout),
             limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S),
             transport=transport,
             follow_redirects=False,
@@ -483,15 +513,24 @@ class RelayClient:
             extra["Content-Type"] = "application/json"
         headers = extra or None
         attempt = 0
+        waited = 0.0  # backoff slept so far (the connect budget counts it, not the clock)
         while True:
             try:
                 response = self._request(method, path, params, content, headers, max_bytes)
             except httpx.TransportError as exc:
                 if once_sent and not isinstance(exc, NOT_SENT):
                     raise self._outcome_unknown(method, path, type(exc).__name__, lost) from exc
-                if attempt >= self.max_retries:
-                    raise self._unreachable(exc, attempt + 1) from exc
+                # never reached: a wrong URL fails within the connect budget; a connect
+                # that timed out has used it up already
+                never = not self._reached and isinstance(exc, _CONNECT_FAILURES)
+                left = self.connect_timeout - waited
+                spent = never and (left <= 0 or isinstance(exc, httpx.ConnectTimeout))
+                if attempt >= self.max_retries or spent:
+                    raise self._unreachable(exc, attempt + 1, never_reached=never) from exc
                 delay = self._backoff(attempt)
+                if never:
+                    delay = min(delay, left)
+                waited += delay
                 log.info(
                     "relay %s %s failed (%s); retry %d in %.2fs",
                     method, path, type(exc).__name__, attempt + 1, delay,
@@ -501,6 +540,7 @@ class RelayClient:
                     one_line(f"the relay at {self.base_url} sent an unreadable answer: {exc}")
                 ) from None
             else:
+                self._reached = True
                 status = response.status_code
                 if response.is_success:
                     return response
@@ -649,8 +689,18 @@ class RelayClient:
             url=self.base_url,
         )
 
-    def _unreachable(self, exc: httpx.TransportError, attempts: int) -> RelayUnavailableError:
+    def _unreachable(
+        self, exc: httpx.TransportError, attempts: int, *, never_reached: bool = False
+    ) -> RelayUnavailableError:
         detail = one_line(str(exc)) or "no detail"
+        if never_reached:  # issue 17: one line naming the URL and what to check
+            return RelayUnavailableError(
+                f"the relay at {self.base_url} could not be reached ({type(exc).__name__}: "
+                f"{detail}) after {attempts} attempts within {self.connect_timeout:g} s; "
+                "check the relay URL and your network (the URL's scheme, host and port, and "
+                f"that the relay runs there; wait longer with {CONNECT_TIMEOUT_ENV}=SECONDS)",
+                url=self.base_url,
+            )
         return RelayUnavailableError(
             f"the relay at {self.base_url} could not be reached ({type(exc).__name__}: "
             f"{detail}) after {attempts} attempts; check the relay URL and your network",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import asyncpg
 
 from engram_sync.relay.db.url import to_libpq_url
-from tests.relay.conftest import ADMIN_KEY, Relay
+from tests.relay.conftest import ADMIN_KEY, Relay, free_port
 from tests.relay.support import wait_for
 
 EXE = str(Path(sys.executable).parent / "engram-sync")
@@ -199,3 +200,105 @@ def test_user_text_is_printed_literally(tmp_path: Path) -> None:
     console = Console(record=True, width=200)
     console.print(text)
     assert text not in console.export_text()
+
+
+def test_a_wrong_relay_url_fails_in_one_line_naming_it(tmp_path: Path) -> None:
+    vault = tmp_path / "vault"
+    ok(cli(vault, "init"))
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    wrong = cli(vault, "link", "--relay", url, "--api-key", ADMIN_KEY,
+                env={"ENGRAM_CONNECT_TIMEOUT": "1"})  # fmt: skip
+    assert wrong.returncode == 1
+    lines = wrong.stderr.strip().splitlines()
+    assert len(lines) == 1, wrong.stderr
+    assert lines[0].startswith(f"error: the relay at {url} could not be reached (ConnectError")
+    assert "within 1 s; check the relay URL and your network" in lines[0]
+    assert "ENGRAM_CONNECT_TIMEOUT=SECONDS" in lines[0]
+    bad = cli(vault, "link", "--relay", url, "--api-key", ADMIN_KEY,
+              env={"ENGRAM_CONNECT_TIMEOUT": "soon"})  # fmt: skip
+    assert bad.returncode == 1
+    assert "ENGRAM_CONNECT_TIMEOUT='soon' is not a number of seconds" in bad.stderr
+
+
+def _init_on_a_terminal(vault: Path, passphrase: str, answer: str) -> tuple[int, str]:
+    """`init` with stdin on a pseudo-terminal, answering the confirmation with `answer`."""
+    master, replica = pty.openpty()
+    env = dict(os.environ, ENGRAM_PASSPHRASE=passphrase, HOME=str(vault.parent))
+    with subprocess.Popen(
+        [EXE, "--vault", str(vault), "init"], env=env, stdin=replica, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        os.close(replica)
+        os.write(master, answer.encode() + b"\n")
+        _, stderr = proc.communicate(timeout=120)
+    os.close(master)
+    return proc.returncode, stderr
+
+
+def test_init_names_a_weak_passphrase_and_asks(tmp_path: Path) -> None:
+    weak = {"ENGRAM_PASSPHRASE": "abc"}
+    refused = cli(tmp_path / "scripted", "init", env=weak)  # no terminal: refused
+    assert refused.returncode == 1
+    assert "warning: the passphrase is weak: strength 0/4" in refused.stderr
+    assert "pass --force to keep it" in refused.stderr
+    assert not (tmp_path / "scripted" / "engrams.db").exists()
+    forced = cli(tmp_path / "scripted", "init", "--force", env=weak)
+    assert forced.returncode == 0, forced.stderr
+    assert "warning: the passphrase is weak" in forced.stderr
+    assert "--force: kept anyway" in forced.stderr
+
+    code, stderr = _init_on_a_terminal(tmp_path / "asked-no", "abc", "n")
+    assert code == 1
+    assert "Use this weak passphrase anyway?" in stderr
+    assert not (tmp_path / "asked-no" / "engrams.db").exists()
+    code, stderr = _init_on_a_terminal(tmp_path / "asked-yes", "abc", "y")
+    assert code == 0, stderr
+    assert (tmp_path / "asked-yes" / "engrams.db").exists()
+
+    strong = cli(tmp_path / "strong", "init")  # the positive case: no warning, no question
+    assert strong.returncode == 0
+    assert "weak" not in strong.stderr
+
+
+def test_sync_progress_on_a_terminal_shows_the_pull_total_and_an_eta(
+    tmp_path: Path, relay: Relay
+) -> None:
+    writer, reader = tmp_path / "writer", tmp_path / "reader"
+    for vault in (writer, reader):
+        ok(cli(vault, "init"))
+        _link(vault, relay, "progress-home")
+    source = tmp_path / "many.jsonl"
+    source.write_text(
+        "".join(json.dumps({"content": f"memory number {n}"}) + "\n" for n in range(1200)),
+        encoding="utf-8",
+    )
+    ok(cli(writer, "import", str(source)))
+    ok(cli(writer, "sync"))
+
+    master, replica = pty.openpty()
+    env = dict(os.environ, ENGRAM_PASSPHRASE=PASSPHRASE, HOME=str(tmp_path), COLUMNS="160")
+    with subprocess.Popen(
+        [EXE, "--vault", str(reader), "sync"], env=env, stdout=subprocess.PIPE, stderr=replica,
+        text=True,
+    ) as proc:  # fmt: skip
+        os.close(replica)
+        terminal = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the other end closed
+                break
+            if not chunk:
+                break
+            terminal += chunk
+        stdout = proc.stdout.read() if proc.stdout else ""
+    os.close(master)
+    assert proc.returncode == 0, terminal
+    assert "pulled 1200 (applied 1200)" in stdout
+    text = terminal.decode("utf-8", "replace")
+    assert "pulling" in text
+    assert "/1200" in text  # the total is known: the vault's sequence minus the cursor
+    assert "eta" in text
+    piped = cli(reader, "sync")  # the positive case of the terminal check: no bar on a pipe
+    assert "pulling" not in piped.stderr
+    assert "\x1b" not in piped.stderr

@@ -21,7 +21,9 @@ from engram_sync.relay.cli import app as relay_app
 BIN = Path(sys.executable).parent
 INTERNAL_NAMES = ("NoSuchOption", "NoArgsIsHelpError", "BadParameter", "MissingParameter",
                   "UsageError", "Traceback")  # fmt: skip
-PLACEHOLDER = re.compile(r"<(bool|str|int|float|path|list\[[a-z]+\]|float range|int range)>")
+PLACEHOLDER = re.compile(
+    r"<(bool|str|int|float|path|list\[[a-z]+\]|float range|int range)>|\{(text|[a-z_]+)\}"
+)
 
 
 def run(exe: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -96,6 +98,9 @@ def test_help_has_no_type_placeholders(exe: str, app: typer.Typer) -> None:
 def test_help_shows_defaults_and_the_placeholder_check_can_fail() -> None:
     add = run("engram-sync", "add", "--help").stdout
     assert "[default: episodic]" in add
+    watch = run("engram-sync", "watch", "--help").stdout
+    assert "[default: (the vault's interval_secs, 300)]" in watch  # issue 17: was not shown
+    assert PLACEHOLDER.findall("TEXT {text} <list[str]>") == [("", "text"), ("list[str]", "")]
     assert "--tag" in add
     assert "TAG" in add  # an option's value is its name in capitals
     # the positive case of the placeholder check: typer's own rendering has them
