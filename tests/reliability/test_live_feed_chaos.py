@@ -57,6 +57,9 @@ DEVICES_PER_REPLICA = 3
 WORKERS = 2
 REACH_BOUND_S = 120.0  # a liveness bound, not a timing figure
 RECONNECT_S = 0.2
+# pytest-timeout's 600 s is short for 20 rounds on a loaded machine (a killed worker's
+# replacement took 20-30 s to start at load 18)
+CHAOS_TIMEOUT = pytest.mark.timeout(max(600, 120 * ROUNDS))
 
 
 class FeedOnlyDevice:
@@ -231,13 +234,13 @@ class Cluster:
                     return found
 
 
-def wait_until(condition: Callable[[], bool], what: str) -> None:
+def wait_until(condition: Callable[[], bool], what: str, every: float = 0.05) -> None:
     """Poll `condition` until it holds, up to REACH_BOUND_S (a loaded machine starts and
     restarts workers slowly: tests.relay.support.wait_for's 60 s was passed at load 20)."""
     deadline = time.monotonic() + REACH_BOUND_S
     while not condition():
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
+        time.sleep(every)
 
 
 def workers(relay: RelayProcess) -> list[int]:
@@ -334,6 +337,7 @@ def listeners_held_down(database_url: str, hold_after_s: float = 0.3) -> Iterato
         thread.join(timeout=30)
 
 
+@CHAOS_TIMEOUT
 def test_listen_connections_terminated(own_postgres: EmbeddedPostgres) -> None:
     def fault(cluster: Cluster, round_: int) -> tuple[RelayProcess, AbstractContextManager[object]]:
         url = cluster.database_url
@@ -343,6 +347,7 @@ def test_listen_connections_terminated(own_postgres: EmbeddedPostgres) -> None:
     chaos(own_postgres, "pg_terminate_backend of every LISTEN connection", fault)
 
 
+@CHAOS_TIMEOUT
 def test_postgres_restarted(own_postgres: EmbeddedPostgres) -> None:
     def fault(cluster: Cluster, round_: int) -> tuple[RelayProcess, AbstractContextManager[object]]:
         own_postgres.stop()
@@ -352,6 +357,7 @@ def test_postgres_restarted(own_postgres: EmbeddedPostgres) -> None:
     chaos(own_postgres, "PostgreSQL restarted", fault)
 
 
+@CHAOS_TIMEOUT
 def test_a_relay_worker_killed(own_postgres: EmbeddedPostgres) -> None:
     def fault(cluster: Cluster, round_: int) -> tuple[RelayProcess, AbstractContextManager[object]]:
         relay = cluster.relays[round_ % 2]
@@ -362,6 +368,7 @@ def test_a_relay_worker_killed(own_postgres: EmbeddedPostgres) -> None:
         wait_until(  # uvicorn's supervisor starts a new worker in its place
             lambda: len(now := workers(relay)) == WORKERS and victim not in now,
             "a new worker in the killed one's place",
+            every=0.5,  # psutil reads every socket of the machine: not too often
         )
         return relay, nullcontext()
 
