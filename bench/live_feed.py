@@ -3,9 +3,16 @@ the relay, and how soon a push wakes a stream.
 
 - Idle subscribers: `subscribers` event streams (`GET /v1/vaults/{v}/events`) over 100
   vaults, each on its own connection of a minimal asyncio client, each read up to its
-  `retry:` line and the first ping-free moment; the relay's RSS (its workers included)
-  before and after, once all are connected and idle. The relay is told to take that many
-  connections (`ENGRAM_RELAY_MAX_CONNECTIONS`, bench.relay_process).
+  `retry:` line; the relay's RSS (its workers included) before and after, once all are
+  connected and idle for a ping interval and a second (16 s; 2 s with --quick), plus
+  the time PostgreSQL takes to publish its counters (SETTLE_S before and after). The
+  relay is told to take that many connections (`ENGRAM_RELAY_MAX_CONNECTIONS`,
+  bench.relay_process). The relay database's transactions (pg_stat_database
+  `xact_commit + xact_rollback`: every query outside a transaction is one) are counted
+  over an idle window of the same length with no streams (the relay's own background:
+  health refresh, LISTEN probe) and over the idle window with all of them; the
+  difference divided by the subscribers is the database cost of an idle subscriber
+  (issue 15: zero).
 - Push -> wake: one stream on a vault, then `rounds` single-blob pushes to it one after
   the other; the time from a push's start to its `event: change` arriving on the stream.
   The relay's share of "a memory appears on the other device": the device's own pull,
@@ -14,20 +21,30 @@ the relay, and how soon a push wakes a stream.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import json
 import resource
 import secrets
+import sys
 import time
 import uuid
 from typing import Any, Final
 
+import asyncpg
 import httpx
 import msgspec
 
+from bench.database import BenchDatabase
 from bench.monitor import ResourceMonitor
 from bench.relay_load import BenchError, headers
+from bench.relay_process import RelayProcess
+from bench.settings import default_workers
 from bench.stats import percentile
+from bench.targets import live_feed_targets
+from engram_sync.relay.config import DEFAULT_EVENTS_PING_S
+from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.shared_format import BlobCipher, SyncKeys
 
 VAULTS: Final = 100
@@ -37,6 +54,13 @@ FULL_ROUNDS: Final = 300
 QUICK_ROUNDS: Final = 20
 CONNECT_AT_ONCE: Final = 200  # streams opened concurrently while connecting
 MB: Final = 1024 * 1024
+FULL_IDLE_S: Final = DEFAULT_EVENTS_PING_S + 1.0  # a ping interval (the bench relay's default)
+QUICK_IDLE_S: Final = 2.0
+# A backend that flushed its counters less than a second ago holds the next ones until it
+# has idled PGSTAT_IDLE_INTERVAL (10 s): a read sooner misses the tail of what came before
+# (measured: the last connecting streams' reads showed up in the idle window).
+SETTLE_S: Final = 11.0
+QUERY_LIMIT_PER_SUBSCRIBER: Final = 0.01  # "zero", less the noise of the relay's background
 
 
 class _Stream:
@@ -91,14 +115,46 @@ def _raise_fd_limit(wanted: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
 
 
+async def _transactions(database_url: str) -> int:
+    """The relay database's committed plus rolled back transactions so far. The read is a
+    transaction itself: callers subtract 1 per read between."""
+    conn = await asyncpg.connect(to_libpq_url(database_url))
+    try:
+        value = await conn.fetchval(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database"
+            " WHERE datname = current_database()"
+        )
+    finally:
+        await conn.close()
+    return int(value)
+
+
+async def _window(database_url: str, seconds: float) -> int:
+    """Transactions of the relay database during `seconds`, without the read's own (the
+    counters read SETTLE_S after what came before, and SETTLE_S after the window)."""
+    await asyncio.sleep(SETTLE_S)
+    before = await _transactions(database_url)
+    await asyncio.sleep(seconds + SETTLE_S)
+    after = await _transactions(database_url)
+    return after - before - 1
+
+
 async def idle_subscribers(
-    base_url: str, key: str, monitor: ResourceMonitor, subscribers: int
+    base_url: str,
+    key: str,
+    monitor: ResourceMonitor,
+    subscribers: int,
+    *,
+    database_url: str,
+    idle_s: float = QUICK_IDLE_S,
 ) -> dict[str, Any]:
-    """RSS of the relay before and with `subscribers` idle event streams."""
+    """RSS of the relay before and with `subscribers` idle event streams, and the database
+    transactions of an idle window with them against one without."""
     _raise_fd_limit(subscribers + 1024)
     url = httpx.URL(base_url)
     vaults = [f"feed-{secrets.token_hex(4)}-{i}" for i in range(VAULTS)]
-    await asyncio.sleep(1.0)  # the relay at rest: "before" is not the last phase's tail
+    # The relay at rest: "before" is not the last phase's tail; its background's queries.
+    background = await _window(database_url, idle_s)
     before = monitor.rss_mb()
     streams: list[_Stream] = []
     started = time.perf_counter()
@@ -109,7 +165,7 @@ async def idle_subscribers(
                 *(_Stream.open(url, key, vaults[i % VAULTS], 0) for i in batch)
             )
         connect_s = time.perf_counter() - started
-        await asyncio.sleep(2.0)  # idle
+        idle = await _window(database_url, idle_s)
         after = monitor.rss_mb()
     finally:
         await asyncio.gather(*(s.close() for s in streams))
@@ -118,11 +174,16 @@ async def idle_subscribers(
         "subscribers": subscribers,
         "vaults": VAULTS,
         "connect_s": connect_s,
+        "idle_s": idle_s,
         "rss_before_mb": before,
         "rss_idle_mb": after,
         "extra_rss_mb": extra,
         "extra_kib_per_subscriber": extra * 1024 / subscribers,
         "limit_mb": 200.0 * subscribers / FULL_SUBSCRIBERS,
+        "db_transactions_background": background,
+        "db_transactions_idle": idle,
+        "db_queries_per_subscriber": max(0, idle - background) / subscribers,
+        "db_queries_limit_per_subscriber": QUERY_LIMIT_PER_SUBSCRIBER,
     }
 
 
@@ -166,13 +227,53 @@ async def push_to_wake(base_url: str, key: str, rounds: int) -> dict[str, Any]:
 
 
 def measure(
-    loop: asyncio.Runner, monitor: ResourceMonitor, base_url: str, key: str, *, quick: bool
+    loop: asyncio.Runner,
+    monitor: ResourceMonitor,
+    base_url: str,
+    key: str,
+    *,
+    quick: bool,
+    database_url: str,
 ) -> dict[str, Any]:
-    """The report's `live_feed` section."""
+    """The report's `live_feed` section (`database_url`: the relay's database, for the
+    idle subscribers' query count)."""
     subscribers = QUICK_SUBSCRIBERS if quick else FULL_SUBSCRIBERS
     rounds = QUICK_ROUNDS if quick else FULL_ROUNDS
+    idle_s = QUICK_IDLE_S if quick else FULL_IDLE_S
     with monitor.phase("live_feed_idle"):
-        idle = loop.run(idle_subscribers(base_url, key, monitor, subscribers))
+        idle = loop.run(
+            idle_subscribers(
+                base_url, key, monitor, subscribers, idle_s=idle_s, database_url=database_url
+            )
+        )
     with monitor.phase("live_feed_wake"):
         wake = loop.run(push_to_wake(base_url, key, rounds))
     return {"idle": idle, "wake": wake}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.live_feed [--quick] [--workers N]`: figure 13 alone, on its own
+    embedded PostgreSQL and relay; prints its verdicts and the section as JSON."""
+    parser = argparse.ArgumentParser(prog="python -m bench.live_feed", description=main.__doc__)
+    parser.add_argument("--quick", action="store_true", help="200 streams, 20 pushes")
+    parser.add_argument("--workers", type=int, default=None, help="relay worker processes")
+    args = parser.parse_args(argv)
+    workers = args.workers or default_workers()
+    key = "bench-" + secrets.token_urlsafe(24)
+    with BenchDatabase() as db, RelayProcess(db.url, key, db.scratch / "relay.log", workers) as r:
+        monitor = ResourceMonitor(r.pid, db.postmaster_pid()).start()
+        try:
+            with asyncio.Runner() as loop:
+                section = measure(loop, monitor, r.url, key, quick=args.quick, database_url=db.url)
+        finally:
+            monitor.stop()
+    print(json.dumps({"workers": workers, **section}, indent=1))
+    for target in live_feed_targets(section):
+        row = target.as_json()
+        print(f"{row['verdict']}  {row['name']}: {row['value']:.4g} ({row['target']}) "
+              f"{row['detail']}", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

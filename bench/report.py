@@ -190,6 +190,8 @@ def _figures(data: dict[str, Any]) -> list[str]:
              idle["rss_idle_mb"], "", "MiB"),
         _row("13. extra RSS per idle event stream", "", idle["extra_kib_per_subscriber"], "",
              "KiB"),
+        _row(f"13. database transactions per idle event stream ({idle['idle_s']:g} s idle)",
+             "", idle["db_queries_per_subscriber"], "", "transactions"),
         _row(f"13. push -> change hint, {wake['rounds']} pushes: p50", "", wake["p50_ms"], "",
              "ms"),
         _row("13. push -> change hint: p99", "", wake["p99_ms"], "", "ms"),

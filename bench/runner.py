@@ -294,7 +294,12 @@ class Run:
         """Idle event streams' RSS, and push -> change hint latency (bench.live_feed)."""
         self.log("live change feed: idle event streams, then push -> wake")
         return live_feed.measure(
-            self.loop, self.monitor, self.relay.url, self.relay.key, quick=self.s.quick
+            self.loop,
+            self.monitor,
+            self.relay.url,
+            self.relay.key,
+            quick=self.s.quick,
+            database_url=self.db.url,  # the idle streams' query count
         )
 
     def live_latency(self) -> dict[str, Any]:

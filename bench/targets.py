@@ -164,7 +164,8 @@ def live_throughput_targets(feed: dict[str, Any]) -> list[Target]:
 
 def live_feed_targets(feed: dict[str, Any]) -> list[Target]:
     """Issue 15: idle event streams cost at most 200 MB per 10,000 (scaled to the count of
-    a quick run), and a push wakes a stream of its vault quickly (bench.live_feed)."""
+    a quick run) and no database query, and a push wakes a stream of its vault quickly
+    (bench.live_feed)."""
     idle, wake = feed["idle"], feed["wake"]
     return [
         Target(
@@ -175,6 +176,16 @@ def live_feed_targets(feed: dict[str, Any]) -> list[Target]:
             idle["limit_mb"],
             "<=",
             detail=f"({idle['extra_kib_per_subscriber']:.1f} KiB a stream)",
+        ),
+        Target(
+            "live_feed_idle_queries",
+            f"relay database transactions per idle event stream over {idle['idle_s']:g} s "
+            "(pg_stat_database, less the same window without streams)",
+            idle["db_queries_per_subscriber"],
+            idle["db_queries_limit_per_subscriber"],
+            "<=",
+            detail=f"({idle['db_transactions_idle']} transactions with the streams, "
+            f"{idle['db_transactions_background']} without)",
         ),
         Target(
             "live_feed_wake_p50",

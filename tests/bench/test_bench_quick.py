@@ -50,6 +50,7 @@ TARGETS = {
     "rekey_seconds",
     "rekey_write_refused",
     "live_feed_idle_rss",
+    "live_feed_idle_queries",
     "live_feed_wake_p50",
     "live_feed_wake_p99",
     "live_sync_applied_p50",
