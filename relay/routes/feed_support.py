@@ -17,7 +17,7 @@ from engram_sync.relay.store import feed as feed_store
 BUSY_RETRY_AFTER_S: Final = 5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per open stream (docs/live-feed.md)
 class Listener:
     """Who a stream or long-poll serves: the device it speaks for and its minted key.
     A static key with no device can never be revoked; the others are re-checked with one
