@@ -47,6 +47,7 @@ from engram_sync.client._errors import (
     AuthError,
     DeviceRevokedError,
     ForbiddenError,
+    RelayError,
     SyncError,
     VaultRetiredError,
 )
@@ -390,9 +391,18 @@ def watch(
     err.print("stopped")
 
 
+#: 4xx answers `watch` retries: a timeout, a conflict, too early, a quota (the user may
+#: delete memories), too many requests. Any other 4xx says the same again (issue 17).
+_WATCH_RETRIED_4XX: Final = frozenset({402, 408, 409, 425, 429})
+
+
 def _watch_retries(error: SyncError) -> bool:
     """What `watch` retries with backoff: anything that may pass by itself. A wrong or
-    refused key, a revoked device and a vault the device cannot open end it."""
+    refused key, a revoked device, a vault the device cannot open and a relay refusing the
+    request itself (a 4xx such as 400, 404, 413, 422) end it at once with the error."""
+    status = error.status if isinstance(error, RelayError) else 0
+    if 400 <= status < 500 and status not in _WATCH_RETRIED_4XX:
+        return False
     return not isinstance(
         error,
         AuthError | ForbiddenError | NotLinkedError | ClockExhaustedError | VaultRetiredError,

@@ -302,3 +302,28 @@ def test_sync_progress_on_a_terminal_shows_the_pull_total_and_an_eta(
     piped = cli(reader, "sync")  # the positive case of the terminal check: no bar on a pipe
     assert "pulling" not in piped.stderr
     assert "\x1b" not in piped.stderr
+
+
+def test_watch_ends_at_once_when_the_relay_refuses_the_request_itself(
+    tmp_path: Path, relay: Relay
+) -> None:
+    vault = tmp_path / "vault"
+    ok(cli(vault, "init"))
+    _link(vault, relay, "watched-home")
+    config_path = vault / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["sync"]["vault_id"] = "v" * 300  # no relay takes it (PROTOCOL §6: 1..256)
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    done = cli(vault, "watch", "--interval", "1", timeout=120)  # retried forever before
+    assert done.returncode == 1, done.stderr
+    assert "error: " in done.stderr
+    assert "(HTTP 4" in done.stderr  # the relay's refusal, in one line
+
+    # the positive case: what may pass by itself is still retried
+    from engram_sync.client._cli.main import _watch_retries
+    from engram_sync.client._errors import RateLimitedError, RelayError, RelayUnavailableError
+
+    assert _watch_retries(RelayUnavailableError("down", url=relay.url))
+    assert _watch_retries(RateLimitedError("rate_limited", "slow down"))
+    assert _watch_retries(RelayError(503, "unavailable", "database down"))
+    assert not _watch_retries(RelayError(422, "invalid", "refused"))
