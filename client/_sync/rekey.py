@@ -41,15 +41,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
-import msgspec
-
 from engram_sync.client._atomic import read_json, write_json_atomic
 from engram_sync.client._errors import ForbiddenError, RelayError, SyncError
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.config import SyncConfig, save_sync_config
 from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.lock import sync_lock
-from engram_sync.client._sync.relay_client import RelayClient, Retry, path_segment
+from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.client._vault.held_versions import by_bucket, held_versions
 from engram_sync.client._vault.keys import (
     forget_vault_key,
@@ -78,7 +76,7 @@ from engram_sync.shared_format.digest import (
     digest_text,
     fold,
 )
-from engram_sync.shared_format.errors import FormatError, WireDecodeError
+from engram_sync.shared_format.errors import FormatError
 from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v2
 from engram_sync.shared_format.padding import pad_plaintext
 from engram_sync.shared_format.plaintext import (
@@ -91,7 +89,7 @@ from engram_sync.shared_format.plaintext import (
 from engram_sync.shared_format.vault import sqlcipher
 from engram_sync.shared_format.vault.keys import passphrase_vault_key
 from engram_sync.shared_format.vault.salt import vault_salt16
-from engram_sync.shared_format.wire import SyncBlob, decode_json, encode_json
+from engram_sync.shared_format.wire import RetireResponse, SyncBlob
 
 log = logging.getLogger(__name__)
 
@@ -107,19 +105,6 @@ STEPS: Final = ("copy", "retired", "switched")
 
 class RekeyError(SyncError):
     """A re-key cannot go on; the message says why and what to do."""
-
-
-class RetireAnswer(msgspec.Struct, frozen=True):
-    """`POST /v1/vaults/{old}/retire` → 200 (PROTOCOL §19)."""
-
-    vault_id: str
-    successor: str | None
-    retired_at: str
-    erase_after: str
-
-
-class RetireRequest(msgspec.Struct, frozen=True):
-    successor: str | None
 
 
 @dataclass
@@ -653,7 +638,7 @@ class Rekey:
 
     # -- step 4: retire -----------------------------------------------------------------------
 
-    def _retire(self, record: RekeyRecord) -> RetireAnswer:
+    def _retire(self, record: RekeyRecord) -> RetireResponse:
         """PROTOCOL §19 with the device's current key for the old vault (the person may have
         linked it again with an admin key after a refusal), else the recorded one."""
         old, new = record.old_vault_id, record.new_vault_id
@@ -662,16 +647,9 @@ class Rekey:
         with self._relay(key) as relay:
             return self._post_retire(relay, old, new)
 
-    def _post_retire(self, relay: RelayClient, old: str, new: str) -> RetireAnswer:
-        body = encode_json(RetireRequest(successor=new))
+    def _post_retire(self, relay: RelayClient, old: str, new: str) -> RetireResponse:
         try:
-            response = relay._send(  # one route of §19, idempotent (SAFE)
-                "POST",
-                f"/v1/vaults/{path_segment(old)}/retire",
-                retry=Retry.SAFE,
-                params=None,
-                content=body,
-            )
+            answer = relay.retire(old, new)
         except ForbiddenError as exc:
             raise RekeyError(
                 f"the relay refused to retire vault {old} ({exc.code}): the API key of this "
@@ -688,12 +666,6 @@ class Rekey:
                     "successor the other re-key made"
                 ) from None
             raise
-        try:
-            answer = decode_json(response.content, RetireAnswer)
-        except WireDecodeError as exc:
-            raise RekeyError(
-                f"the relay's answer to the retire of {old} is malformed: {exc}"
-            ) from None
         if answer.successor != new:
             raise RekeyError(
                 f"the relay says vault {old} was retired with successor {answer.successor!r}, "

@@ -56,6 +56,8 @@ from engram_sync.shared_format.wire import (
     PushResponse,
     RegisterDeviceRequest,
     RelayInfo,
+    RetireRequest,
+    RetireResponse,
     SyncBlob,
     SyncHealth,
     VaultStats,
@@ -432,6 +434,13 @@ class RelayClient:
         return self._call(
             "POST", path, NarrowAnswer, retry=Retry.SAFE, content=encode_json(request)
         )
+
+    def retire(self, vault_id: str, successor: str | None) -> RetireResponse:
+        """`POST /v1/vaults/{vault_id}/retire` (PROTOCOL §19, admin): the relay answers a
+        repeated identical retire with the same values, so the call is SAFE to repeat."""
+        body = encode_json(RetireRequest(successor=successor))
+        path = f"{_vault(vault_id)}/retire"
+        return self._call("POST", path, RetireResponse, retry=Retry.SAFE, content=body)
 
     def fetch(
         self, vault_id: str, memory_ids: list[str], *, max_bytes: int = PULL_PAGE_BUDGET_BYTES

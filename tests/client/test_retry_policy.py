@@ -58,6 +58,7 @@ PINNED: dict[tuple[str, str], str] = {
     ("account_client", "revoke_vault_grant"): "SAFE",
     ("relay_client", "digest"): "SAFE",  # PROTOCOL §18: reads
     ("relay_client", "fetch"): "SAFE",  # a POST that only reads current blobs
+    ("relay_client", "retire"): "SAFE",  # PROTOCOL §19: a repeated retire answers the same
     ("relay_client", "narrow"): "SAFE",  # PROTOCOL §18, ours: a POST that only reads
 }
 
