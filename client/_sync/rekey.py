@@ -34,7 +34,6 @@ import logging
 import os
 import secrets
 import signal
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -58,12 +57,9 @@ from engram_sync.client._vault.keys import (
     stored_vault_key,
 )
 from engram_sync.client._vault.store import (
-    _ENGRAM_COLUMNS,
-    _IDS_PER_QUERY,
-    _embedding_floats,
-    _json_or,
-    named_rows,
+    memories_of_rows,
     row_needs_push,
+    rows_of,
 )
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std
 from engram_sync.shared_format.blob import BlobCipher
@@ -80,7 +76,6 @@ from engram_sync.shared_format.errors import FormatError
 from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v2
 from engram_sync.shared_format.padding import pad_plaintext
 from engram_sync.shared_format.plaintext import (
-    Link,
     MemoryPlaintext,
     decode_plaintext,
     encode_memory,
@@ -560,7 +555,7 @@ class Rekey:
         conn = self.session.vault.conn
         texts: dict[str, str] = {}
         from_old: list[Version] = []
-        rows = _rows(conn, [v.memory_id for v in batch if not v.deleted])
+        rows = rows_of(conn, [v.memory_id for v in batch if not v.deleted])
         current = []
         for v in batch:
             if v.deleted:
@@ -737,77 +732,6 @@ def account_minter(session: VaultSession, password: str) -> Callable[[str, bytes
             return relay.mint_key(vault_id, device_id=None, label=label, admin=True).key
 
     return mint
-
-
-def _rows(conn: sqlite3.Connection, ids: list[str]) -> dict[str, sqlite3.Row]:
-    """The engrams rows of `ids` (one query per 500 ids)."""
-    found: dict[str, sqlite3.Row] = {}
-    for start in range(0, len(ids), _IDS_PER_QUERY):
-        chunk = ids[start : start + _IDS_PER_QUERY]
-        marks = ", ".join("?" * len(chunk))
-        query = f"SELECT {_ENGRAM_COLUMNS} FROM engrams WHERE id IN ({marks})"  # noqa: S608
-        for row in named_rows(conn, query, chunk):
-            found[row["id"]] = row
-    return found
-
-
-def memories_of_rows(conn: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[MemoryPlaintext]:
-    """`row_to_plaintext` of each row (PROTOCOL §4), its links, waiting links (the links
-    whose target this device does not hold, `sync_pending_links`, as the blob carried them)
-    and embedding read in one query each per 500 rows instead of two per row."""
-    ids = [row["id"] for row in rows]
-    links: dict[str, dict[str, Link]] = {i: {} for i in ids}
-    embeddings: dict[str, tuple[bytes, str]] = {}
-    for start in range(0, len(ids), _IDS_PER_QUERY):
-        chunk = ids[start : start + _IDS_PER_QUERY]
-        marks = ", ".join("?" * len(chunk))
-        for table in ("engram_links", "sync_pending_links"):  # real links win over waiting
-            query = (
-                f"SELECT source_id, link_type, target_id, weight FROM {table}"  # noqa: S608
-                f" WHERE source_id IN ({marks})"
-            )
-            for source, kind, target, weight in conn.execute(query, chunk):
-                links[source].setdefault(
-                    target, Link(link_type=kind, target_id=target, weight=weight)
-                )
-        query = (
-            "SELECT engram_id, embedding, model FROM engram_embeddings"  # noqa: S608
-            f" WHERE engram_id IN ({marks})"
-        )
-        for engram_id, blob, model in conn.execute(query, chunk):
-            embeddings[engram_id] = (bytes(blob), model)
-    memories = []
-    for row in rows:
-        tags = _json_or(row["tags"], [])
-        emb = embeddings.get(row["id"])
-        held = links[row["id"]]
-        memories.append(
-            MemoryPlaintext(
-                id=row["id"],
-                content=row["content"],
-                layer=row["layer"],
-                scope=row["scope"],
-                content_type=row["content_type"],
-                source=row["source"],
-                privacy_level=row["privacy_level"],
-                context=_json_or(row["context"], {}),
-                created_at=row["created_at"],
-                modified_at=row["modified_at"] or row["created_at"],
-                last_retrieved=row["last_retrieved"],
-                occurred_at=row["occurred_at"],
-                project=row["project"],
-                tags=[str(t) for t in tags] if isinstance(tags, list) else [],
-                strength=float(row["strength"]),
-                valence=float(row["valence"]),
-                retrievals=int(row["retrievals"]),
-                imagined=bool(row["imagined"]),
-                grounded=bool(row["grounded"]),
-                links=[held[t] for t in sorted(held)],
-                embedding=_embedding_floats(emb[0]) if emb else None,
-                embedding_model=emb[1] if emb else None,
-            )
-        )
-    return memories
 
 
 def _now() -> str:

@@ -87,6 +87,13 @@ def row_to_plaintext(conn: sqlite3.Connection, row: sqlite3.Row) -> MemoryPlaint
     emb = named_rows(
         conn, "SELECT embedding, model FROM engram_embeddings WHERE engram_id = ?", (row["id"],)
     ).fetchone()
+    return _plaintext(row, links, (bytes(emb["embedding"]), emb["model"]) if emb else None)
+
+
+def _plaintext(
+    row: sqlite3.Row, links: list[Link], embedding: tuple[bytes, str] | None
+) -> MemoryPlaintext:
+    """The PROTOCOL §4 plaintext of an engrams row, given its links and (embedding, model)."""
     tags = _json_or(row["tags"], [])
     return MemoryPlaintext(
         id=row["id"],
@@ -109,9 +116,56 @@ def row_to_plaintext(conn: sqlite3.Connection, row: sqlite3.Row) -> MemoryPlaint
         imagined=bool(row["imagined"]),
         grounded=bool(row["grounded"]),
         links=links,
-        embedding=_embedding_floats(emb["embedding"]) if emb else None,
-        embedding_model=emb["model"] if emb else None,
+        embedding=_embedding_floats(embedding[0]) if embedding else None,
+        embedding_model=embedding[1] if embedding else None,
     )
+
+
+def rows_of(conn: sqlite3.Connection, ids: list[str]) -> dict[str, sqlite3.Row]:
+    """The engrams rows of `ids` (one query per 500 ids)."""
+    found: dict[str, sqlite3.Row] = {}
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        chunk = ids[start : start + _IDS_PER_QUERY]
+        marks = ", ".join("?" * len(chunk))
+        query = f"SELECT {_ENGRAM_COLUMNS} FROM engrams WHERE id IN ({marks})"  # noqa: S608
+        for row in named_rows(conn, query, chunk):
+            found[row["id"]] = row
+    return found
+
+
+def memories_of_rows(conn: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[MemoryPlaintext]:
+    """`row_to_plaintext` of each row (PROTOCOL §4), its links, waiting links (the links
+    whose target this device does not hold, `sync_pending_links`, as the blob carried them)
+    and embedding read in one query each per 500 rows instead of two per row."""
+    ids = [row["id"] for row in rows]
+    links: dict[str, dict[str, Link]] = {i: {} for i in ids}
+    embeddings: dict[str, tuple[bytes, str]] = {}
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        chunk = ids[start : start + _IDS_PER_QUERY]
+        marks = ", ".join("?" * len(chunk))
+        for table in ("engram_links", "sync_pending_links"):  # real links win over waiting
+            query = (
+                f"SELECT source_id, link_type, target_id, weight FROM {table}"  # noqa: S608
+                f" WHERE source_id IN ({marks})"
+            )
+            for source, kind, target, weight in conn.execute(query, chunk):
+                links[source].setdefault(
+                    target, Link(link_type=kind, target_id=target, weight=weight)
+                )
+        query = (
+            "SELECT engram_id, embedding, model FROM engram_embeddings"  # noqa: S608
+            f" WHERE engram_id IN ({marks})"
+        )
+        for engram_id, blob, model in conn.execute(query, chunk):
+            embeddings[engram_id] = (bytes(blob), model)
+    return [
+        _plaintext(
+            row,
+            [links[row["id"]][t] for t in sorted(links[row["id"]])],
+            embeddings.get(row["id"]),
+        )
+        for row in rows
+    ]
 
 
 def get_row(conn: sqlite3.Connection, memory_id: str) -> sqlite3.Row | None:

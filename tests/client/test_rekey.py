@@ -213,7 +213,7 @@ def test_an_account_vault_stores_the_new_wrap_and_mints_its_key(
 
 
 def test_the_batched_rows_read_as_row_to_plaintext_plus_waiting_links(tmp_path: Path) -> None:
-    from engram_sync.client._sync.rekey import memories_of_rows
+    from engram_sync.client._vault.store import memories_of_rows
     from engram_sync.shared_format.plaintext import Link
 
     with VaultSession.open(tmp_path / "v", PASSPHRASE, create=True) as session:
