@@ -50,6 +50,7 @@ from engram_sync.relay.store.push import (
     committed_heads,
     push_group,
 )
+from engram_sync.relay.store.replicas import Replica, heartbeat, leave
 from engram_sync.shared_format.wire import MAX_BLOBS_PER_PUSH
 
 log = logging.getLogger(__name__)
@@ -125,8 +126,17 @@ def _timing(app: ASGIApp) -> ASGIApp:
 
 
 async def _refresh_health(state: RelayState) -> None:
-    """Keep the /health counters and the generation fresh without a database round trip
-    per request."""
+    """Keep the /health counters, the generation and the live relay processes fresh without
+    a database round trip per request."""
+    replica = Replica(state.config.health_refresh_secs)  # issue 18 (relay.store.replicas)
+    try:
+        await _refresh_rounds(state, replica)
+    finally:  # stopped with the app: the others count one process fewer at once
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(leave(state.require_pool(), replica), 2)
+
+
+async def _refresh_rounds(state: RelayState, replica: Replica) -> None:
     while True:
         try:
             async with state.require_pool().acquire() as conn:
@@ -142,6 +152,11 @@ async def _refresh_health(state: RelayState) -> None:
                     " pg_database_size(current_database()) AS size FROM vaults"
                 )
                 generation = await conn.fetchval("SELECT generation FROM relay_meta")
+                # Issue 18: each key's rate shared among the live processes (relay.ratelimit).
+                processes = await heartbeat(conn, replica)
+            state.limiter.share_among(processes)
+            state.minute_limiter.share_among(processes)
+            state.metrics.relay_processes.set(processes)
             if generation is not None:
                 state.generation = generation
             state.health.vaults = int(row["vaults"])

@@ -25,6 +25,7 @@ DEFAULT_MAX_PAGE_BYTES: Final = 8 * 1024 * 1024
 # Seconds between two background maintenance rounds (relay.maintenance); 0 turns it off.
 DEFAULT_MAINTENANCE_INTERVAL_S: Final = 300
 MIN_METRICS_TOKEN_CHARS: Final = 16
+DEFAULT_HEALTH_REFRESH_S: Final = 10.0
 # PROTOCOL §15: seconds between two `: ping` comments of an event stream, and how many
 # event streams and waiting long-polls one process holds (more get 503 `busy`).
 DEFAULT_EVENTS_PING_S: Final = 15.0
@@ -51,7 +52,9 @@ class RelayConfig:
     pool_min_size: int = 2
     pool_max_size: int = 10
     push_lanes: int = DEFAULT_PUSH_LANES
-    health_refresh_secs: float = 10.0
+    # ENGRAM_RELAY_HEALTH_REFRESH_S: /health counters, generation (§17) and the heartbeat
+    # that shares each key's rate among the live processes (relay.store.replicas).
+    health_refresh_secs: float = DEFAULT_HEALTH_REFRESH_S
     maintenance_interval_secs: float = DEFAULT_MAINTENANCE_INTERVAL_S  # 0 = off
     # The bearer token /metrics asks for; None serves no metrics (relay.routes.system).
     metrics_token: str | None = field(default=None, repr=False)
@@ -75,6 +78,8 @@ class RelayConfig:
                 f"ENGRAM_RELAY_METRICS_TOKEN must be at least {MIN_METRICS_TOKEN_CHARS} "
                 "characters (e.g. `openssl rand -hex 24`), or unset to serve no metrics"
             )
+        if not 0 < self.health_refresh_secs <= 3600:
+            raise ValueError("ENGRAM_RELAY_HEALTH_REFRESH_S must be > 0 and <= 3600 seconds")
         if not 0 < self.events_ping_s <= 3600:
             raise ValueError("ENGRAM_RELAY_EVENTS_PING_S must be > 0 and <= 3600 seconds")
         if self.events_max_streams < 1:
@@ -166,6 +171,9 @@ def config_from_env(
         metrics_token=source.get("ENGRAM_RELAY_METRICS_TOKEN", "").strip() or None,
         trusted_proxies=parse_trusted_proxies(source.get(ENV_TRUSTED_PROXIES, "")),
         events_ping_s=_env_float(source, "ENGRAM_RELAY_EVENTS_PING_S", DEFAULT_EVENTS_PING_S),
+        health_refresh_secs=_env_float(
+            source, "ENGRAM_RELAY_HEALTH_REFRESH_S", DEFAULT_HEALTH_REFRESH_S
+        ),
         live_feed=source.get("ENGRAM_RELAY_LIVE_FEED", "").strip().lower() or "on",
         **values,
     )

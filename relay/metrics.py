@@ -84,6 +84,10 @@ class RelayMetrics:
             "engram_relay_tombstones",
             "Tombstones stored (compaction removes those every active device pulled past)",
         )
+        self.relay_processes = database_wide(
+            "engram_relay_processes",
+            "Live relay processes (replicas x workers) that share each key's rate limit",
+        )
         self.pool_connections = Gauge(
             "engram_relay_db_pool_connections",
             "Database pool connections (summed over live worker processes)",

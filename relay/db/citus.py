@@ -67,6 +67,7 @@ REFERENCE_TABLES: tuple[str, ...] = (
     "pairing_codes",
     "idempotency_keys",
     "relay_meta",
+    "relay_processes",  # issue 18: the heartbeats that share a key's rate (SCALING.md §1)
     "alembic_version",
 )
 

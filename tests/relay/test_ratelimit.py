@@ -92,3 +92,46 @@ def test_idle_buckets_are_dropped_once_full_so_new_keys_fit_again(clock: FakeClo
     assert len(limiter) == 1
     # a dropped key comes back with a full burst, exactly what it had refilled to
     assert [limiter.take("k0", 2) for _ in range(3)] == [0.0, 0.0, pytest.approx(0.5)]
+
+
+# --- issue 18: a key's rate shared among the live relay processes (deploy/SCALING.md §1) ---
+
+
+def test_shared_among_two_processes_each_enforces_half_the_rate_and_burst(
+    clock: FakeClock,
+) -> None:
+    limiter = RateLimiter(clock=clock)
+    limiter.share_among(2)
+    assert limiter.processes == 2
+    assert [limiter.take("k", 10) for _ in range(5)] == [0.0] * 5  # burst 10 / 2
+    assert limiter.take("k", 10) == pytest.approx(1 / 5)  # refill 5/s
+    clock.advance(0.2)
+    assert limiter.take("k", 10) == 0.0
+    assert limiter.take("k", 10) > 0
+
+
+def test_alone_a_process_gets_the_full_rate_again(clock: FakeClock) -> None:
+    """The positive case: once the other process is gone the share grows back."""
+    limiter = RateLimiter(clock=clock)
+    limiter.share_among(2)
+    assert [limiter.take("k", 10) for _ in range(6)].count(0.0) == 5
+    limiter.share_among(1)
+    clock.advance(1.0)
+    assert [limiter.take("k", 10) for _ in range(11)].count(0.0) == 10
+
+
+def test_a_share_below_one_token_still_lets_one_request_through(clock: FakeClock) -> None:
+    limiter = RateLimiter(clock=clock)
+    limiter.share_among(8)  # 2/s over 8 processes: 0.25/s each
+    assert limiter.take("k", 2) == 0.0
+    assert limiter.take("k", 2) == pytest.approx(4.0)
+    clock.advance(2.0)  # half a token: still refused, and the idle bucket is kept
+    assert limiter.take("k", 2) == pytest.approx(2.0)
+    clock.advance(2.0)
+    assert limiter.take("k", 2) == 0.0
+
+
+def test_no_share_below_one_process(clock: FakeClock) -> None:
+    limiter = RateLimiter(clock=clock)
+    limiter.share_among(0)
+    assert limiter.processes == 1

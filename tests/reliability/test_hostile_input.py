@@ -167,6 +167,14 @@ def test_oversized_body_is_413_json(fuzz_relay: tuple[Relay, str]) -> None:
     assert response.json()["code"] == "payload_too_large"
 
 
+class _Unshared(RateLimiter):
+    """One bucket's arithmetic: never shared with the fixture's relay on the same database
+    (issue 18's sharing among processes: tests/reliability/test_rate_limit_replicas.py)."""
+
+    def share_among(self, processes: int) -> None:
+        del processes
+
+
 def test_rate_limit_holds_under_a_concurrent_burst(fuzz_relay: tuple[Relay, str]) -> None:
     """50 concurrent requests of a rate-5 key: exactly the bucket's 5 get through.
 
@@ -178,7 +186,7 @@ def test_rate_limit_holds_under_a_concurrent_burst(fuzz_relay: tuple[Relay, str]
     key = relay.mint(VAULT, rate=5)
     clock = [1000.0]
     server = RelayThread(relay.config)
-    server.server.config.app.state.relay.limiter = RateLimiter(clock=lambda: clock[0])
+    server.server.config.app.state.relay.limiter = _Unshared(clock=lambda: clock[0])
     server.start()
 
     def burst(threads: int, each: int) -> list[httpx.Response]:

@@ -151,7 +151,7 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
 
 def test_head_is_the_generation_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0010_digest_bucket_column"
+    assert head_revision() == "0011_relay_processes"
 
 
 def test_generation_is_one_random_row(fresh_database_url: str) -> None:
