@@ -9,35 +9,93 @@
 
 This is the whole public API (docs/python-api.md); the modules with a leading underscore
 are private and change without notice. The `engram-sync` CLI is built on the same code.
+
+The names are loaded when first used (PEP 562), so importing a private module such as the
+CLI does not pay for the sync engine and the relay client (issue 17, docs/agent.md).
 """
 
-from engram_sync import __version__
-from engram_sync.client._api import Layer, Progress, Vault
-from engram_sync.client._errors import (
-    AnswerTooLargeError,
-    AuthError,
-    DeviceRevokedError,
-    ForbiddenError,
-    OutcomeUnknownError,
-    ProtocolError,
-    QuotaExceededError,
-    RateLimitedError,
-    RelayError,
-    RelayMisbehavedError,
-    RelayUnavailableError,
-    ResyncRequiredError,
-    SyncError,
-    VaultRetiredError,
-)
-from engram_sync.client._session import NotLinkedError
-from engram_sync.client._sync.engine import SyncReport
-from engram_sync.client._sync.live import LiveStatus
-from engram_sync.client._sync.rekey import RekeyError, RekeyReport
-from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
-from engram_sync.shared_format.plaintext import Link, MemoryPlaintext
+from __future__ import annotations
 
-#: A memory as the vault holds it (VAULT.md; PROTOCOL §4).
-Memory = MemoryPlaintext
+import importlib
+from typing import TYPE_CHECKING, Any, Final
+
+from engram_sync import __version__
+
+if TYPE_CHECKING:
+    from engram_sync.client._api import Layer, Progress, Vault
+    from engram_sync.client._errors import (
+        AnswerTooLargeError,
+        AuthError,
+        DeviceRevokedError,
+        ForbiddenError,
+        OutcomeUnknownError,
+        ProtocolError,
+        QuotaExceededError,
+        RateLimitedError,
+        RelayError,
+        RelayMisbehavedError,
+        RelayUnavailableError,
+        ResyncRequiredError,
+        SyncError,
+        VaultRetiredError,
+    )
+    from engram_sync.client._session import NotLinkedError
+    from engram_sync.client._sync.engine import SyncReport
+    from engram_sync.client._sync.live import LiveStatus
+    from engram_sync.client._sync.rekey import RekeyError, RekeyReport
+    from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
+    from engram_sync.shared_format.plaintext import Link, MemoryPlaintext
+
+    #: A memory as the vault holds it (VAULT.md; PROTOCOL §4).
+    Memory = MemoryPlaintext
+
+_ERRORS: Final = "engram_sync.client._errors"
+_FORMAT_ERRORS: Final = "engram_sync.shared_format.errors"
+
+#: Where each public name lives: (module, name there).
+_WHERE: Final[dict[str, tuple[str, str]]] = {
+    "AnswerTooLargeError": (_ERRORS, "AnswerTooLargeError"),
+    "AuthError": (_ERRORS, "AuthError"),
+    "DeviceRevokedError": (_ERRORS, "DeviceRevokedError"),
+    "ForbiddenError": (_ERRORS, "ForbiddenError"),
+    "Layer": ("engram_sync.client._api", "Layer"),
+    "Link": ("engram_sync.shared_format.plaintext", "Link"),
+    "LiveStatus": ("engram_sync.client._sync.live", "LiveStatus"),
+    "Memory": ("engram_sync.shared_format.plaintext", "MemoryPlaintext"),
+    "NotLinkedError": ("engram_sync.client._session", "NotLinkedError"),
+    "OutcomeUnknownError": (_ERRORS, "OutcomeUnknownError"),
+    "Progress": ("engram_sync.client._api", "Progress"),
+    "ProtocolError": (_ERRORS, "ProtocolError"),
+    "QuotaExceededError": (_ERRORS, "QuotaExceededError"),
+    "RateLimitedError": (_ERRORS, "RateLimitedError"),
+    "RekeyError": ("engram_sync.client._sync.rekey", "RekeyError"),
+    "RekeyReport": ("engram_sync.client._sync.rekey", "RekeyReport"),
+    "RelayError": (_ERRORS, "RelayError"),
+    "RelayMisbehavedError": (_ERRORS, "RelayMisbehavedError"),
+    "RelayUnavailableError": (_ERRORS, "RelayUnavailableError"),
+    "ResyncRequiredError": (_ERRORS, "ResyncRequiredError"),
+    "SyncError": (_ERRORS, "SyncError"),
+    "SyncReport": ("engram_sync.client._sync.engine", "SyncReport"),
+    "Vault": ("engram_sync.client._api", "Vault"),
+    "VaultError": (_FORMAT_ERRORS, "VaultError"),
+    "VaultRetiredError": (_ERRORS, "VaultRetiredError"),
+    "WrongPassphraseError": (_FORMAT_ERRORS, "WrongPassphraseError"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported on first use and then kept in the module (PEP 562)."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where[0]), where[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "AnswerTooLargeError",

@@ -5,19 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engram_sync.client._errors import AuthError, SyncError
 from engram_sync.client._file_modes import tighten_modes
 from engram_sync.client._sync.config import SyncConfig, load_sync_config, save_sync_config
 from engram_sync.client._sync.device import Device
-from engram_sync.client._sync.engine import ProgressCallback, Syncer
-from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.client._sync.state import SyncState
-from engram_sync.client._vault.keys import session_sync_keys
 from engram_sync.client._vault.schema import migrate
 from engram_sync.shared_format.keys import SyncKeys, vault_id_v1, vault_id_v2
 from engram_sync.shared_format.vault import Vault, VaultKeyKind, open_vault, open_vault_with_key
+
+if TYPE_CHECKING:  # imported where used: a command that never syncs does not load httpx
+    from engram_sync.client._sync.engine import ProgressCallback, Syncer
+    from engram_sync.client._sync.relay_client import RelayClient
 
 
 class NotLinkedError(SyncError):
@@ -110,6 +111,8 @@ class VaultSession:
         """The sync keys, once: a vault key K stored for the linked vault (client._vault.keys),
         else derived from the passphrase (PROTOCOL §2)."""
         if self._keys is None:
+            from engram_sync.client._vault.keys import session_sync_keys
+
             secret = self._passphrase_keys or self.passphrase
             if secret is None:
                 raise SyncError("a machine-key vault cannot sync: sync keys come from a passphrase")
@@ -123,6 +126,8 @@ class VaultSession:
                 "this vault is not linked to a relay: run `engram-sync link --relay URL "
                 "--api-key KEY` first"
             )
+        from engram_sync.client._sync.relay_client import RelayClient
+
         return RelayClient(
             self.config.server_url,
             self.config.api_key,
@@ -134,6 +139,8 @@ class VaultSession:
         """Point the vault at a relay, pin the vault id, register this device's label."""
         if self.vault.key_kind is not VaultKeyKind.PASSPHRASE:
             raise SyncError("a machine-key vault cannot sync: sync keys come from a passphrase")
+        from engram_sync.client._sync.relay_client import RelayClient
+
         with RelayClient(server_url, api_key, device_id=self.device.device_id) as relay:
             chosen = (
                 vault_id or self.config.vault_id or choose_vault_id(self._vault_id_secret(), relay)
@@ -169,6 +176,8 @@ class VaultSession:
         if not self.config.vault_id or not self.config.server_url:
             raise NotLinkedError("this vault is not linked to a relay: run `engram-sync link`")
         self.state.bind(self.config.server_url, self.config.vault_id)
+        from engram_sync.client._sync.engine import Syncer
+
         return Syncer(
             self.vault,
             self.keys,

@@ -14,20 +14,16 @@ import sys
 import threading
 from dataclasses import asdict
 from types import FrameType
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
 from engram_sync import __version__
-from engram_sync.client._accounts import account as account_ops
-from engram_sync.client._accounts import pairing
 from engram_sync.client._agent import control as agent_control
 from engram_sync.client._cli import agent as cli_agent
-from engram_sync.client._cli import rekey_join
 from engram_sync.client._cli import search as cli_search
 from engram_sync.client._cli import teams as cli_teams
 from engram_sync.client._cli import transfer as cli_transfer
-from engram_sync.client._cli.passphrase import ask_new_passphrase
 from engram_sync.client._cli.rekey import rekey as cli_rekey
 from engram_sync.client._cli.support import (
     OPTIONS,
@@ -37,12 +33,9 @@ from engram_sync.client._cli.support import (
     out,
     print_json,
 )
-from engram_sync.client._cli.sync_view import run_sync as _run_sync
-from engram_sync.client._cli.teams import account_password
 from engram_sync.client._cli.usage import plain_help, usage_exit, version_callback
 from engram_sync.client._cli.vault_registry import resolve_vault, vaults_app
 from engram_sync.client._cli.verify import verify
-from engram_sync.client._cli.watch_view import watch_view
 from engram_sync.client._errors import (
     AuthError,
     DeviceRevokedError,
@@ -54,10 +47,7 @@ from engram_sync.client._errors import (
 from engram_sync.client._session import NotLinkedError, VaultSession
 from engram_sync.client._sync.config import DEFAULT_INTERVAL_SECS, load_sync_config
 from engram_sync.client._sync.device import ClockExhaustedError
-from engram_sync.client._sync.engine import SyncReport
-from engram_sync.client._sync.live import LiveSync
 from engram_sync.client._vault import conflicts as conflict_ops
-from engram_sync.client._vault import keys as vault_keys
 from engram_sync.client._vault.store import add_memory as store_add
 from engram_sync.client._vault.store import (
     count_to_push,
@@ -70,6 +60,13 @@ from engram_sync.client._vault.store import (
 )
 from engram_sync.shared_format.errors import FormatError, WrongPassphraseError
 from engram_sync.shared_format.plaintext import MemoryPlaintext, encode_memory
+
+if TYPE_CHECKING:
+    from engram_sync.client._sync.engine import SyncReport
+
+# A command imports what only it needs in its body (the relay client and httpx, the sync
+# engine, spake2, zxcvbn, rich's progress bars), so `list` does not pay for `sync` (issue 17,
+# docs/agent.md; tests/client/test_cli_imports.py pins it).
 
 LAYERS: Final = ("episodic", "semantic", "imagined")
 
@@ -135,6 +132,8 @@ def init(
     is named and needs a confirmation, or --force)."""
     if (OPTIONS.vault / "engrams.db").exists():
         raise CliError(f"a vault already exists at {OPTIONS.vault}")
+    from engram_sync.client._cli.passphrase import ask_new_passphrase
+
     passphrase = ask_new_passphrase(force=force)  # client._cli.passphrase (zxcvbn)
     OPTIONS.vault.mkdir(mode=0o700, parents=True, exist_ok=True)
     with VaultSession.open(OPTIONS.vault, passphrase, create=True) as session:
@@ -166,6 +165,11 @@ def link(
     label: Annotated[str | None, typer.Option("--label", help="This device's name.")] = None,
 ) -> None:
     """Link the vault to a relay: with an API key, your account (--account) or a pairing code."""
+    from engram_sync.client._accounts import account as account_ops
+    from engram_sync.client._accounts import pairing
+    from engram_sync.client._cli.teams import account_password
+    from engram_sync.client._vault import keys as vault_keys
+
     if account and code:
         raise CliError("use either --account or --code, not both")
     if code:
@@ -312,6 +316,9 @@ def _report_dict(report: SyncReport) -> dict[str, Any]:
 @app.command()
 def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
     """Pull remote changes, then push local ones."""
+    from engram_sync.client._cli import rekey_join
+    from engram_sync.client._cli.sync_view import run_sync as _run_sync
+
     with open_session() as session:
         try:
             report = _run_sync(session, show_progress=not json_out and err.is_terminal)
@@ -350,6 +357,9 @@ def watch(
 ) -> None:
     """Sync live until Ctrl-C or SIGTERM: pull as soon as another device pushes, push as
     soon as this vault changes (docs/live-sync.md)."""
+    from engram_sync.client._cli.watch_view import watch_view
+    from engram_sync.client._sync.live import LiveSync
+
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -412,6 +422,9 @@ def _watch_retries(error: SyncError) -> bool:
 @app.command()
 def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
     """Where this device stands: ids, clock, cursor, pending work, problems."""
+    from engram_sync.client._cli import rekey_join
+    from engram_sync.client._vault import keys as vault_keys
+
     with open_session() as session:
         conn = session.vault.conn
         pushes, tombstones = count_to_push(conn)

@@ -12,32 +12,20 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
-from engram_sync.client._accounts.account import load_account
-from engram_sync.client._cli import rekey_join
 from engram_sync.client._cli.support import OPTIONS, CliError, ask_passphrase, err, out, print_json
 from engram_sync.client._cli.teams import account_password
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.rekey import (
-    PUSH_BATCH,
-    Rekey,
-    RekeyProgress,
-    RekeyReport,
-    account_minter,
-    pending_record,
-)
 from engram_sync.shared_format.errors import WrongPassphraseError
+
+if TYPE_CHECKING:
+    from engram_sync.client._sync.rekey import RekeyProgress, RekeyReport
+
+# The re-key engine, the account layer and rich's progress bar are imported where used, so
+# another command does not load them (issue 17; tests/client/test_cli_imports.py).
 
 NEW_PASSPHRASE_ENV: Final = "ENGRAM_NEW_PASSPHRASE"  # noqa: S105 - a variable name
 NEW_API_KEY_ENV: Final = "ENGRAM_NEW_API_KEY"
@@ -45,6 +33,8 @@ BATCH_ENV: Final = "ENGRAM_REKEY_BATCH"  # blobs per push of the copy (default P
 
 
 def _batch_size() -> int:
+    from engram_sync.client._sync.rekey import PUSH_BATCH
+
     raw = os.environ.get(BATCH_ENV, "").strip()
     if not raw:
         return PUSH_BATCH
@@ -89,6 +79,8 @@ def _open_for_rekey() -> Iterator[tuple[VaultSession, str | None]]:
     """The session, and the new passphrase when this is (or resumes) a passphrase re-key.
 
     A re-key killed after it rekeyed engrams.db opens only with the new passphrase."""
+    from engram_sync.client._sync.rekey import Rekey, pending_record
+
     path = OPTIONS.vault
     if not (path / "engrams.db").exists():
         raise CliError(f"no vault at {path}: run `engram-sync init` (or pass --vault DIR)")
@@ -111,6 +103,15 @@ def _open_for_rekey() -> Iterator[tuple[VaultSession, str | None]]:
 
 @contextmanager
 def _progress_bar(show: bool) -> Iterator[RekeyProgress | None]:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     if not show:
         yield None
         return
@@ -158,6 +159,10 @@ def rekey(
 
     With --join (PROTOCOL §19, client._cli.rekey_join): the other devices follow a re-key.
     """
+    from engram_sync.client._accounts.account import load_account
+    from engram_sync.client._cli import rekey_join
+    from engram_sync.client._sync.rekey import Rekey, account_minter, pending_record
+
     if join:
         rekey_join.join(force=force, json_out=json_out)
         return

@@ -7,14 +7,11 @@ import os
 import sys
 from datetime import UTC
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from engram_sync.client._accounts import account as account_ops
-from engram_sync.client._accounts import pairing, team, team_grants
 from engram_sync.client._cli.support import (
     OPTIONS,
     CliError,
@@ -25,6 +22,16 @@ from engram_sync.client._cli.support import (
 )
 from engram_sync.client._sync.config import load_sync_config
 from engram_sync.shared_format.timestamps import parse_rfc3339
+
+if TYPE_CHECKING:
+    from engram_sync.client._accounts import team
+
+# The account layer (httpx, spake2, cryptography) is imported in the commands that use it,
+# so another command does not load it (issue 17; tests/client/test_cli_imports.py).
+
+#: client._accounts.team.DEFAULT_WAIT_SECS, here for `team request --wait` without importing
+#: the handoff at start-up (tests/client/test_cli_imports.py checks they are equal).
+DEFAULT_WAIT_SECS: Final = 900.0
 
 account_app = typer.Typer(
     help="Your account on the relay: keeps vault keys wrapped, so new devices need no "
@@ -71,6 +78,8 @@ def _vault_dir() -> Path:
 
 
 def _relay_url(given: str | None) -> str:
+    from engram_sync.client._accounts import account as account_ops
+
     if given:
         return given
     signed_in = account_ops.load_account(_vault_dir())
@@ -91,6 +100,8 @@ EmailOpt = Annotated[str | None, typer.Option("--email", envvar="ENGRAM_EMAIL", 
 @account_app.command("signup")
 def account_signup(relay: RelayOpt = None, email: EmailOpt = None) -> None:
     """Create an account (asks the password twice); signs in on this vault directory."""
+    from engram_sync.client._accounts import account as account_ops
+
     vault_dir, url = _vault_dir(), _relay_url(relay)
     address = _email(email)
     password = account_password(confirm=True)
@@ -105,6 +116,8 @@ def account_signup(relay: RelayOpt = None, email: EmailOpt = None) -> None:
 @account_app.command("signin")
 def account_signin(relay: RelayOpt = None, email: EmailOpt = None) -> None:
     """Sign in to your account on this vault directory."""
+    from engram_sync.client._accounts import account as account_ops
+
     vault_dir, url = _vault_dir(), _relay_url(relay)
     signed = account_ops.signin(vault_dir, url, _email(email), account_password())
     out.print(f"signed in as {signed.email} on {signed.server_url}")
@@ -113,6 +126,8 @@ def account_signin(relay: RelayOpt = None, email: EmailOpt = None) -> None:
 @account_app.command("signout")
 def account_signout() -> None:
     """End the session and forget it on this vault directory."""
+    from engram_sync.client._accounts import account as account_ops
+
     if account_ops.signout(_vault_dir()):
         out.print("signed out")
     else:
@@ -122,6 +137,8 @@ def account_signout() -> None:
 @account_app.command("recovery-phrase")
 def account_recovery_phrase() -> None:
     """Make a recovery phrase (shown once): it resets the password if you forget it."""
+    from engram_sync.client._accounts import account as account_ops
+
     account_ops.require_account(_vault_dir())
     phrase = account_ops.set_recovery_phrase(_vault_dir(), account_password())
     out.print("Your recovery phrase (shown once; any earlier phrase no longer works):")
@@ -137,6 +154,8 @@ def account_recovery_phrase() -> None:
 @account_app.command("recover")
 def account_recover(relay: RelayOpt = None, email: EmailOpt = None) -> None:
     """Set a new password with your recovery phrase (the forgotten password is not needed)."""
+    from engram_sync.client._accounts import account as account_ops
+
     vault_dir, url = _vault_dir(), _relay_url(relay)
     address = _email(email)
     phrase = _secret_input("ENGRAM_RECOVERY_PHRASE", "Recovery phrase")
@@ -152,6 +171,8 @@ def account_status(
     json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """Who is signed in where, and the vaults the account holds keys for."""
+    from engram_sync.client._accounts import account as account_ops
+
     info = account_ops.status(_vault_dir())
     if json_out:
         print_json(info)
@@ -169,6 +190,8 @@ def account_status(
 @vault_app.command("open")
 def vault_open() -> None:
     """Keep the linked vault's key in your account (wrapped; the relay cannot open it)."""
+    from engram_sync.client._accounts import account as account_ops
+
     account_ops.require_account(_vault_dir())
     with open_session() as session:
         vault_id = account_ops.open_vault(session, account_password())
@@ -182,6 +205,8 @@ def vault_open() -> None:
 @vault_app.command("close")
 def vault_close() -> None:
     """Remove the linked vault's key from your account (keys minted from it stay valid)."""
+    from engram_sync.client._accounts import account as account_ops
+
     vault_dir = _vault_dir()
     account_ops.require_account(vault_dir)
     if account_ops.close_vault(vault_dir, account_password()):
@@ -195,6 +220,9 @@ def team_invite(
     label: Annotated[str | None, typer.Option("--label", help="Name of the new device.")] = None,
 ) -> None:
     """Issue a pairing code for a new device (admin key, or the owning account)."""
+    from engram_sync.client._accounts import account as account_ops
+    from engram_sync.client._accounts import pairing
+
     with open_session() as session:
         signed_in = account_ops.load_account(session.path)
         token = None
@@ -216,7 +244,7 @@ def team_request(
     label: Annotated[str | None, typer.Option("--label", help="Shown to the admin.")] = None,
     wait: Annotated[
         float, typer.Option("--wait", help="Seconds to wait for an admin.", min=0)
-    ] = team.DEFAULT_WAIT_SECS,
+    ] = DEFAULT_WAIT_SECS,
     expect: Annotated[
         str | None,
         typer.Option(
@@ -232,6 +260,7 @@ def team_request(
     ] = False,
 ) -> None:
     """Ask an admin for the vault key (or resume the open request) and keep it on this device."""
+    from engram_sync.client._accounts import team
 
     def show(waiting: team.Waiting) -> None:
         verb = "Resuming request" if waiting.resumed else "Requested the vault key:"
@@ -281,6 +310,8 @@ def team_pending(
     json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """Open key requests of the linked vault (admin), with their fingerprints."""
+    from engram_sync.client._accounts import team
+
     with open_session() as session:
         requests = team.pending(session)
     rows = [
@@ -316,6 +347,8 @@ def team_approve(
 ) -> None:
     """Seal this device's vault key to a new device's request (PROTOCOL §14 step 4: by the
     pairing code this device issued, or after comparing fingerprints)."""
+    from engram_sync.client._accounts import team
+
     with open_session() as session:
         request = team.find_pending(session, request_id)
         out.print(f"request {request.request_id} from {escape(request.label or '-')}")
@@ -365,6 +398,8 @@ def team_grant(
         typer.Argument(help="The account's email (or its account id, acct_…).", metavar="EMAIL"),
     ],
 ) -> None:
+    from engram_sync.client._accounts import team_grants
+
     with open_session() as session:
         granted = team_grants.grant(session, email)
         vault_id = session.config.vault_id
@@ -382,6 +417,10 @@ def team_grants_list(
 
     The vault's owner is not listed: it needs no grant.
     """
+    from rich.table import Table
+
+    from engram_sync.client._accounts import team_grants
+
     with open_session() as session:
         found = team_grants.grants(session)
         vault_id = session.config.vault_id or ""
@@ -417,6 +456,8 @@ def team_ungrant(
         ),
     ],
 ) -> None:
+    from engram_sync.client._accounts import team_grants
+
     with open_session() as session:
         removed = team_grants.ungrant(session, who)
         vault_id = session.config.vault_id

@@ -11,13 +11,6 @@ from pathlib import Path
 from typing import IO, Annotated, Final
 
 import typer
-from rich.progress import (
-    BarColumn,
-    Progress,
-    TaskProgressColumn,
-    TextColumn,
-    TimeRemainingColumn,
-)
 
 from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
 from engram_sync.client._vault.notes import markdown_files, note_items
@@ -243,6 +236,14 @@ def _bytes_counted(handle: IO[bytes], advance: Advance) -> Iterator[bytes]:
 def _bar(total: int | None, what: str) -> Iterator[Advance]:
     """A determinate progress bar with ETA on stderr when it is a terminal (no bar, and no
     cost, otherwise); `total` None: a count without an end (standard input)."""
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
     if not err.is_terminal:
         yield lambda _: None
         return

@@ -9,13 +9,14 @@ relay lacks it). Exit 0 when the two agree at the end, 1 on a mismatch not repai
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
-from engram_sync.client._sync.anti_entropy import DIGEST_FEATURE, DigestReport
-from engram_sync.client._sync.engine import SyncReport
+
+if TYPE_CHECKING:  # the sync engine is imported where used (issue 17)
+    from engram_sync.client._sync.anti_entropy import DigestReport
 
 
 def verify(
@@ -25,6 +26,9 @@ def verify(
     json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """Check that this device and the relay hold the same versions (exit 1 if not)."""
+    from engram_sync.client._sync.anti_entropy import DIGEST_FEATURE
+    from engram_sync.client._sync.engine import SyncReport
+
     with open_session() as session, session.relay() as relay:
         if not relay.offers(DIGEST_FEATURE):
             raise CliError(
