@@ -1,8 +1,14 @@
 """This device's sync identity and Lamport clock: `device.json` (PROTOCOL §1, §8).
 
-`{"device_id", "created_at", "label", "vector_clock"}`, written atomically. The
-clock is persisted **before** a blob carrying it leaves the device, so a crash
-never reuses a clock value.
+`{"device_id", "created_at", "label", "vector_clock"}`, written atomically.
+
+The clock is leased in blocks (issue 15; docs/live-sync.md "Clock leases"): the file's
+`vector_clock` is a high-water mark, never below any clock this device handed out. A
+reservation that needs more than the lease holds persists `last + CLOCK_LEASE` once, fsynced
+**before** a blob carrying one of its clocks leaves the device; the clocks up to the mark are
+then handed out from memory. A process that starts (after a crash or not) resumes above the
+mark, so no clock value is ever reused; the unused rest of a lease is a gap, which PROTOCOL
+§1/§8 allow (a device's clocks only need to increase).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.wire import MAX_VECTOR_CLOCK
 
 DEVICE_FILE: Final = "device.json"
+# issue 15: clocks handed out per write of device.json (one fsync per CLOCK_LEASE clocks)
+CLOCK_LEASE: Final = 64
 
 
 class ClockExhaustedError(SyncError):
@@ -33,7 +41,11 @@ class Device:
     device_id: str
     created_at: str
     label: str
-    vector_clock: int
+    vector_clock: int  # the highest clock handed out or observed
+    leased_to: int = -1  # the mark on disk (-1: not given, the clock itself)
+
+    def __post_init__(self) -> None:
+        self.leased_to = max(self.leased_to, self.vector_clock)
 
     @classmethod
     def load_or_create(cls, vault_dir: Path, label: str | None = None) -> Device:
@@ -75,12 +87,13 @@ class Device:
                 "device_id": self.device_id,
                 "created_at": self.created_at,
                 "label": self.label,
-                "vector_clock": self.vector_clock,
+                "vector_clock": max(self.leased_to, self.vector_clock),
             },
         )
 
     def reserve_clocks(self, count: int) -> list[int]:
-        """Take `count` consecutive clock values, persisted before they are returned."""
+        """Take `count` consecutive clock values, each at or below a mark persisted before
+        they are returned (a new lease when the current one does not cover them)."""
         if count <= 0:
             return []
         first = self.vector_clock + 1
@@ -93,20 +106,30 @@ class Device:
                 "memories over with `engram-sync conflicts`/`add`, and tell the vault's admin"
             )
         self.vector_clock = last
-        self.save()
+        if last > self.leased_to:
+            self._lease_from(last)
         return list(range(first, last + 1))
 
+    def _lease_from(self, clock: int) -> None:
+        """Persist the mark `clock + CLOCK_LEASE` (at most 2^63-1, PROTOCOL §1)."""
+        self.leased_to = min(clock + CLOCK_LEASE, MAX_VECTOR_CLOCK)
+        self.save()
+
     def refresh(self) -> None:
-        """Take the clock on disk when another process moved it past ours."""
+        """Take the mark on disk when another process moved it past our lease: that process
+        may hand out clocks up to it, so ours continue above it."""
         try:
             on_disk = int(read_json(self.path).get("vector_clock", 0))
         except (OSError, ValueError, TypeError, AttributeError):
             return
-        if on_disk > self.vector_clock:
-            self.vector_clock = on_disk
+        if on_disk > self.leased_to:
+            self.vector_clock = self.leased_to = on_disk
 
     def observe(self, remote_clock: int) -> None:
-        """Raise the clock to at least a verified remote clock (PROTOCOL §1)."""
+        """Raise the clock to at least a verified remote clock (PROTOCOL §1); persisted
+        only when it passes the lease."""
         if remote_clock > self.vector_clock:
             self.vector_clock = remote_clock
-            self.save()
+            if remote_clock > self.leased_to:
+                self.leased_to = remote_clock  # the next reservation takes a lease above it
+                self.save()

@@ -571,7 +571,10 @@ class Syncer:
             return
         self.state.cursor = end
         self.state.record_own_skip(OwnSkip(start, end, clocks[0], clocks[-1]))
-        self.state.save()
+        # issue 15: no fsynced save of its own; the sync's save (or the next page's) writes
+        # it. A crash before that loses only this move, cursor and OwnSkip together: the
+        # next pull fetches our blobs as stale versions (PROTOCOL §9). Everything else in
+        # sync_state.json (revoked, retired, full_pull, ...) is saved where it is set.
         report.own_skipped += end - start
         report.cursor = end
 

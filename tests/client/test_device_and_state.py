@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engram_sync.client._sync.config import SyncConfig, load_sync_config, save_sync_config
-from engram_sync.client._sync.device import ClockExhaustedError, Device
+from engram_sync.client._sync.device import CLOCK_LEASE, ClockExhaustedError, Device
 from engram_sync.client._sync.state import SkippedBlob, SyncState
 
 
@@ -24,15 +24,49 @@ def test_device_is_created_once_with_a_uuid4(tmp_path: Path) -> None:
     assert (tmp_path / "device.json").stat().st_mode & 0o777 == 0o600
 
 
+def _mark_on_disk(vault_dir: Path) -> int:
+    return int(json.loads((vault_dir / "device.json").read_text())["vector_clock"])
+
+
 def test_clocks_are_persisted_before_use(tmp_path: Path) -> None:
     device = Device.load_or_create(tmp_path)
     assert device.reserve_clocks(3) == [1, 2, 3]
+    assert _mark_on_disk(tmp_path) >= 3  # the lease's mark, written before the clocks are used
     # a crash right after reserving: a new process must never hand out 1..3 again
     reloaded = Device.load_or_create(tmp_path)
-    assert reloaded.vector_clock == 3
-    assert reloaded.reserve_clocks(2) == [4, 5]
+    assert reloaded.vector_clock >= 3
+    first, second = reloaded.reserve_clocks(2)
+    assert 3 < first < second == first + 1
     assert reloaded.reserve_clocks(0) == []
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_clocks_are_leased_in_blocks(tmp_path: Path) -> None:
+    """issue 15: one write of device.json per CLOCK_LEASE clocks, never a clock above it."""
+    device = Device.load_or_create(tmp_path)
+    device.reserve_clocks(1)
+    mark = _mark_on_disk(tmp_path)
+    assert mark == 1 + CLOCK_LEASE
+    written = (tmp_path / "device.json").stat().st_ino
+    handed = [device.reserve_clocks(1)[0] for _ in range(CLOCK_LEASE - 1)]
+    assert handed == list(range(2, CLOCK_LEASE + 1))
+    assert max(handed) <= mark == _mark_on_disk(tmp_path)  # from memory: no new lease
+    assert (tmp_path / "device.json").stat().st_ino == written  # not replaced
+    clocks = device.reserve_clocks(5)  # passes the mark: a new lease first
+    assert clocks[0] == CLOCK_LEASE + 1
+    assert _mark_on_disk(tmp_path) == clocks[-1] + CLOCK_LEASE
+
+
+def test_another_process_lease_moves_ours_above_it(tmp_path: Path) -> None:
+    ours = Device.load_or_create(tmp_path)
+    ours.reserve_clocks(1)
+    ours.refresh()  # our own mark on disk: the lease stays
+    assert ours.reserve_clocks(1) == [2]
+    other = Device.load_or_create(tmp_path)
+    other.reserve_clocks(1)
+    others_mark = _mark_on_disk(tmp_path)  # the other process may hand out clocks up to it
+    ours.refresh()
+    assert ours.reserve_clocks(1) == [others_mark + 1]
 
 
 def test_observe_only_raises(tmp_path: Path) -> None:
