@@ -30,7 +30,9 @@ _BEAT = (
     "INSERT INTO relay_processes (process_id, label, expires_at)"
     " VALUES ($1, $2, now() + make_interval(secs => $3))"
     " ON CONFLICT (process_id) DO UPDATE"
-    " SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at"
+    # EXCLUDED (the inserted row's now()), not now(): Citus refuses functions that are not
+    # IMMUTABLE in DO UPDATE SET, on reference tables too (deploy/SCALING.md §3).
+    " SET heartbeat_at = EXCLUDED.heartbeat_at, expires_at = EXCLUDED.expires_at"
 )
 _COUNT_LIVE = "SELECT count(*) FROM relay_processes WHERE expires_at > now()"
 _LEAVE = (
