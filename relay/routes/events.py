@@ -4,13 +4,15 @@
 `retry: 2000` first; `event: change` with `data: {"cursor": <vault sequence>}` whenever
 the vault's sequence passes the last value sent (starting from N, so at once when N is
 behind); a `: ping` comment every `events_ping_s` (15 s); `event: revoked` and the end
-of the stream once the device (or the key) is revoked. A hint only, never blob data:
-the device pulls with its cursor.
+of the stream once the device (or the key) is revoked; `event: retired` and the end once
+the vault is retired (PROTOCOL §19), also on a stream opened before the retire. A hint
+only, never blob data: the device pulls with its cursor.
 
 An idle stream holds no database connection and sends no query: it waits on its
 vault's watch in the process's change hub (relay.feed). The database is read once at
-the start (the vault's sequence) and, for a revocable listener, once whenever the
-watch asks every waiter to re-check (a revocation notice, a LISTEN reconnect).
+the start (the vault's sequence) and whenever the watch asks every waiter to re-check
+(a revocation or retire notice, a LISTEN reconnect; and once at the start): the vault's
+retirement and, for a revocable listener, its key and device.
 
 Memory (issue 15: 10,000 idle streams within 200 MB): the route authorizes like any
 other (Litestar parses and validates, `authorize`, the same 4xx bodies), then answers
@@ -80,6 +82,12 @@ def change_message(seq: int) -> bytes:
     return ServerSentEventMessage(data=data, event="change", sep=_SEP).encode()
 
 
+def retired_message(retired: VaultRetirement | UnsetType) -> bytes:
+    """`event: retired` with the `retired` JSON of a pull (PROTOCOL §19)."""
+    data = msgspec.json.encode(retired).decode()
+    return ServerSentEventMessage(data=data, event="retired", sep=_SEP).encode()
+
+
 # A new message dict for every send: middlewares may change the one they are given (the
 # request-id middleware sets its headers).
 async def _start(send: Send) -> None:
@@ -144,10 +152,16 @@ class EventStream:
             checked = None  # the watch epoch the listener was last checked at (None: not yet)
             while True:
                 version = watch.version  # before reading seq and epoch: no wake is lost
-                if listener.revocable and checked != watch.epoch:
+                if checked != watch.epoch:
                     checked = watch.epoch
-                    if not await listener.still_allowed(state):
+                    if listener.revocable and not await listener.still_allowed(state):
                         await _write(send, _REVOKED)
+                        return True
+                    # PROTOCOL §19: the retire wakes the vault's streams like a revocation
+                    # (relay.store.retire); only then, or at the start, is this read
+                    retired = await retirement(state.require_pool(), listener.vault_id)
+                    if retired is not None:
+                        await _write(send, retired_message(retired_field(retired)))
                         return True
                 if watch.seq > sent:
                     sent = watch.seq
@@ -257,8 +271,7 @@ class RetiredStream:
     __slots__ = ("_message",)
 
     def __init__(self, retired: VaultRetirement | UnsetType) -> None:
-        data = msgspec.json.encode(retired).decode()
-        self._message = ServerSentEventMessage(data=data, event="retired", sep=_SEP).encode()
+        self._message = retired_message(retired)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await _start(send)

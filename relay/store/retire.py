@@ -20,6 +20,7 @@ from typing import TypeAlias
 import asyncpg
 
 from engram_sync.relay.domain_errors import AlreadyRetiredError, VaultRetiredError
+from engram_sync.relay.store.feed import announce_revocation
 
 Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
@@ -94,6 +95,9 @@ async def retire_on(
             assert row is not None  # the row exists and retirements are never undone
             if row["successor"] != successor:
                 raise AlreadyRetiredError(vault_id, row["successor"])
+    # PROTOCOL §19, after the commit: every relay process wakes the vault's open event
+    # streams to re-check (as after a revocation); they send `event: retired` and end
+    await announce_revocation(conn, vault_id)
     return _of(row)
 
 

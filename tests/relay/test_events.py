@@ -144,6 +144,36 @@ def test_a_device_named_by_header_gets_revoked_too(relay: Relay, http: httpx.Cli
         assert next_event(other_feed).json() == {"cursor": head}
 
 
+def test_an_open_stream_of_a_vault_being_retired_says_retired_and_ends(
+    relay: Relay, http: httpx.Client
+) -> None:
+    """PROTOCOL §19: the retire, through another connection, wakes a stream opened before
+    it; the stream sends the pull's `retired` JSON and ends. A revocation of another
+    device does not end the live vault's stream."""
+    vault, successor, device, other = (
+        new_vault_id("ret-open"), new_vault_id("ret-next"), new_device_id(), new_device_id()
+    )  # fmt: skip
+    key = relay.mint(vault, device_id=device)
+    push_ok(client(relay, key), vault, [Sealer(vault).blob("m", 1, device_id=device)])
+    with stream(relay, vault, 1, key=key) as response:
+        feed = opened(response)
+        assert next(feed) == Message(comment="ping")
+        # the positive case: a revocation of another device wakes the stream, which stays
+        assert http.delete(f"/v1/vaults/{vault}/devices/{other}").status_code == 200
+        assert next(feed) == Message(comment="ping")
+        head = push_ok(client(relay, key), vault, [Sealer(vault).blob("n", 2, device_id=device)])
+        assert next_event(feed).json() == {"cursor": head["cursor"]}
+        retired = http.post(f"/v1/vaults/{vault}/retire", json={"successor": successor})
+        assert retired.status_code == 200, retired.text
+        message = next_event(feed)
+        assert message.event == "retired"
+        assert message.json() == {
+            "successor": successor,
+            "erase_after": retired.json()["erase_after"],
+        }
+        assert list(feed) == []  # and then the stream ends
+
+
 def test_auth_is_as_pull(relay: Relay) -> None:
     vault = new_vault_id()
     other_key = relay.mint(new_vault_id())
