@@ -122,3 +122,23 @@ def test_one_keys_rate_holds_across_two_relay_processes(
         alone,
         elapsed,
     )
+
+
+def test_each_worker_of_one_serve_counts_as_a_process(fresh_database_url: str) -> None:
+    """`--workers 2`: every worker is its own app with its own buckets, so it registers
+    itself and the rates are shared by two (the table names both, with their pids)."""
+    relay = RelayProcess(
+        fresh_database_url,
+        env={"ENGRAM_RELAY_HEALTH_REFRESH_S": REFRESH_S},
+        args=("--workers", "2"),
+        start_timeout_s=120,
+    )
+    relay.start()
+    try:
+        _wait_until_seen(relay, 2)
+        rows = Relay(relay.url, relay.database_url, None).sql(  # type: ignore[arg-type]
+            "SELECT label FROM relay_processes WHERE expires_at > now()"
+        )
+        assert len({row["label"] for row in rows}) == 2, rows
+    finally:
+        relay.stop()
