@@ -1,7 +1,9 @@
 """Figure 16, unlock once (issue 17, docs/agent.md): the wall time of one `engram-sync list` of a
 one-memory vault as a subprocess, with the key agent holding the vault's keys and without
 it (ENGRAM_PASSPHRASE: Argon2id of VAULT.md §2 and PROTOCOL §2 in the command), and, apart,
-what any command pays before it runs: the interpreter's start and the CLI's imports.
+what any command pays before it runs: the interpreter's start and the CLI's imports, and
+what opening the vault with the agent's key costs by itself (SQLCipher 4 derives the page
+key from the VAULT §2 key string with PBKDF2-HMAC-SHA512 on every open; CPU, in-process).
 
 The runs of the four measurements are interleaved, so a burst of load on the shared
 machine hits them alike. The agent is started and stopped here, in a runtime directory of
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench.stats import summary
+from engram_sync.shared_format.vault import passphrase_vault_key, sqlcipher, vault_salt16
 
 PASSPHRASE: Final = "engram bench agent passphrase: correct horse battery staple"  # noqa: S105
 EXE: Final = str(Path(sys.executable).parent / "engram-sync")
@@ -60,6 +63,19 @@ def _run(argv: list[str], env: dict[str, str], cpu: list[float] | None = None) -
     return wall_ms
 
 
+def _vault_open_cpu_ms(vault_dir: Path) -> float:
+    """CPU milliseconds of one keyed SQLCipher open and first read with the database key
+    (VAULT §2), what every command pays with or without the agent."""
+    key = passphrase_vault_key(PASSPHRASE, vault_salt16(vault_dir))
+    started = time.process_time()
+    conn = sqlcipher.try_key(vault_dir / "engrams.db", key)
+    spent = (time.process_time() - started) * 1000
+    if conn is None:
+        raise RuntimeError("the bench vault's key did not open it")
+    conn.close()
+    return spent
+
+
 def measure(scratch: Path, runs: int) -> dict[str, Any]:
     """`runs` interleaved rounds of: interpreter start, CLI imports, the command with the
     agent, the command with the passphrase and no agent."""
@@ -75,7 +91,7 @@ def measure(scratch: Path, runs: int) -> dict[str, Any]:
     _run([EXE, "unlock", "--timeout", "600"], with_pass)
     names = ("python", "imports", "agent", "prompt")
     figures: dict[str, list[float]] = {k: [] for k in names}
-    cpu: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in (*names, "vault_open")}
     try:
         _run([EXE, *COMMAND], without_pass)  # warm-up: file caches, the agent's first answer
         _run([EXE, *COMMAND], no_agent)
@@ -88,6 +104,7 @@ def measure(scratch: Path, runs: int) -> dict[str, Any]:
             )
             figures["agent"].append(_run([EXE, *COMMAND], without_pass, cpu["agent"]))
             figures["prompt"].append(_run([EXE, *COMMAND], no_agent, cpu["prompt"]))
+            cpu["vault_open"].append(_vault_open_cpu_ms(root / "vault"))
     finally:
         _run([EXE, "lock"], without_pass)
     return {
@@ -102,5 +119,6 @@ def measure(scratch: Path, runs: int) -> dict[str, Any]:
             "cli_import": summary(cpu["imports"], "ms"),
             "with_agent": summary(cpu["agent"], "ms"),
             "without_agent": summary(cpu["prompt"], "ms"),
+            "vault_open": summary(cpu["vault_open"], "ms"),
         },
     }

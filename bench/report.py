@@ -344,4 +344,6 @@ def _agent_rows(agent: dict[str, Any]) -> list[str]:
         _summary_row(f"16. `{command}` without it: CPU", agent["cpu_ms"]["without_agent"]),
         _summary_row("16. interpreter start + the CLI's imports: CPU",
                      agent["cpu_ms"]["cli_import"]),
+        _summary_row("16. SQLCipher keyed open (PBKDF2, VAULT §2): CPU",
+                     agent["cpu_ms"]["vault_open"]),
     ]  # fmt: skip
