@@ -31,14 +31,16 @@ _WORDS = ", ".join(
 
 _VAULT = "SELECT seq, live_blobs + tombstones AS n, digest FROM vaults WHERE vault_id = $1"
 
-# $2 = one bucket, or NULL for every bucket of the vault (grouped).
+# $2 = one bucket, or NULL for every bucket of the vault (grouped). The LATERAL filters on
+# `b.vault_id = $1` too: Citus plans it as one task on the vault's shard only then (with
+# `= v.vault_id` alone it ran on every shard: deploy/SCALING.md §3).
 _BUCKETS = f"""
 SELECT v.seq, h.digest_bucket, h.n, h.w0, h.w1, h.w2, h.w3
 FROM vaults v LEFT JOIN LATERAL (
     SELECT digest_bucket, count(*) AS n, {_WORDS}
     FROM (SELECT digest_bucket,
                  engram_version_hash(memory_id, device_id, vector_clock, deleted) AS v
-          FROM blobs b WHERE b.vault_id = v.vault_id
+          FROM blobs b WHERE b.vault_id = v.vault_id AND b.vault_id = $1
               AND ($2::smallint IS NULL OR b.digest_bucket = $2)) x
     GROUP BY digest_bucket
 ) h ON true
@@ -49,7 +51,8 @@ _LIST = """
 SELECT v.seq, b.memory_id, b.device_id, b.vector_clock, b.deleted
 FROM vaults v LEFT JOIN LATERAL (
     SELECT memory_id, device_id, vector_clock, deleted FROM blobs b
-    WHERE b.vault_id = v.vault_id AND b.digest_bucket = $2 AND b.memory_id > $3
+    WHERE b.vault_id = v.vault_id AND b.vault_id = $1 AND b.digest_bucket = $2
+        AND b.memory_id > $3
     ORDER BY b.memory_id LIMIT $4 + 1
 ) b ON true
 WHERE v.vault_id = $1

@@ -1,13 +1,14 @@
 """Pushes on PostgreSQL (PROTOCOL §6, §9): one transaction for a group of pushes.
 
 A group is one push, or several that arrived together (`relay.push_groups`). The
-transaction first locks the row of every vault in the group, in vault-id order, so
-two groups (in this process or another replica) never deadlock. It then decides each
-push in arrival order exactly as if it ran alone after the ones before it, and writes
-every accepted blob with one statement. Sequence numbers are handed out under the
-vault locks, so sequence order equals commit order (§9). A push refused as a whole
-(`relay.domain_errors.QuotaExceededError`) gets that as its result and writes nothing;
-the others in its group go on.
+transaction first locks the row of every vault in the group, one statement per vault in
+vault-id order, so two groups (in this process or another replica) never deadlock. It
+then decides each push in arrival order exactly as if it ran alone after the ones before
+it, and writes each vault's accepted blobs with one statement (on Citus each of these is
+one task on the vault's shard: deploy/SCALING.md §3). Sequence numbers are handed out
+under the vault locks, so sequence order equals commit order (§9). A push refused as a
+whole (`relay.domain_errors.QuotaExceededError`) gets that as its result and writes
+nothing; the others in its group go on.
 """
 
 from __future__ import annotations
@@ -100,16 +101,24 @@ class _Write(NamedTuple):
     seq: int
 
 
-_LOCK_VAULTS = (
+# PROTOCOL §6: each vault's row is locked by its own statement, in vault-id order (sent
+# pipelined with executemany: one round trip for the group). Citus refuses
+# `vault_id = ANY(..) ... FOR UPDATE` even for one vault, and routes this form to the
+# vault's shard as one task (deploy/SCALING.md §3).
+_LOCK_VAULT = "SELECT 1 FROM vaults WHERE vault_id = $1 FOR UPDATE"
+
+# The locked rows with their quotas and retirement (PROTOCOL §19), read under the locks.
+_READ_VAULTS = (
     "SELECT v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones, v.digest,"
     " v.retired_at IS NOT NULL AS retired, v.successor,"  # PROTOCOL §19, under the lock
     " q.max_devices, q.max_bytes FROM vaults v"
     " LEFT JOIN quotas q ON q.vault_id = v.vault_id WHERE v.vault_id = ANY($1::text[])"
-    " ORDER BY v.vault_id FOR UPDATE OF v"
 )
 
 # Revoked devices among the pushers, and the stored version of every memory pushed, read
-# by exact (vault, id) pairs. Each pair is one probe of the primary key: the LATERAL
+# by exact (vault, id) pairs, one statement per vault ($1: on Citus one task on the vault's
+# shard; a LATERAL keyed by an unnest()ed vault id cannot be pushed down to the shards,
+# deploy/SCALING.md §3). Each pair is one probe of the primary key: the LATERAL
 # subquery with LIMIT 1 cannot be flattened into a join, so it is planned as a nested
 # loop over the pairs whatever the tables' statistics say. (A join with unnest() got
 # hash-joined against a sequential scan, slow over the dead row versions busy rows
@@ -117,18 +126,18 @@ _LOCK_VAULTS = (
 # group's vaults and memories, which grows with the vaults: measured 27 -> 172 buffers
 # per read over a 20 s run of 32 devices in a vault each.)
 _READ_KNOWN = """
-    SELECT true AS revoked, k.vault_id, k.id, 0::bigint AS clock, 0 AS size,
-           k.id AS owner, false AS deleted
-    FROM unnest($1::text[], $2::text[]) AS k(vault_id, id)
+    SELECT true AS revoked, k.id, 0::bigint AS clock, 0 AS size, k.id AS owner,
+           false AS deleted
+    FROM unnest($2::text[]) AS k(id)
     CROSS JOIN LATERAL (
-        SELECT 1 FROM devices d WHERE d.vault_id = k.vault_id AND d.device_id = k.id
+        SELECT 1 FROM devices d WHERE d.vault_id = $1 AND d.device_id = k.id
             AND d.revoked_at IS NOT NULL LIMIT 1) AS d
     UNION ALL
-    SELECT false, k.vault_id, k.id, b.vector_clock, b.size_bytes, b.device_id, b.deleted
-    FROM unnest($3::text[], $4::text[]) AS k(vault_id, id)
+    SELECT false, k.id, b.vector_clock, b.size_bytes, b.device_id, b.deleted
+    FROM unnest($3::text[]) AS k(id)
     CROSS JOIN LATERAL (
         SELECT vector_clock, size_bytes, device_id, deleted FROM blobs b
-        WHERE b.vault_id = k.vault_id AND b.memory_id = k.id LIMIT 1) AS b
+        WHERE b.vault_id = $1 AND b.memory_id = k.id LIMIT 1) AS b
 """
 
 # Non-revoked devices holding blobs in a vault, with how many. A device row alone (a label
@@ -139,43 +148,54 @@ _ACTIVE_DEVICES = (
     " AND d.revoked_at IS NOT NULL) GROUP BY b.device_id"
 )
 
-# The set-based blob upsert: one row per unnest position, no per-blob round trips. Public:
-# the benchmark's raw-database ceiling runs this very statement (bench/ceiling.py).
+# The set-based blob upsert of one vault: one row per unnest position, no per-blob round
+# trips. Every row goes to the vault of the first one ($1[1]; the push writes one
+# statement per vault) and a row of another vault is left out. The vault row joined in
+# by that id is what makes it one task on the vault's shard on Citus (an `INSERT ..
+# SELECT FROM unnest(..)` alone is planned "pull to coordinator"), and `received_at`
+# takes the inserted row's default, now(): Citus refuses now() in DO UPDATE SET
+# (deploy/SCALING.md §3). Public: the benchmark's raw-database ceiling runs this very
+# statement (bench/ceiling.py).
 BLOB_UPSERT = """
     INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,
                        created_at, created_at_ts, deleted, seq, size_bytes, digest_bucket)
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[],
-                         $6::text[], $7::text[], $8::timestamptz[], $9::boolean[],
-                         $10::bigint[], $11::integer[], $12::smallint[])
+    SELECT v.vault_id, u.memory_id, u.device_id, u.vector_clock, u.ciphertext, u.hmac,
+           u.created_at, u.created_at_ts, u.deleted, u.seq, u.size_bytes, u.digest_bucket
+    FROM vaults v, unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[],
+                          $6::text[], $7::text[], $8::timestamptz[], $9::boolean[],
+                          $10::bigint[], $11::integer[], $12::smallint[])
+        AS u(vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,
+             created_at_ts, deleted, seq, size_bytes, digest_bucket)
+    WHERE v.vault_id = ($1::text[])[1] AND u.vault_id = v.vault_id
     ON CONFLICT (vault_id, memory_id) DO UPDATE SET
         device_id = EXCLUDED.device_id, vector_clock = EXCLUDED.vector_clock,
         ciphertext = EXCLUDED.ciphertext, hmac = EXCLUDED.hmac,
         created_at = EXCLUDED.created_at, created_at_ts = EXCLUDED.created_at_ts,
         deleted = EXCLUDED.deleted, seq = EXCLUDED.seq,
-        size_bytes = EXCLUDED.size_bytes, received_at = now()
+        size_bytes = EXCLUDED.size_bytes, received_at = EXCLUDED.received_at
 """
 
-# One statement for the whole group: the blobs, each vault's new sequence and size, and
-# the pushing devices' last_seen.
-_WRITE = f"""
-    WITH written AS ({BLOB_UPSERT}), vault AS (
-        UPDATE vaults v SET seq = u.seq, bytes_used = u.bytes_used,
-            live_blobs = u.live_blobs, tombstones = u.tombstones, digest = u.digest
-        FROM unnest($13::text[], $14::bigint[], $15::bigint[], $16::bigint[], $17::bigint[],
-                    $20::bytea[])
-            AS u(vault_id, seq, bytes_used, live_blobs, tombstones, digest)
-        WHERE v.vault_id = ANY($13::text[]) AND v.vault_id = u.vault_id  -- index, as above
-    )
-    INSERT INTO devices (vault_id, device_id)
-    SELECT * FROM unnest($18::text[], $19::text[])
-    ON CONFLICT (vault_id, device_id) DO UPDATE SET last_seen = now()
-"""  # noqa: S608 - built from constants only; every value is a parameter
+# Per vault written, after its blobs: its new sequence, size, counts and digest, and its
+# pushing devices' last_seen (EXCLUDED.last_seen: the inserted row's now(), as above).
+# Each is one task on the vault's shard on Citus. (One CTE of the three was refused at
+# execution there: "INSERT has more target columns than expressions".)
+_UPDATE_VAULT = (
+    "UPDATE vaults SET seq = $2, bytes_used = $3, live_blobs = $4, tombstones = $5,"
+    " digest = $6 WHERE vault_id = $1"
+)
+_SEEN_DEVICES = (
+    "INSERT INTO devices (vault_id, device_id)"
+    " SELECT v.vault_id, d.device_id FROM vaults v, unnest($2::text[]) AS d(device_id)"
+    " WHERE v.vault_id = $1"
+    " ON CONFLICT (vault_id, device_id) DO UPDATE SET last_seen = EXCLUDED.last_seen"
+)
 
 
 def blob_columns(rows: list[tuple[str, CheckedBlob, int]]) -> list[list[Any]]:
-    """The twelve arrays of `BLOB_UPSERT` for (vault_id, blob, seq) rows (a comprehension
-    per column: 0.18 ms for 500 rows, where appending row by row took 0.75 ms). The last
-    is the digest bucket (PROTOCOL §18, revision 0010: computed here, not in SQL)."""
+    """The twelve arrays of `BLOB_UPSERT` for (vault_id, blob, seq) rows of one vault
+    (a comprehension per column: 0.18 ms for 500 rows, where appending row by row took
+    0.75 ms). The last is the digest bucket (PROTOCOL §18, revision 0010: computed here,
+    not in SQL)."""
     blobs = [item.blob for _, item, _ in rows]
     return [
         [vault_id for vault_id, _, _ in rows],
@@ -242,7 +262,8 @@ async def _lock_vaults(
     conn: asyncpg.Connection, vault_ids: list[str], default: Quota
 ) -> dict[str, _LockedVault]:
     """The existing vaults' rows, locked for this transaction (PROTOCOL §6), with quotas."""
-    rows = await conn.fetch(_LOCK_VAULTS, vault_ids)
+    await conn.executemany(_LOCK_VAULT, [(vault_id,) for vault_id in vault_ids])
+    rows = await conn.fetch(_READ_VAULTS, vault_ids)
     return {
         r["vault_id"]: _LockedVault(
             r["vault_id"],
@@ -267,16 +288,24 @@ async def _decide_and_write(
     locked: dict[str, _LockedVault],
     limits: PushLimits,
 ) -> list[PushResult]:
-    pushers = {(j.vault_id, c.blob.device_id) for j in jobs for c in j.checked}
-    memories = {(j.vault_id, c.blob.memory_id) for j in jobs for c in j.checked}
-    known = await conn.fetch(_READ_KNOWN, *_pair_columns(pushers), *_pair_columns(memories))
-    revoked = {(r["vault_id"], r["id"]) for r in known if r["revoked"]}
-    stored = {
-        (r["vault_id"], r["id"]): _Stored(StoredVersion(r["clock"], r["size"]), r["owner"],
-                                          r["deleted"])
-        for r in known
-        if not r["revoked"]
-    }  # fmt: skip
+    pushers: dict[str, set[str]] = {}
+    memories: dict[str, set[str]] = {}
+    for j in jobs:
+        pushers.setdefault(j.vault_id, set()).update(c.blob.device_id for c in j.checked)
+        memories.setdefault(j.vault_id, set()).update(c.blob.memory_id for c in j.checked)
+    revoked: set[tuple[str, str]] = set()
+    stored: dict[tuple[str, str], _Stored] = {}
+    for vault_id in sorted(pushers):
+        known = await conn.fetch(
+            _READ_KNOWN, vault_id, sorted(pushers[vault_id]), sorted(memories[vault_id])
+        )
+        for r in known:
+            if r["revoked"]:
+                revoked.add((vault_id, r["id"]))
+            else:
+                stored[(vault_id, r["id"])] = _Stored(
+                    StoredVersion(r["clock"], r["size"]), r["owner"], r["deleted"]
+                )
     writes: dict[tuple[str, str], _Write] = {}
     results: list[PushResult] = []
     for job in jobs:
@@ -293,12 +322,6 @@ async def _decide_and_write(
         changed = sorted({w.vault_id for w in writes.values()})
         await _write(conn, list(writes.values()), [locked[v] for v in changed], sorted(seen))
     return results
-
-
-def _pair_columns(pairs: set[tuple[str, str]]) -> tuple[list[str], list[str]]:
-    """(vault ids, ids) of (vault id, id) pairs, as two parallel arrays for unnest()."""
-    ordered = sorted(pairs)
-    return [vault for vault, _ in ordered], [key for _, key in ordered]
 
 
 async def _decide(
@@ -391,16 +414,22 @@ async def _write(
     vaults: list[_LockedVault],
     devices: list[tuple[str, str]],
 ) -> None:
-    columns = blob_columns([(w.vault_id, w.item, w.seq) for w in writes])
-    await conn.execute(
-        _WRITE,
-        *columns,
-        [v.vault_id for v in vaults],
-        [v.seq for v in vaults],
-        [v.bytes_used for v in vaults],
-        [v.live_blobs for v in vaults],
-        [v.tombstones for v in vaults],
-        [v for v, _ in devices],
-        [d for _, d in devices],
-        [digest_bytes(v.digest) for v in vaults],
+    """The blobs, vault rows and devices of each vault: one statement each per vault, in
+    vault-id order, pipelined (three round trips a group), inside the group's transaction
+    (on Citus a group over several shards commits with two-phase commit)."""
+    rows: dict[str, list[tuple[str, CheckedBlob, int]]] = {v.vault_id: [] for v in vaults}
+    for w in writes:
+        rows[w.vault_id].append((w.vault_id, w.item, w.seq))
+    seen: dict[str, list[str]] = {v.vault_id: [] for v in vaults}
+    for vault_id, device_id in devices:
+        seen[vault_id].append(device_id)
+    # Each statement for every vault of the group in one pipelined round trip.
+    await conn.executemany(BLOB_UPSERT, [blob_columns(rows[v.vault_id]) for v in vaults])
+    await conn.executemany(
+        _UPDATE_VAULT,
+        [
+            (v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones, digest_bytes(v.digest))
+            for v in vaults
+        ],
     )
+    await conn.executemany(_SEEN_DEVICES, [(v.vault_id, seen[v.vault_id]) for v in vaults])

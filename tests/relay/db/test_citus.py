@@ -1,6 +1,6 @@
 """The relay's schema on Citus (issue 18): `engram-relay migrate --citus` on a real
 coordinator with two workers (tests/citus_cluster.py), every table placed, and the hot
-pull and push statements planned as one task on one shard.
+pull, push and digest statements planned as one task on one shard.
 
 Skipped (with the reason) where Citus cannot be built; the build is cached outside the
 repository, so after the first run the module costs the cluster's start-up (a few s).
@@ -120,28 +120,9 @@ def test_pull_by_cursor_is_one_task_on_one_shard(migrated_url: str) -> None:
     assert "Task Count: 1\n" not in everywhere + "\n", everywhere
 
 
-# The form deploy/SCALING.md and the Citus README give for a push that stays on one shard:
-# the vault row joined in, and no volatile function (now()) in DO UPDATE SET.
-ROUTER_UPSERT = """
-    INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,
-                       created_at, created_at_ts, deleted, seq, size_bytes, received_at)
-    SELECT v.vault_id, u.*, now()
-    FROM vaults v, unnest($2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[],
-                          $7::text[], $8::timestamptz[], $9::boolean[], $10::bigint[],
-                          $11::integer[]) u
-    WHERE v.vault_id = $1
-    ON CONFLICT (vault_id, memory_id) DO UPDATE SET
-        device_id = EXCLUDED.device_id, vector_clock = EXCLUDED.vector_clock,
-        ciphertext = EXCLUDED.ciphertext, hmac = EXCLUDED.hmac,
-        created_at = EXCLUDED.created_at, created_at_ts = EXCLUDED.created_at_ts,
-        deleted = EXCLUDED.deleted, seq = EXCLUDED.seq,
-        size_bytes = EXCLUDED.size_bytes, received_at = EXCLUDED.received_at
-"""
-
-
-def _one_blob_columns() -> list[list[object]]:
+def _one_blob_columns(vault_id: str = "vault-a") -> list[list[object]]:
     return [
-        ["vault-a"],
+        [vault_id],
         ["m1"],
         ["d1"],
         [1],
@@ -156,25 +137,49 @@ def _one_blob_columns() -> list[list[object]]:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="relay.store.push.BLOB_UPSERT is refused by Citus (now() in DO UPDATE SET: "
-    "'functions used in the DO UPDATE SET clause of INSERTs on distributed tables must be "
-    "marked IMMUTABLE'), and without now() it is planned 'pull to coordinator', not one "
-    "task; ROUTER_UPSERT below is the form that is. Not changed in this slice (issue 18).",
-)
 def test_push_upsert_for_one_vault_is_one_task_on_one_shard(migrated_url: str) -> None:
     plan = _explain(migrated_url, BLOB_UPSERT, *_one_blob_columns())
     assert "Task Count: 1\n" in plan + "\n", plan
-
-
-def test_the_upsert_joined_to_its_vault_row_is_one_task_on_one_shard(migrated_url: str) -> None:
-    plan = _explain(migrated_url, ROUTER_UPSERT, "vault-a", *_one_blob_columns()[1:])
-    assert "Task Count: 1\n" in plan + "\n", plan
-    # the positive case next to it: the same rows without the vault join leave the shard
-    unjoined = BLOB_UPSERT.replace(", received_at = now()", "")
+    # the positive case next to it: the same rows without the vault row joined in leave
+    # the shard (the form the push had before: deploy/SCALING.md §3)
+    unjoined = (
+        BLOB_UPSERT.replace("FROM vaults v, unnest", "FROM unnest")
+        .replace("SELECT v.vault_id, u.memory_id", "SELECT u.vault_id, u.memory_id")
+        .replace("WHERE v.vault_id = ($1::text[])[1] AND u.vault_id = v.vault_id", "")
+    )
+    assert "vaults v" not in unjoined
     plan = _explain(migrated_url, unjoined, *_one_blob_columns())
     assert "pull to coordinator" in plan, plan
+
+
+def test_push_writes_on_citus_land_in_their_vault_only(migrated_url: str) -> None:
+    async def scenario() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(migrated_url)
+        try:
+            await conn.execute(
+                "INSERT INTO vaults (vault_id) VALUES ('w-1'), ('w-2') ON CONFLICT DO NOTHING"
+            )
+            async with conn.transaction():  # two vaults, two shards maybe: one commit
+                for vault_id in ("w-1", "w-2"):
+                    await conn.execute(BLOB_UPSERT, *_one_blob_columns(vault_id))
+            # a row of another vault than the first one's is left out, not misfiled
+            mixed = _one_blob_columns("w-1")
+            mixed[0] = ["w-1", "w-2"]
+            mixed[1:] = [column * 2 for column in mixed[1:]]
+            mixed[1] = ["m2", "m3"]
+            mixed[9] = [2, 3]  # seq, unique per vault
+            await conn.execute(BLOB_UPSERT, *mixed)
+            return list(
+                await conn.fetch(
+                    "SELECT vault_id, memory_id FROM blobs WHERE vault_id LIKE 'w-%'"
+                    " ORDER BY vault_id, memory_id"
+                )
+            )
+        finally:
+            await conn.close()
+
+    rows = [(r["vault_id"], r["memory_id"]) for r in asyncio.run(scenario())]
+    assert rows == [("w-1", "m1"), ("w-1", "m2"), ("w-2", "m1")]
 
 
 def test_migrate_citus_on_plain_postgresql_refuses_with_the_reason(postgres_url: str) -> None:
@@ -240,45 +245,20 @@ def test_a_database_with_rows_keeps_them_when_distributed(citus_cluster: CitusCl
         citus_cluster.drop_database("citus_existing")
 
 
-def _not_yet(reason: str, raises: type[BaseException]) -> pytest.MarkDecorator:
-    """A hot statement not on one shard yet: strict, so fixing it fails this until the
-    marker goes (deploy/SCALING.md §3 lists them)."""
-    return pytest.mark.xfail(strict=True, reason=reason, raises=raises)
-
-
-_LOCK_REFUSED = "Citus refuses `vault_id = ANY($1) ... FOR UPDATE` (even for one vault)"
-_LATERAL_FANS_OUT = (
-    "the LATERAL subquery filters on b.vault_id = v.vault_id only, not = $1: planned on "
-    "every shard (Task Count 8)"
-)
-
-
 @pytest.mark.parametrize(
     ("module", "name", "args"),
     [
-        pytest.param(
-            "push",
-            "_LOCK_VAULTS",
-            (["vault-a"],),
-            id="push-lock",
-            marks=_not_yet(_LOCK_REFUSED, asyncpg.FeatureNotSupportedError),
-        ),
+        pytest.param("push", "_LOCK_VAULT", ("vault-a",), id="push-lock"),
+        pytest.param("push", "_READ_VAULTS", (["vault-a"],), id="push-read"),
+        pytest.param("push", "_UPDATE_VAULT", ("vault-a", 1, 1, 1, 0, bytes(32)), id="push-vault"),
+        pytest.param("push", "_SEEN_DEVICES", ("vault-a", ["d1"]), id="push-devices"),
+        pytest.param("push", "_READ_KNOWN", ("vault-a", ["d1"], ["m1"]), id="push-known"),
         pytest.param("digest", "_VAULT", ("vault-a",), id="digest-vault"),
         pytest.param("digest", "_FETCH", ("vault-a", ["m1"]), id="digest-fetch"),
-        pytest.param(
-            "digest",
-            "_BUCKETS",
-            ("vault-a", None),
-            id="digest-buckets",
-            marks=_not_yet(_LATERAL_FANS_OUT, AssertionError),
-        ),
-        pytest.param(
-            "digest",
-            "_LIST",
-            ("vault-a", 3, "", 100),
-            id="digest-list",
-            marks=_not_yet(_LATERAL_FANS_OUT, AssertionError),
-        ),
+        pytest.param("digest", "_BUCKETS", ("vault-a", None), id="digest-buckets"),
+        pytest.param("digest", "_BUCKETS", ("vault-a", 3), id="digest-bucket"),
+        pytest.param("digest", "_LIST", ("vault-a", 3, "", 100), id="digest-list"),
+        pytest.param("digest", "_NARROW", ("vault-a", 3, bytes(2048), "", 100), id="digest-narrow"),
     ],
 )
 def test_hot_statement_for_one_vault_is_one_task(
