@@ -144,7 +144,9 @@ async def list_keys(conn: asyncpg.Connection | asyncpg.Pool) -> list[KeyRecord]:
 async def revoke_key(conn: asyncpg.Connection | asyncpg.Pool, key_id: str) -> bool:
     """Revoke a key by id; False when no such key exists."""
     rows = await conn.fetch(
-        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1"
+        # least() skips NULL: the first revocation's time stays (Citus refuses now() in
+        # coalesce: deploy/SCALING.md §3).
+        "UPDATE api_keys SET revoked_at = least(revoked_at, now()) WHERE id = $1"
         " RETURNING vault_id",
         key_id,
     )

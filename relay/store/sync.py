@@ -153,8 +153,8 @@ async def pull_by_cursor(
                 VALUES ($1, $2, $3, now())
                 ON CONFLICT (vault_id, device_id) DO UPDATE SET
                     pulled_cursor = GREATEST(devices.pulled_cursor, EXCLUDED.pulled_cursor),
-                    pulled_at = now(), last_seen = now()
-                """,
+                    pulled_at = EXCLUDED.pulled_at, last_seen = EXCLUDED.last_seen
+                """,  # EXCLUDED: Citus refuses now() in DO UPDATE SET (SCALING.md §3)
                 vault_id,
                 device_id,
                 new_cursor,
