@@ -190,7 +190,9 @@ async def _clone(conn: asyncpg.Connection) -> None:
 def without_digest_statement() -> str:
     """BLOB_UPSERT into the copy, without the digest_bucket column and its array."""
     statement = BLOB_UPSERT.replace("INSERT INTO blobs", f"INSERT INTO {_CLONE}", 1)
-    statement = statement.replace(", size_bytes, digest_bucket)", ", size_bytes)", 1)
+    # The column list and the unnest alias list, the select list, the array.
+    statement = statement.replace(", size_bytes, digest_bucket)", ", size_bytes)")
+    statement = statement.replace(", u.size_bytes, u.digest_bucket", ", u.size_bytes", 1)
     statement = statement.replace(", $12::smallint[])", ")", 1)
     assert "digest_bucket" not in statement
     assert "$12" not in statement
