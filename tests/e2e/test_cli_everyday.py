@@ -159,9 +159,12 @@ def test_ctrl_c_during_a_sync_says_what_was_kept_and_the_next_sync_resumes(
 
     env = dict(os.environ, ENGRAM_PASSPHRASE=PASSPHRASE, HOME=str(tmp_path))
     with _VaultRowLock(relay, "interrupted-home") as lock:
+        # SIGINT back to its default in the child: a shell runs background jobs with SIGINT
+        # ignored, a child inherits that, and Python then installs no KeyboardInterrupt.
         proc = subprocess.Popen(
             [EXE, "--vault", str(mine), "sync"], env=env, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
         wait_for(
             lambda: lock.waiters() > 0 or proc.poll() is not None, "the push to wait", every=0.2
