@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import pty
+import subprocess
+from collections.abc import Mapping
+
 from engram_sync.client._vault import store as local_store
 from tests.e2e.conftest import DeviceHandle
 
@@ -40,3 +45,27 @@ def sync_all(*devices: DeviceHandle, rounds: int = 2) -> None:
     for _ in range(rounds):
         for device in devices:
             device.sync()
+
+
+def stderr_on_a_terminal(
+    args: list[str], env: Mapping[str, str]
+) -> tuple[subprocess.CompletedProcess[str], bytes]:
+    """Run `args` with stderr on a pseudo-terminal (what a person sees) and stdout a pipe:
+    the finished process (its stdout captured) and every byte the terminal received."""
+    master, replica = pty.openpty()
+    with subprocess.Popen(
+        args, env=dict(env), stdout=subprocess.PIPE, stderr=replica, text=True
+    ) as proc:
+        os.close(replica)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the other end closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+        stdout = proc.stdout.read() if proc.stdout else ""
+    os.close(master)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, ""), seen

@@ -18,6 +18,7 @@ from pathlib import Path
 import asyncpg
 
 from engram_sync.relay.db.url import to_libpq_url
+from tests.e2e.helpers import stderr_on_a_terminal
 from tests.relay.conftest import ADMIN_KEY, Relay, free_port
 from tests.relay.support import wait_for
 
@@ -278,25 +279,10 @@ def test_sync_progress_on_a_terminal_shows_the_pull_total_and_an_eta(
     ok(cli(writer, "import", str(source)))
     ok(cli(writer, "sync"))
 
-    master, replica = pty.openpty()
     env = dict(os.environ, ENGRAM_PASSPHRASE=PASSPHRASE, HOME=str(tmp_path), COLUMNS="160")
-    with subprocess.Popen(
-        [EXE, "--vault", str(reader), "sync"], env=env, stdout=subprocess.PIPE, stderr=replica,
-        text=True,
-    ) as proc:  # fmt: skip
-        os.close(replica)
-        terminal = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the other end closed
-                break
-            if not chunk:
-                break
-            terminal += chunk
-        stdout = proc.stdout.read() if proc.stdout else ""
-    os.close(master)
-    assert proc.returncode == 0, terminal
+    result, terminal = stderr_on_a_terminal([EXE, "--vault", str(reader), "sync"], env)
+    stdout = result.stdout
+    assert result.returncode == 0, terminal
     assert "pulled 1200 (applied 1200)" in stdout
     text = terminal.decode("utf-8", "replace")
     assert "pulling" in text

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import struct
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from typing import Any
 from engram_sync.client._session import VaultSession
 from engram_sync.client._vault import store
 from engram_sync.shared_format.vault import open_vault
+from tests.e2e.helpers import stderr_on_a_terminal
 from tests.relay.conftest import ADMIN_KEY, Relay
 
 EXE = str(Path(sys.executable).parent / "engram-sync")
@@ -300,25 +300,8 @@ def test_imported_memories_are_pushed_by_the_next_sync(tmp_path: Path, relay: Re
 
 def _on_a_terminal(vault: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], bytes]:
     """Run with stderr on a pseudo-terminal (what a person sees); stdout stays a pipe."""
-    master, replica = pty.openpty()
     env = dict(os.environ, ENGRAM_PASSPHRASE=PASSPHRASE, COLUMNS="100")
-    with subprocess.Popen(
-        [EXE, "--vault", str(vault), *args], env=env, stdout=subprocess.PIPE, stderr=replica,
-        text=True,
-    ) as proc:  # fmt: skip
-        os.close(replica)
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the other end closed
-                break
-            if not chunk:
-                break
-            seen += chunk
-        stdout = proc.stdout.read() if proc.stdout else ""
-    os.close(master)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, ""), seen
+    return stderr_on_a_terminal([EXE, "--vault", str(vault), *args], env)
 
 
 def test_a_determinate_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -72,3 +74,22 @@ class RelayProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=30)
+
+
+@contextmanager
+def two_relay_processes(
+    database_url: str, env: Mapping[str, str]
+) -> Iterator[tuple[RelayProcess, RelayProcess]]:
+    """Two `engram-relay serve` processes on one database with the same extra settings,
+    both stopped at the end."""
+    first = RelayProcess(database_url, env=dict(env))
+    second = RelayProcess(database_url, env=dict(env))
+    first.start()
+    try:
+        second.start()
+        try:
+            yield first, second
+        finally:
+            second.stop()
+    finally:
+        first.stop()

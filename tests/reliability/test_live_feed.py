@@ -40,7 +40,7 @@ from tests.relay.support import (
     run_db,
     wait_for,
 )
-from tests.reliability.support import RelayProcess
+from tests.reliability.support import RelayProcess, two_relay_processes
 
 SLOW = os.environ.get("ENGRAM_SLOW") == "1"
 ROUNDS = 20 if SLOW else 3
@@ -49,16 +49,8 @@ PING_S = "0.5"
 
 @pytest.fixture
 def two_relays(fresh_database_url: str) -> Iterator[tuple[RelayProcess, RelayProcess]]:
-    env = {"ENGRAM_RELAY_EVENTS_PING_S": PING_S}
-    first = RelayProcess(fresh_database_url, env=env)
-    second = RelayProcess(fresh_database_url, env=env)
-    first.start()
-    second.start()
-    try:
-        yield first, second
-    finally:
-        first.stop()
-        second.stop()
+    with two_relay_processes(fresh_database_url, {"ENGRAM_RELAY_EVENTS_PING_S": PING_S}) as pair:
+        yield pair
 
 
 def http(relay: RelayProcess) -> httpx.Client:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.relay.conftest import METRICS_TOKEN, Relay
-from tests.reliability.support import RelayProcess
+from tests.reliability.support import RelayProcess, two_relay_processes
 
 RATE = 10  # requests/second of the key (burst = rate, PROTOCOL §5)
 WINDOW_S = 3.0
@@ -29,16 +29,10 @@ REFRESH_S = "0.3"  # ENGRAM_RELAY_HEALTH_REFRESH_S: heartbeats expire after 0.9 
 
 @pytest.fixture
 def two_relays(fresh_database_url: str) -> Iterator[tuple[RelayProcess, RelayProcess]]:
-    env = {"ENGRAM_RELAY_HEALTH_REFRESH_S": REFRESH_S}
-    first = RelayProcess(fresh_database_url, env=env)
-    second = RelayProcess(fresh_database_url, env=env)
-    first.start()
-    second.start()
-    try:
-        yield first, second
-    finally:
-        first.stop()
-        second.stop()
+    with two_relay_processes(
+        fresh_database_url, {"ENGRAM_RELAY_HEALTH_REFRESH_S": REFRESH_S}
+    ) as pair:
+        yield pair
 
 
 def _processes_seen(relay: RelayProcess) -> int:
