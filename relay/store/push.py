@@ -107,6 +107,9 @@ class _Write(NamedTuple):
 # vault's shard as one task (deploy/SCALING.md §3).
 _LOCK_VAULT = "SELECT 1 FROM vaults WHERE vault_id = $1 FOR UPDATE"
 
+# Which of the group's vaults exist, read before the locks (see `push_group`).
+_EXISTING_VAULTS = "SELECT vault_id FROM vaults WHERE vault_id = ANY($1::text[])"
+
 # The locked rows with their quotas and retirement (PROTOCOL §19), read under the locks.
 _READ_VAULTS = (
     "SELECT v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones, v.digest,"
@@ -225,8 +228,17 @@ async def push_group(
     async with pool.acquire() as conn:
         while True:
             async with conn.transaction():
-                locked = await _lock_vaults(conn, vault_ids, limits.default_quota)
-                missing = [v for v in vault_ids if v not in locked]
+                # Only a vault that exists before its lock statement runs is locked by it,
+                # and each READ COMMITTED statement sees what committed before it: a vault
+                # created between the lock and the read would be read without its lock
+                # (a group holding that lock then deadlocked with this one, and both could
+                # take the same sequence numbers). So the locks are taken only once every
+                # vault of the group exists.
+                existing = await conn.fetch(_EXISTING_VAULTS, vault_ids)
+                missing = sorted(set(vault_ids) - {r["vault_id"] for r in existing})
+                if not missing:
+                    locked = await _lock_vaults(conn, vault_ids, limits.default_quota)
+                    missing = [v for v in vault_ids if v not in locked]  # deleted meanwhile
                 if not missing:
                     results = await _decide_and_write(conn, jobs, locked, limits)
             if not missing:
@@ -261,7 +273,8 @@ def committed_heads(jobs: list[PushJob], results: list[PushResult]) -> dict[str,
 async def _lock_vaults(
     conn: asyncpg.Connection, vault_ids: list[str], default: Quota
 ) -> dict[str, _LockedVault]:
-    """The existing vaults' rows, locked for this transaction (PROTOCOL §6), with quotas."""
+    """The vaults' rows, locked for this transaction (PROTOCOL §6), with quotas; every one
+    of `vault_ids` existed before (see `push_group`)."""
     await conn.executemany(_LOCK_VAULT, [(vault_id,) for vault_id in vault_ids])
     rows = await conn.fetch(_READ_VAULTS, vault_ids)
     return {

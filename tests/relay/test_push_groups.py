@@ -367,6 +367,79 @@ def test_two_replicas_with_overlapping_groups_never_deadlock(
     assert seqs == sorted(expected.items())
 
 
+class RacingConnection(asyncpg.Connection):  # type: ignore[misc]
+    """A real connection on which another session creates `race_vault` (committed) right
+    after this one's vault locks ran, and which records, at the blob write, which vaults
+    of the write another session could still lock (NOWAIT): none, if the group holds them."""
+
+    race_vault = ""
+    url = ""
+    unlocked_at_write: list[str]
+    locks_run = 0
+
+    async def executemany(self, command: str, args: Any, *, timeout: float | None = None) -> None:
+        if command.startswith("INSERT INTO blobs") or "INSERT INTO blobs" in command:
+            others = await asyncpg.connect(self.url)
+            try:
+                for columns in args:
+                    vault_id = columns[0][0]
+                    try:
+                        async with others.transaction():
+                            await others.execute(
+                                "SELECT 1 FROM vaults WHERE vault_id = $1 FOR UPDATE NOWAIT",
+                                vault_id,
+                            )
+                        type(self).unlocked_at_write.append(vault_id)
+                    except asyncpg.LockNotAvailableError:
+                        pass
+            finally:
+                await others.close()
+        await super().executemany(command, args, timeout=timeout)
+        if command.endswith("FOR UPDATE"):
+            type(self).locks_run += 1
+            if type(self).locks_run == 1:  # the race window, the first time only
+                others = await asyncpg.connect(self.url)
+                try:
+                    await others.execute(
+                        "INSERT INTO vaults (vault_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                        self.race_vault,
+                    )
+                finally:
+                    await others.close()
+
+
+def test_a_vault_created_while_the_group_locks_is_locked_before_it_is_written(
+    database_url: str,
+) -> None:
+    """Found by CI as a deadlock of two replicas: a vault created by another session between
+    a group's lock statements and its read of the rows was written without its lock."""
+    existing, racing = new_vault_id("locked"), new_vault_id("racing")
+    url = to_libpq_url(database_url)
+    RacingConnection.race_vault, RacingConnection.url = racing, url
+    RacingConnection.unlocked_at_write, RacingConnection.locks_run = [], 0
+
+    async def work() -> list[PushResult]:
+        setup = await asyncpg.connect(url)
+        try:
+            await setup.execute("INSERT INTO vaults (vault_id) VALUES ($1)", existing)
+        finally:
+            await setup.close()
+        pool = await asyncpg.create_pool(
+            url, min_size=1, max_size=1, connection_class=RacingConnection
+        )
+        try:
+            jobs = [job(existing, [blob(existing, "m1", "dev-a", 1)]),
+                    job(racing, [blob(racing, "m1", "dev-a", 1)])]  # fmt: skip
+            return await push_group(pool, jobs, LIMITS)
+        finally:
+            await pool.close()
+
+    results = asyncio.run(work())
+    assert [summary(r)[0] for r in results] == [[("m1", 1)], [("m1", 1)]]
+    assert RacingConnection.locks_run >= 1  # the race window was opened
+    assert RacingConnection.unlocked_at_write == []  # both were locked at the write
+
+
 def test_a_cancelled_push_does_not_disturb_the_others(pool_factory: Callable[[], Any]) -> None:
     vault = new_vault_id("cancel")
 
