@@ -214,7 +214,7 @@ def create_app(config: RelayConfig) -> Litestar:
         )
         refresher = asyncio.create_task(_refresh_health(state))
         maintainer = maintenance.start(state)  # issue 14 item 17: compaction without `gc`
-        listener = FeedListener(config.database_url, hub)  # PROTOCOL §15: one per process
+        listener = FeedListener(config.listen_url, hub)  # PROTOCOL §15: one per process
         if config.feed_notify:
             listener.start()
         try:

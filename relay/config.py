@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from engram_sync.relay.client_address import ENV_TRUSTED_PROXIES, Network, parse_trusted_proxies
+from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.relay.keys import StaticKey, parse_static_keys
 
 DEFAULT_PORT: Final = 8788
@@ -64,6 +65,10 @@ class RelayConfig:
     events_ping_s: float = DEFAULT_EVENTS_PING_S  # PROTOCOL §15 (relay.routes.events)
     events_max_streams: int = DEFAULT_EVENTS_MAX_STREAMS
     live_feed: str = "on"  # one of LIVE_FEED_MODES (ENGRAM_RELAY_LIVE_FEED)
+    # ENGRAM_RELAY_LISTEN_DATABASE_URL: where the process's one LISTEN connection goes
+    # (PROTOCOL §15), when `database_url` is a transaction pooler (PgBouncer), through
+    # which a LISTEN does not survive; None: `database_url` (deploy/SCALING.md §2).
+    listen_database_url: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("quota_devices", "quota_bytes", "tombstone_retention_days"):
@@ -89,6 +94,11 @@ class RelayConfig:
                 f"ENGRAM_RELAY_LIVE_FEED must be one of {', '.join(LIVE_FEED_MODES)}, "
                 f"got {self.live_feed!r}"
             )
+        if self.listen_database_url is not None:
+            try:
+                to_libpq_url(self.listen_database_url)
+            except ValueError as exc:
+                raise ValueError(f"ENGRAM_RELAY_LISTEN_DATABASE_URL: {exc}") from None
         if self.max_page_bytes < 1:
             raise ValueError("max_page_bytes must be >= 1")
         if self.push_lanes < 1:
@@ -99,6 +109,11 @@ class RelayConfig:
             )
         if self.max_body_bytes < self.max_blob_bytes + 4096:
             raise ValueError("max_body_bytes must leave room for at least one maximal blob")
+
+    @property
+    def listen_url(self) -> str:
+        """The database URL of the LISTEN connection (PROTOCOL §15)."""
+        return self.listen_database_url or self.database_url
 
     @property
     def feed_notify(self) -> bool:
@@ -175,5 +190,6 @@ def config_from_env(
             source, "ENGRAM_RELAY_HEALTH_REFRESH_S", DEFAULT_HEALTH_REFRESH_S
         ),
         live_feed=source.get("ENGRAM_RELAY_LIVE_FEED", "").strip().lower() or "on",
+        listen_database_url=source.get("ENGRAM_RELAY_LISTEN_DATABASE_URL", "").strip() or None,
         **values,
     )
