@@ -121,7 +121,8 @@ _READ_VAULTS = (
 # Revoked devices among the pushers, and the stored version of every memory pushed, read
 # by exact (vault, id) pairs, one statement per vault ($1: on Citus one task on the vault's
 # shard; a LATERAL keyed by an unnest()ed vault id cannot be pushed down to the shards,
-# deploy/SCALING.md §3). Each pair is one probe of the primary key: the LATERAL
+# deploy/SCALING.md §3), all of a group's sent pipelined (`fetchmany`: one round trip for
+# the group, each row naming its vault). Each pair is one probe of the primary key: the LATERAL
 # subquery with LIMIT 1 cannot be flattened into a join, so it is planned as a nested
 # loop over the pairs whatever the tables' statistics say. (A join with unnest() got
 # hash-joined against a sequential scan, slow over the dead row versions busy rows
@@ -129,14 +130,14 @@ _READ_VAULTS = (
 # group's vaults and memories, which grows with the vaults: measured 27 -> 172 buffers
 # per read over a 20 s run of 32 devices in a vault each.)
 _READ_KNOWN = """
-    SELECT true AS revoked, k.id, 0::bigint AS clock, 0 AS size, k.id AS owner,
-           false AS deleted
+    SELECT $1::text AS vault_id, true AS revoked, k.id, 0::bigint AS clock, 0 AS size,
+           k.id AS owner, false AS deleted
     FROM unnest($2::text[]) AS k(id)
     CROSS JOIN LATERAL (
         SELECT 1 FROM devices d WHERE d.vault_id = $1 AND d.device_id = k.id
             AND d.revoked_at IS NOT NULL LIMIT 1) AS d
     UNION ALL
-    SELECT false, k.id, b.vector_clock, b.size_bytes, b.device_id, b.deleted
+    SELECT $1::text, false, k.id, b.vector_clock, b.size_bytes, b.device_id, b.deleted
     FROM unnest($3::text[]) AS k(id)
     CROSS JOIN LATERAL (
         SELECT vector_clock, size_bytes, device_id, deleted FROM blobs b
@@ -308,17 +309,17 @@ async def _decide_and_write(
         memories.setdefault(j.vault_id, set()).update(c.blob.memory_id for c in j.checked)
     revoked: set[tuple[str, str]] = set()
     stored: dict[tuple[str, str], _Stored] = {}
-    for vault_id in sorted(pushers):
-        known = await conn.fetch(
-            _READ_KNOWN, vault_id, sorted(pushers[vault_id]), sorted(memories[vault_id])
-        )
-        for r in known:
-            if r["revoked"]:
-                revoked.add((vault_id, r["id"]))
-            else:
-                stored[(vault_id, r["id"])] = _Stored(
-                    StoredVersion(r["clock"], r["size"]), r["owner"], r["deleted"]
-                )
+    known = await conn.fetchmany(
+        _READ_KNOWN,
+        [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],
+    )
+    for r in known:
+        if r["revoked"]:
+            revoked.add((r["vault_id"], r["id"]))
+        else:
+            stored[(r["vault_id"], r["id"])] = _Stored(
+                StoredVersion(r["clock"], r["size"]), r["owner"], r["deleted"]
+            )
     writes: dict[tuple[str, str], _Write] = {}
     results: list[PushResult] = []
     for job in jobs:
