@@ -9,9 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from bench import plots, report, runner
+from bench import citus_report, plots, report, runner
 from bench.settings import Settings
 from bench.targets import judge
+
+CITUS_N = 20_000  # blobs pushed and pulled on each database, and the large vault
+CITUS_QUICK_N = 2_000
+CITUS_QUICK_LARGE = 4_000
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,12 +42,18 @@ def _parser() -> argparse.ArgumentParser:
                         "24 with --quick)")  # fmt: skip
     parser.add_argument("--import-memories", type=int, help="memories of the JSONL import "
                         "(default 100000; 2000 with --quick)")  # fmt: skip
+    parser.add_argument("--citus", action="store_true", help="only push and pull on a Citus "
+                        "cluster against one plain PostgreSQL (issue 18; --n default 20000, "
+                        "--large-vault 20000; 2000 and 4000 with --quick)")  # fmt: skip
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; 0 when the report was written (whatever the verdicts), else 1."""
     args = _parser().parse_args(argv)
+    if args.citus:  # bench.citus_compare's own sizes
+        args.n = args.n or (CITUS_QUICK_N if args.quick else CITUS_N)
+        args.large_vault = args.large_vault or (CITUS_QUICK_LARGE if args.quick else CITUS_N)
     try:
         settings = Settings.build(
             quick=args.quick,
@@ -67,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - started:7.1f}s] {message}", file=sys.stderr, flush=True)
 
     command = "python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    if args.citus:
+        md_path = citus_report.run(settings, log, command.strip())
+        log(f"report: {md_path}")
+        return 0
     data = runner.execute(settings, log)
     data["targets"] = judge(data["sections"], data["corpus"])
     env = data["environment"]  # the commit and date the run started at

@@ -291,3 +291,40 @@ def rekey_targets(rekey: dict[str, Any]) -> list[Target]:
             "<=",
         ),
     ]
+
+
+CITUS_RATIO_LIMIT: Final = 3.0  # issue 18: Citus / plain time stays a constant factor (~2x)
+FLAT_PULL_LIMIT: Final = 1.5  # issue 18: incremental pull, large vault / small, per database
+
+
+def citus_targets(citus: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 18 (`python -m bench --citus`, bench.citus_compare): Citus costs a constant
+    factor over one plain PostgreSQL on the same machine, and on both the incremental
+    pull costs the same in a small vault and a large one. None when Citus was not built."""
+    if not citus.get("available"):
+        return []
+    ratio = citus["citus_to_plain"]
+    targets = [
+        Target("citus_push_time_ratio",
+               f"push time of {citus['blobs']:,} blobs in batches of {citus['batch']}, "
+               "Citus / plain PostgreSQL (median of per-repeat ratios)",
+               ratio["push_time"], CITUS_RATIO_LIMIT, "<="),
+        Target("citus_pull_time_ratio",
+               f"full pull time of {citus['blobs']:,} blobs, pages of {citus['page']:,}, "
+               "Citus / plain PostgreSQL (median of per-repeat ratios)",
+               ratio["pull_time"], CITUS_RATIO_LIMIT, "<="),
+    ]  # fmt: skip
+    for name in ("plain", "citus"):
+        targets.append(
+            Target(
+                f"{name}_incremental_pull_flat",
+                f"incremental pull of {citus['new_blobs']} new blobs on "
+                f"{'Citus' if name == 'citus' else 'plain PostgreSQL'}, "
+                f"{citus['large_vault_blobs']:,}-blob vault / "
+                f"{citus['small_vault_blobs']:,}-blob vault",
+                citus[name]["incremental_pull_large_to_small"],
+                FLAT_PULL_LIMIT,
+                "<=",
+            )
+        )
+    return [t.as_json() for t in targets]
