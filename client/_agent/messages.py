@@ -9,17 +9,18 @@ by its resolved directory path.
 from __future__ import annotations
 
 import socket
-import struct
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
 
-MAX_MESSAGE: Final = 64 * 1024
-_LENGTH: Final = struct.Struct(">I")
+from engram_sync.client._agent.frames import MAX_MESSAGE as MAX_MESSAGE
+from engram_sync.client._agent.frames import ProtocolError as ProtocolError
+from engram_sync.client._agent.frames import read_frame, send_frame
 
-
-class ProtocolError(Exception):
-    """A malformed, oversized or truncated message."""
+#: A read reply's output (it follows the reply, raw): larger is answered by the CLI itself.
+MAX_OUTPUT: Final = 64 * 1024 * 1024
+STDOUT: Final = 1
+STDERR: Final = 2
 
 
 class HeldKeys(msgspec.Struct, frozen=True):
@@ -61,7 +62,38 @@ class Status(msgspec.Struct, tag="status", frozen=True):
     """Which vaults are held and the idle timeout."""
 
 
-Request = Put | Get | Forget | Stop | Status
+class Terminal(msgspec.Struct, frozen=True):
+    """What a command's output depends on besides the vault (docs/agent.md "Read
+    commands"): whether each stream is a terminal, its encoding and error handler, the
+    terminal size rich would read from the command's fds 0, 1, 2, and the environment
+    variables rich reads (client._agent.reads.RICH_ENVIRON)."""
+
+    stdout_isatty: bool
+    stderr_isatty: bool
+    stdout_encoding: str
+    stdout_errors: str
+    stderr_encoding: str
+    stderr_errors: str
+    size: tuple[int, int] | None
+    environ: dict[str, str]
+
+
+class Read(msgspec.Struct, tag="read", frozen=True):
+    """Run `list` or `search` on `vault` with the keys held for it and return the output
+    (client._cli.fast). `limit` None is search's default."""
+
+    vault: str
+    command: Literal["list", "search"]
+    terminal: Terminal
+    json_out: bool = False
+    query: str = ""
+    tags: list[str] = msgspec.field(default_factory=list)
+    project: str | None = None
+    layer: str | None = None
+    limit: int | None = None
+
+
+Request = Put | Get | Forget | Stop | Status | Read
 
 
 class Reply(msgspec.Struct, frozen=True):
@@ -74,6 +106,10 @@ class Reply(msgspec.Struct, frozen=True):
     idle_timeout_s: float | None = None
     idle_left_s: float | None = None
     pid: int | None = None
+    exit_code: int | None = None
+    #: A read's output: (STDOUT or STDERR, byte count) in the order written; the bytes
+    #: follow this reply on the connection, raw.
+    chunks: list[tuple[int, int]] = msgspec.field(default_factory=list)
 
     def __repr__(self) -> str:
         return f"Reply(ok={self.ok}, error={self.error!r}, vaults={self.vaults!r})"
@@ -86,35 +122,13 @@ _REPLY: Final = msgspec.json.Decoder(Reply)
 
 def send(sock: socket.socket, message: msgspec.Struct) -> None:
     """Write one length-prefixed message."""
-    body = _ENCODER.encode(message)
-    if len(body) > MAX_MESSAGE:
-        raise ProtocolError(f"message of {len(body)} bytes is over {MAX_MESSAGE}")
-    sock.sendall(_LENGTH.pack(len(body)) + body)
-
-
-def _read_exact(sock: socket.socket, count: int) -> bytes:
-    chunks: list[bytes] = []
-    left = count
-    while left:
-        chunk = sock.recv(left)
-        if not chunk:
-            raise ProtocolError("the connection closed in the middle of a message")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def _read_body(sock: socket.socket) -> bytes:
-    (length,) = _LENGTH.unpack(_read_exact(sock, _LENGTH.size))
-    if length > MAX_MESSAGE:
-        raise ProtocolError(f"message of {length} bytes is over {MAX_MESSAGE}")
-    return _read_exact(sock, length)
+    send_frame(sock, _ENCODER.encode(message))
 
 
 def read_request(sock: socket.socket) -> Request:
     """Read one request (ProtocolError when it is not one)."""
     try:
-        return _REQUEST.decode(_read_body(sock))
+        return _REQUEST.decode(read_frame(sock))
     except msgspec.ValidationError as exc:
         raise ProtocolError(f"not an agent request: {exc}") from None
     except msgspec.DecodeError:
@@ -124,6 +138,6 @@ def read_request(sock: socket.socket) -> Request:
 def read_reply(sock: socket.socket) -> Reply:
     """Read one reply (ProtocolError when it is not one)."""
     try:
-        return _REPLY.decode(_read_body(sock))
+        return _REPLY.decode(read_frame(sock))
     except (msgspec.ValidationError, msgspec.DecodeError):
         raise ProtocolError("not an agent reply") from None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Final
 
@@ -38,13 +37,29 @@ def runtime_dir() -> Path:
             return run_user
     except OSError:
         pass
+    return _tempdir()
+
+
+def _tempdir() -> Path:
+    import tempfile  # here: the `engram-sync` fast path (client._cli.fast) seldom needs it
+
     return Path(tempfile.gettempdir())
+
+
+def _may_be_tempdir(base: Path) -> bool:
+    """Whether `base` is one of the directories tempfile.gettempdir() can return (its
+    candidates), so that most runs need not import tempfile to compare with it."""
+    candidates = [os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")]
+    candidates += ["/tmp", "/var/tmp", "/usr/tmp"]  # noqa: S108 - tempfile's own list
+    with contextlib.suppress(OSError):
+        candidates.append(os.getcwd())
+    return str(base) in {os.path.abspath(c) for c in candidates if c}
 
 
 def agent_dir() -> Path:
     """The agent's directory (not created here)."""
     base = runtime_dir()
-    if base == Path(tempfile.gettempdir()):
+    if _may_be_tempdir(base) and base == _tempdir():
         return base / f"{APP_DIR}-{os.getuid()}"
     return base / APP_DIR
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from engram_sync.client._agent.messages import (
     Forget,
@@ -25,6 +25,7 @@ from engram_sync.client._agent.messages import (
     HeldKeys,
     ProtocolError,
     Put,
+    Read,
     Reply,
     Request,
     Status,
@@ -34,6 +35,9 @@ from engram_sync.client._agent.messages import (
 )
 from engram_sync.client._agent.paths import LOCK_NAME, SOCKET_NAME, ensure_agent_dir
 from engram_sync.client._agent.peer import peer_allowed
+
+if TYPE_CHECKING:
+    from engram_sync.client._agent.reads import ReadWorker
 
 DEFAULT_IDLE_TIMEOUT_S: Final = 15 * 60.0
 CONNECTION_TIMEOUT_S: Final = 2.0  # a peer that stalls mid-message is dropped, never waited on
@@ -54,6 +58,7 @@ class Agent:
         self._idle_timeout_s = idle_timeout_s
         self._clock = clock
         self._last_used = clock()
+        self._reads: ReadWorker | None = None  # started by the first put (client._agent.reads)
 
     def idle_left(self) -> float:
         """Seconds until the idle timeout."""
@@ -62,6 +67,8 @@ class Agent:
     def answer(self, request: Request) -> tuple[Reply, bool]:
         """The reply to `request` and whether the agent stops after sending it."""
         if isinstance(request, Put):
+            if self._held.get(request.vault) != request.keys and self._reads is not None:
+                self._reads.close(request.vault)  # opened with other keys
             self._held[request.vault] = request.keys
             self._idle_timeout_s = request.idle_timeout_s
             self._last_used = self._clock()
@@ -74,12 +81,16 @@ class Agent:
             return Reply(ok=True, keys=keys), False
         if isinstance(request, Forget):
             found = self._held.pop(request.vault, None) is not None
+            if self._reads is not None:
+                self._reads.close(request.vault)
             return Reply(
                 ok=found, error=None if found else LOCKED, vaults=sorted(self._held)
             ), False
         if isinstance(request, Stop):
-            self._held.clear()
+            self.forget_all()
             return Reply(ok=True), True
+        if isinstance(request, Read):  # serve_one hands a held vault's read to the worker
+            return Reply(ok=False, error=LOCKED), False
         assert isinstance(request, Status)
         return (
             Reply(
@@ -103,10 +114,24 @@ class Agent:
             request = read_request(conn)
         except (ProtocolError, OSError):
             return False
+        if isinstance(request, Read) and request.vault in self._held:
+            self._last_used = self._clock()  # a command served from the keys
+            self._worker().read(conn.dup(), request, self._held[request.vault])
+            return False
         reply, stop = self.answer(request)
         with contextlib.suppress(OSError):
             send(conn, reply)
+        if isinstance(request, Put) and reply.ok:
+            self._worker().warm(request.vault, request.keys)
         return stop
+
+    def _worker(self) -> ReadWorker:
+        """The read thread (docs/agent.md "Read commands"), started on first use."""
+        if self._reads is None:
+            from engram_sync.client._agent.reads import ReadWorker
+
+            self._reads = ReadWorker()
+        return self._reads
 
     def serve(self, listener: socket.socket) -> None:
         """Accept until the idle timeout or a `stop`."""
@@ -124,8 +149,11 @@ class Agent:
                     return
 
     def forget_all(self) -> None:
-        """Drop every key."""
+        """Drop every key and close every vault the read thread holds open."""
         self._held.clear()
+        if self._reads is not None:
+            self._reads.stop()
+            self._reads = None
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:

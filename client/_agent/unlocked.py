@@ -22,7 +22,8 @@ from engram_sync.shared_format.vault import (
 )
 
 
-def _sync_keys(keys: HeldKeys) -> SyncKeys | None:
+def sync_keys_of(keys: HeldKeys) -> SyncKeys | None:
+    """The sync keys the agent holds (None for a machine-key vault)."""
     if keys.enc_key is None or keys.hmac_key is None:
         return None
     return SyncKeys(enc_key=bytes.fromhex(keys.enc_key), hmac_key=bytes.fromhex(keys.hmac_key))
@@ -35,7 +36,7 @@ def unlocked_session(vault_dir: Path) -> VaultSession | None:
     if keys is None:
         return None
     try:
-        session = VaultSession.open_with_keys(vault_dir, keys.db_key, _sync_keys(keys))
+        session = VaultSession.open_with_keys(vault_dir, keys.db_key, sync_keys_of(keys))
     except (VaultError, ValueError):
         session = None  # a key of the wrong shape, a database that went away
     if session is None:

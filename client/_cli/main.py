@@ -62,6 +62,10 @@ from engram_sync.shared_format.errors import FormatError, WrongPassphraseError
 from engram_sync.shared_format.plaintext import MemoryPlaintext, encode_memory
 
 if TYPE_CHECKING:
+    from sqlite3 import Connection
+
+    from rich.console import Console
+
     from engram_sync.client._sync.engine import SyncReport
 
 # A command imports what only it needs in its body (the relay client and httpx, the sync
@@ -239,17 +243,19 @@ def _summary(memory: MemoryPlaintext, synced: bool) -> dict[str, Any]:
     }
 
 
-@app.command("list")
-def list_(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
-    """List memories, oldest first."""
-    with open_session() as session:
-        conn = session.vault.conn
-        items = []
-        for memory in list_memories(conn):
-            row = get_row(conn, memory.id)
-            items.append(_summary(memory, row is not None and not row_needs_push(row)))
+def list_items(conn: Connection) -> list[dict[str, Any]]:
+    """What `list` shows, oldest first: each memory's summary and whether it is synced."""
+    items = []
+    for memory in list_memories(conn):
+        row = get_row(conn, memory.id)
+        items.append(_summary(memory, row is not None and not row_needs_push(row)))
+    return items
+
+
+def render_list(items: list[dict[str, Any]], json_out: bool, out: Console, err: Console) -> None:
+    """Print `list`'s output; the key agent runs this too (client._agent.reads)."""
     if json_out:
-        print_json(items)
+        print_json(items, out)
         return
     for item in items:
         first_line = item["content"].splitlines()[0] if item["content"] else ""
@@ -258,6 +264,14 @@ def list_(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")]
         out.print(line, markup=False)  # user text, printed as it is
     if not items:
         err.print("no memories yet: `engram-sync add TEXT`")
+
+
+@app.command("list")
+def list_(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
+    """List memories, oldest first."""
+    with open_session() as session:
+        items = list_items(session.vault.conn)
+    render_list(items, json_out, out, err)
 
 
 @app.command()

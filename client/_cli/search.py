@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Annotated, Any, Final
 
 import typer
+from rich.console import Console
 
 from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
 from engram_sync.client._vault.search import DEFAULT_LIMIT, SearchFilters, search
@@ -46,37 +48,59 @@ def search_command(
     json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """Search memories: best match first, then the most recently modified, then by id."""
+    check_search(query, layer)
+    with open_session() as session:
+        mode, items = search_items(session.vault.conn, query, tag or [], project, layer, limit)
+    render_search(query, mode, items, json_out, out, err)
+
+
+def check_search(query: str, layer: str | None) -> None:
+    """CliError for a layer that does not exist or an empty query."""
     if layer is not None and layer not in LAYERS:
         raise CliError(f"--layer must be one of {', '.join(LAYERS)}, not {layer!r}")
     if not query.strip():
         raise CliError("the query is empty: give the words to search for")
-    with open_session() as session:
-        conn = session.vault.conn
-        result = search(
-            conn, query, limit=limit, filters=SearchFilters(tuple(tag or ()), project, layer)
+
+
+def search_items(
+    conn: sqlite3.Connection,
+    query: str,
+    tags: list[str],
+    project: str | None,
+    layer: str | None,
+    limit: int,
+) -> tuple[str, list[dict[str, Any]]]:
+    """The search's mode and what it shows of each result (client._vault.search)."""
+    result = search(conn, query, limit=limit, filters=SearchFilters(tuple(tags), project, layer))
+    items: list[dict[str, Any]] = []
+    for memory in result.memories:
+        row = get_row(conn, memory.id)
+        items.append(
+            {
+                "id": memory.id,
+                "content": memory.content,
+                "layer": memory.layer,
+                "tags": memory.tags,
+                "project": memory.project,
+                "created_at": memory.created_at,
+                "modified_at": memory.modified_at,
+                "synced": row is not None and not row_needs_push(row),
+            }
         )
-        items: list[dict[str, Any]] = []
-        for memory in result.memories:
-            row = get_row(conn, memory.id)
-            items.append(
-                {
-                    "id": memory.id,
-                    "content": memory.content,
-                    "layer": memory.layer,
-                    "tags": memory.tags,
-                    "project": memory.project,
-                    "created_at": memory.created_at,
-                    "modified_at": memory.modified_at,
-                    "synced": row is not None and not row_needs_push(row),
-                }
-            )
+    return result.mode, items
+
+
+def render_search(
+    query: str, mode: str, items: list[dict[str, Any]], json_out: bool, out: Console, err: Console
+) -> None:
+    """Print `search`'s output; the key agent runs this too (client._agent.reads)."""
     if json_out:
-        print_json({"mode": result.mode, "results": items})
+        print_json({"mode": mode, "results": items}, out)
         return
     if not items:
         err.print(f"no memory matches {query!r}", markup=False)
         return
-    note = _MODE_NOTE.get(result.mode)
+    note = _MODE_NOTE.get(mode)
     if note:
         err.print(note)
     for item in items:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import IO, Any, Final
 
 import typer
 from rich.console import Console
@@ -19,8 +19,30 @@ from engram_sync.client._session import VaultSession
 
 DEFAULT_VAULT: Final = Path("~/.engram/vault")
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+def console(
+    *,
+    stderr: bool = False,
+    file: IO[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    width: int | None = None,
+    height: int | None = None,
+) -> Console:
+    """The CLI's console for stdout (or stderr); the key agent builds the same one over a
+    command's streams when it answers `list` or `search` itself (client._agent.reads)."""
+    return Console(
+        stderr=stderr,
+        file=file,
+        highlight=False,
+        soft_wrap=True,
+        width=width,
+        height=height,
+        _environ=environ,
+    )
+
+
+out = console()
+err = console(stderr=True)
 
 
 class CliError(Exception):
@@ -60,5 +82,6 @@ def open_session(create: bool = False, use_agent: bool = True) -> Iterator[Vault
         yield session
 
 
-def print_json(payload: Any) -> None:
-    out.print_json(json.dumps(payload, ensure_ascii=False, sort_keys=True))
+def print_json(payload: Any, to: Console | None = None) -> None:
+    """`payload` as indented JSON on `to` (default: stdout's console)."""
+    (to or out).print_json(json.dumps(payload, ensure_ascii=False, sort_keys=True))

@@ -29,6 +29,24 @@ from engram_sync.client._cli.main import main
 main()
 """
 
+#: The same through the `engram-sync` entry point (client._cli.fast, the agent's fast path).
+_ENTRY_AND_DUMP = _RUN_AND_DUMP.replace(
+    "from engram_sync.client._cli.main import main", "from engram_sync.client._cli.fast import main"
+)
+
+#: Not for `list` or `search` answered by the key agent (docs/agent.md "Read commands").
+NOT_FOR_THE_FAST_PATH = (
+    "typer",
+    "click",
+    "rich",
+    "pydantic",
+    "httpx",
+    "sqlcipher3",
+    "msgspec",
+    "engram_sync.client._session",
+    "engram_sync.client._cli.main",
+)
+
 #: Only for commands that talk to a relay, re-key, pair or show progress bars.
 NOT_FOR_LIST = (
     "httpx",
@@ -55,11 +73,11 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _modules_of(tmp_path: Path, *argv: str) -> tuple[int, set[str]]:
+def _modules_of(tmp_path: Path, *argv: str, runner: str = _RUN_AND_DUMP) -> tuple[int, set[str]]:
     """The exit code of `engram-sync ARGV...` and the modules it had imported at exit."""
     dump = tmp_path / f"modules-{'-'.join(argv)}.json"
     done = subprocess.run(
-        [sys.executable, "-c", _RUN_AND_DUMP, str(dump), *argv],
+        [sys.executable, "-c", runner, str(dump), *argv],
         env=_env(tmp_path),
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -104,6 +122,27 @@ def test_sync_does_load_the_relay_client(vault_dir: Path) -> None:
         "engram_sync.client._sync.engine",
         "rich.progress",
     ]
+
+
+def test_list_and_search_through_the_agent_import_no_cli_and_no_sqlcipher(
+    vault_dir: Path,
+) -> None:
+    code, _ = _modules_of(vault_dir, "unlock")
+    assert code == 0
+    try:
+        for argv in (["list"], ["list", "--json"], ["search", "memory", "--tag", "x"]):
+            code, modules = _modules_of(vault_dir, *argv, runner=_ENTRY_AND_DUMP)
+            assert code == 0
+            assert "engram_sync.client._cli.fast" in modules
+            assert _loaded(modules, NOT_FOR_THE_FAST_PATH) == [], argv
+    finally:
+        code, _ = _modules_of(vault_dir, "lock")
+        assert code == 0
+    # the positive case: without the agent the same entry point runs the CLI, and the check
+    # sees it (ENGRAM_PASSPHRASE opens the vault)
+    code, modules = _modules_of(vault_dir, "list", runner=_ENTRY_AND_DUMP)
+    assert code == 0
+    assert _loaded(modules, ("typer", "rich", "sqlcipher3")) == ["typer", "rich", "sqlcipher3"]
 
 
 def test_the_package_imports_its_public_names_on_first_use() -> None:
