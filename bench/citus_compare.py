@@ -59,6 +59,7 @@ PLAIN_SETTINGS: Final = {
     "max_connections": "200",
 }
 RELAY: Final = Path(sys.executable).with_name("engram-relay")
+_CITUS_VERSION: Final = "SELECT extversion FROM pg_extension WHERE extname = 'citus'"
 _DISTRIBUTED: Final = "SELECT count(*) FROM pg_dist_partition WHERE partmethod = 'h'"
 RELAY_START_S: Final = 240.0  # two relays and three Citus nodes start on 2 shared cores
 
@@ -248,7 +249,7 @@ def measure(
             }
             versions = {
                 "postgresql": asyncio.run(_fetchval(urls["plain"], "SHOW server_version")),
-                "citus": asyncio.run(_fetchval(urls["citus"], "SELECT citus_version()")),
+                "citus": asyncio.run(_fetchval(urls["citus"], _CITUS_VERSION)),
             }
             distributed = int(asyncio.run(_fetchval(urls["citus"], _DISTRIBUTED)))
             sides: dict[str, Side] = {}

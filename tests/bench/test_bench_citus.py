@@ -75,7 +75,7 @@ def test_every_citus_figure_is_a_number(report: tuple[dict[str, Any], Path]) -> 
         assert ratio[key] > 0, key
     assert [p["vaults"] for p in ratio["push_group"]] == [1, 8, 32, 128]
     assert citus["large_vault_blobs"] > citus["small_vault_blobs"]
-    assert "." in citus["versions"]["citus"]  # citus_version() from the coordinator
+    assert "." in citus["versions"]["citus"]  # the extension's version, from the coordinator
     # what was measured is the relay's schema placed on Citus (relay/db/citus.py)
     assert citus["distributed_tables"] == len(DISTRIBUTED_TABLES)
 
