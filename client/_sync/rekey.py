@@ -35,7 +35,9 @@ import os
 import secrets
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
@@ -84,13 +86,16 @@ from engram_sync.shared_format.plaintext import (
 from engram_sync.shared_format.vault import sqlcipher
 from engram_sync.shared_format.vault.keys import passphrase_vault_key
 from engram_sync.shared_format.vault.salt import vault_salt16
-from engram_sync.shared_format.wire import RetireResponse, SyncBlob
+from engram_sync.shared_format.wire import PushResponse, RetireResponse, SyncBlob
 
 log = logging.getLogger(__name__)
 
 STATE_FILE: Final = "rekey_state.json"
 RETIRE_FEATURE: Final = "retire"
 PUSH_BATCH: Final = 500  # PROTOCOL §8
+# pushes of the copy in flight at once (docs/rekey.md "Measured": the relay commits them in
+# group commits while this device seals the next batches)
+PUSH_CONCURRENCY: Final = 4
 MAX_LIST_PAGES: Final = 1000
 # Test hook (tests/e2e/test_rekey_cli.py): `batch:N` or `step:NAME` makes the process kill
 # itself (SIGKILL) after N pushed batches or after the named step, to prove the resume.
@@ -206,11 +211,14 @@ class Rekey:
         *,
         progress: RekeyProgress | None = None,
         push_batch: int = PUSH_BATCH,
+        push_concurrency: int = PUSH_CONCURRENCY,
         relay_options: dict[str, object] | None = None,
     ) -> None:
         self.session = session
         self.progress = progress or (lambda done, total: None)
         self.push_batch = push_batch
+        self.push_concurrency = max(1, push_concurrency)
+        self._copied = 0  # versions of the current copy answered so far
         self.relay_options = relay_options or {}
         self.report = RekeyReport()
         self._batches = 0
@@ -456,23 +464,42 @@ class Rekey:
         missing = self._missing_on(relay, vault_id, held)
         report.already_there = len(held) - len(missing)
         missing.sort(key=lambda v: v.memory_id)
+        self._copied = 0
         cipher = BlobCipher(keys)
         limit = self._batch_limit(relay)
         total = len(missing)
         self.progress(0, total)
-        done = 0
-        for start in range(0, total, limit):
-            batch = missing[start : start + limit]
-            blobs = self._seal(cipher, vault_id, batch)
-            answer = relay.push(vault_id, blobs)
-            report.rejected += len(answer.rejected)  # held already (a lost answer) or newer
-            done += len(batch)
-            report.pushed += len(batch)
-            report.batches += 1
-            self._batches += 1
-            self.progress(done, total)
-            _kill_point(f"batch:{self._batches}")
+        # Pipelined: this thread reads and seals the next batches (the database connection
+        # is this thread's) while up to `push_concurrency` pushes wait for the relay. Each
+        # version is in one batch and keeps its clock, so the order in which the batches
+        # commit does not matter; a kill leaves whole batches, and the rerun's digest finds
+        # what is missing.
+        in_flight: deque[tuple[int, Future[PushResponse]]] = deque()
+        pool = ThreadPoolExecutor(self.push_concurrency, thread_name_prefix="rekey-push")
+        try:
+            for start in range(0, total, limit):
+                batch = missing[start : start + limit]
+                blobs = self._seal(cipher, vault_id, batch)
+                in_flight.append((len(batch), pool.submit(relay.push, vault_id, blobs)))
+                if len(in_flight) >= self.push_concurrency:
+                    self._pushed(*in_flight.popleft(), total)
+            while in_flight:
+                self._pushed(*in_flight.popleft(), total)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         report.steps.append("copied")
+
+    def _pushed(self, size: int, push: Future[PushResponse], total: int) -> None:
+        """One batch's push answered (its error raised here)."""
+        answer = push.result()
+        report = self.report
+        report.rejected += len(answer.rejected)  # held already (a lost answer) or newer
+        report.pushed += size
+        report.batches += 1
+        self._batches += 1
+        self._copied += size
+        self.progress(self._copied, total)
+        _kill_point(f"batch:{self._batches}")
 
     def _batch_limit(self, relay: RelayClient) -> int:
         try:
