@@ -59,9 +59,15 @@ def strength(passphrase: str) -> Strength:
     )
 
 
-def check_new_passphrase(passphrase: str, *, force: bool) -> None:
+def check_new_passphrase(
+    passphrase: str,
+    *,
+    force: bool,
+    declined: str = "no vault created: run `engram-sync init` again with a stronger passphrase",
+) -> None:
     """Warn about a weak new passphrase and ask to confirm it (on a terminal); without a
-    terminal a weak one is refused unless `force`. Returns when the passphrase is kept."""
+    terminal a weak one is refused unless `force`. Returns when the passphrase is kept;
+    `declined` is the error when the person says no."""
     estimate = strength(passphrase)
     if not estimate.weak:
         return
@@ -80,7 +86,7 @@ def check_new_passphrase(passphrase: str, *, force: bool) -> None:
             "pass --force to keep it"
         )
     if not typer.confirm("Use this weak passphrase anyway?", default=False, err=True):
-        raise CliError("no vault created: run `engram-sync init` again with a stronger passphrase")
+        raise CliError(declined)
 
 
 def ask_new_passphrase(*, force: bool) -> str:

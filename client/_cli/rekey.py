@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
+from engram_sync.client._cli.passphrase import check_new_passphrase
 from engram_sync.client._cli.support import OPTIONS, CliError, ask_passphrase, err, out, print_json
 from engram_sync.client._cli.teams import account_password
 from engram_sync.client._session import VaultSession
@@ -41,6 +42,9 @@ def _batch_size() -> int:
     if not raw.isdigit() or not 1 <= int(raw) <= 1000:
         raise CliError(f"{BATCH_ENV} must be a whole number from 1 to 1000, not {raw!r}")
     return int(raw)
+
+
+_DECLINED: Final = "nothing changed: run `engram-sync rekey` again with a stronger new passphrase"
 
 
 def ask_new_passphrase() -> str:
@@ -144,7 +148,11 @@ def rekey(
     ] = False,
     force: Annotated[
         bool,
-        typer.Option("--force", help="With --join: switch even to a vault the relay did not name."),
+        typer.Option(
+            "--force",
+            help="Keep a weak new passphrase without asking (for scripts); with --join: "
+            "switch even to a vault the relay did not name.",
+        ),
     ] = False,
 ) -> None:
     """Move the vault to new keys and a new vault id, then retire the old vault.
@@ -166,13 +174,13 @@ def rekey(
     if join:
         rekey_join.join(force=force, json_out=json_out)
         return
-    if force:
-        raise CliError("--force goes with --join")
     batch = _batch_size()
     with _open_for_rekey() as (session, new_passphrase):
         record = pending_record(session.path)
         new_api_key, mint = None, None
         if record is None:
+            if new_passphrase is not None:  # a new one: as strong as `init` asks (zxcvbn)
+                check_new_passphrase(new_passphrase, force=force, declined=_DECLINED)
             from_account = new_passphrase is None and load_account(session.path) is not None
             if from_account and not os.environ.get(NEW_API_KEY_ENV):
                 mint = account_minter(session, account_password())  # PROTOCOL §13
