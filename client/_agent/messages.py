@@ -66,7 +66,7 @@ class Terminal(msgspec.Struct, frozen=True):
     """What a command's output depends on besides the vault (docs/agent.md "Read
     commands"): whether each stream is a terminal, its encoding and error handler, the
     terminal size rich would read from the command's fds 0, 1, 2, and the environment
-    variables rich reads (client._agent.reads.RICH_ENVIRON)."""
+    variables rich reads (client._cli.fast.RICH_ENVIRON)."""
 
     stdout_isatty: bool
     stderr_isatty: bool

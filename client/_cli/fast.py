@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import sys
 from pathlib import Path
@@ -46,7 +45,6 @@ RICH_ENVIRON = (
     "JUPYTER_COLUMNS",
     "JUPYTER_LINES",
 )
-_LIMIT = re.compile(r"[1-9][0-9]{0,8}")
 _SEARCH_VALUES = ("--tag", "--project", "--layer", "--limit")
 _STREAMS = (1, 2)
 
@@ -154,7 +152,7 @@ def _search_options(args: list[str]) -> dict[str, object] | None:
         if name == "--tag":
             tags.append(value)
         elif name == "--limit":
-            if not _LIMIT.fullmatch(value):
+            if not _plain_count(value):
                 return None
             options["limit"] = int(value)
         else:
@@ -163,6 +161,11 @@ def _search_options(args: list[str]) -> dict[str, object] | None:
         return None
     options.update(query=positional[0], tags=tags)
     return options
+
+
+def _plain_count(value: str) -> bool:
+    """1 to 999999999 written plainly (the CLI also takes `+5`, ` 5`, `05`: left to it)."""
+    return value.isascii() and value.isdigit() and value[0] != "0" and len(value) <= 9
 
 
 def resolve_vault(value: str | None) -> Path | None:

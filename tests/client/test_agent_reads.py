@@ -176,6 +176,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
         ("search", "--", "markup"),
         ("search", '"unbalanced'),
     ],
+    ids=" ".join,
 )
 def test_list_and_search_print_the_same_bytes_through_the_agent(
     runs: Runs, args: tuple[str, ...]
@@ -273,6 +274,7 @@ def test_vault_named_in_the_registry_relative_or_by_option(runs: Runs) -> None:
         ("status",),
         ("list", "--vault", "x"),
     ],
+    ids=" ".join,
 )
 def test_anything_else_is_left_to_the_cli(runs: Runs, args: tuple[str, ...]) -> None:
     assert runs.run("fast", *args).returncode == NOT_ANSWERED
