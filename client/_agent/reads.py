@@ -266,7 +266,8 @@ class ReadWorker:
     def _run(self) -> None:
         try:
             while (job := self._jobs.get()) is not None:
-                self._do(job)
+                with contextlib.suppress(Exception):  # one failed job never ends the thread
+                    self._do(job)
         finally:
             self.vaults.close_all()
 
