@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
-from engram_sync.client._cli.passphrase import check_new_passphrase
 from engram_sync.client._cli.support import OPTIONS, CliError, ask_passphrase, err, out, print_json
 from engram_sync.client._cli.teams import account_password
 from engram_sync.client._session import VaultSession
@@ -180,6 +179,8 @@ def rekey(
         new_api_key, mint = None, None
         if record is None:
             if new_passphrase is not None:  # a new one: as strong as `init` asks (zxcvbn)
+                from engram_sync.client._cli.passphrase import check_new_passphrase
+
                 check_new_passphrase(new_passphrase, force=force, declined=_DECLINED)
             from_account = new_passphrase is None and load_account(session.path) is not None
             if from_account and not os.environ.get(NEW_API_KEY_ENV):
