@@ -14,9 +14,10 @@ import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -81,11 +82,61 @@ def scratch_database(postgres_url: str) -> Iterator[str]:
         asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
-#: ENGRAM_CITUS=1 (opt-in, issue 18): every test on `empty_database_url` /
-#: `fresh_database_url` also runs on the Citus cluster (ids `[postgres]` and `[citus]`).
-#: tests/relay/support.py's module-scoped relays do the same.
-ON_CITUS_TOO = os.environ.get("ENGRAM_CITUS", "").strip() == "1"
-DATABASE_PARAMS: dict[str, list[str]] = {"params": ["postgres", "citus"]} if ON_CITUS_TOO else {}
+#: Which database tests also run on the Citus cluster (issue 18, deploy/SCALING.md §3),
+#: as a second case of the same test (ids `[postgres]` and `[citus]`):
+#: - unset (CI's default): the tests of modules marked `pytest.mark.both_databases`
+#:   (push rules, pull, compaction, concurrency, the zero-knowledge scans, the convergence
+#:   machine, the schemathesis pass). The marker's name leaves out "citus" so that
+#:   `-k citus` selects the `[citus]` cases alone;
+#: - `ENGRAM_CITUS=1`: every test on a backend fixture (below), marked or not;
+#: - `ENGRAM_CITUS=0`: none, plain PostgreSQL only.
+#: Where Citus cannot be built or started the `[citus]` cases skip with the reason.
+CITUS_MODE = os.environ.get("ENGRAM_CITUS", "").strip()
+BACKENDS = ["postgres", "citus"]
+_TAKES_BACKEND = "engram_takes_backend"
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def takes_backend(fixture_function: F) -> F:
+    """Mark a fixture function (under its `@pytest.fixture`) as one that makes its database
+    with `backend_database(request, ...)`: `pytest_generate_tests` gives it the backend."""
+    setattr(fixture_function, _TAKES_BACKEND, True)
+    return fixture_function
+
+
+def on_citus_too(definition: pytest.Item) -> bool:
+    """Whether this test's database fixtures get the `[citus]` case too (see CITUS_MODE)."""
+    if CITUS_MODE in ("0", "1"):
+        return CITUS_MODE == "1"
+    return definition.get_closest_marker("both_databases") is not None
+
+
+def backend_of(request: pytest.FixtureRequest) -> str:
+    """`citus` in a test's `[citus]` case, else `postgres` (for a smaller CI size there)."""
+    callspec = getattr(request.node, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    return "citus" if "citus" in params else "postgres"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "both_databases: the module's database tests also run on the Citus cluster by default"
+        " (issue 18, tests/conftest.py; ENGRAM_CITUS=0 turns it off)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrise every backend fixture the test uses (its own scope: a module relay is
+    started once per backend) over `BACKENDS`, when `on_citus_too`."""
+    if not on_citus_too(metafunc.definition):
+        return
+    # The fixture that serves each name for this test is the last of its definitions
+    # (a module's `relay` overrides tests/relay/conftest.py's).
+    for name in metafunc.fixturenames:
+        definitions = metafunc._arg2fixturedefs.get(name)
+        if definitions and getattr(definitions[-1].func, _TAKES_BACKEND, False):
+            metafunc.parametrize(name, BACKENDS, indirect=True)
 
 
 @contextmanager
@@ -105,7 +156,8 @@ def backend_database(request: pytest.FixtureRequest, postgres_url: str) -> Itera
         cluster.drop_database(name)
 
 
-@pytest.fixture(**DATABASE_PARAMS)  # type: ignore[call-overload]
+@pytest.fixture
+@takes_backend
 def empty_database_url(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[str]:
     """A brand-new empty database (no migrations), dropped after the test (see above)."""
     with backend_database(request, postgres_url) as url:

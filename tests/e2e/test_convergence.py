@@ -11,16 +11,14 @@ device syncs until quiet. Checked:
   memories the test writes into its vault through a second connection (as another program
   would) reach the others only because its watch noticed them (PROTOCOL §15, issue 15).
 
-CI runs a few examples; `ENGRAM_SLOW=1` runs 500.
+CI runs a few examples (fewer in the `[citus]` case); `ENGRAM_SLOW=1` runs 500.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import os
-import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -36,16 +34,19 @@ from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.client._vault import store as local_store
 from engram_sync.client._vault.held_versions import held_versions
-from engram_sync.relay.db.migrate import upgrade_to_head
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.digest import digest_int, fold
 from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys
 from engram_sync.shared_format.plaintext import Tombstone, decode_plaintext
 from engram_sync.shared_format.wire import PushResponse, SyncBlob
-from tests.conftest import _execute, database_url_for
+from tests.conftest import backend_of, takes_backend
 from tests.e2e.conftest import PASSPHRASE
 from tests.e2e.live_support import NEVER, Watcher, wait_for
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
+from tests.relay.support import migrated_backend_database
+
+#: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
+pytestmark = pytest.mark.both_databases
 
 SLOW = os.environ.get("ENGRAM_SLOW") == "1"
 DEVICES = ("alpha", "bravo", "charlie")
@@ -76,12 +77,16 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(postgres_url: str) -> Iterator[World]:
-    """One relay on its own database for the whole module; each example uses a new vault id."""
-    name = f"test_conv_{secrets.token_hex(6)}"
-    asyncio.run(_execute(postgres_url, f'CREATE DATABASE "{name}"'))
-    database_url = database_url_for(postgres_url, name)
-    upgrade_to_head(database_url)
+@takes_backend
+def world(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[World]:
+    """One relay on its own database for the whole module (plain PostgreSQL, and the
+    Citus cluster for the `[citus]` case: tests/conftest.py); each example uses a new
+    vault id."""
+    with migrated_backend_database(request, postgres_url) as database_url:
+        yield from _world_on(database_url)
+
+
+def _world_on(database_url: str) -> Iterator[World]:
     config = base_config(database_url)
     server = RelayThread(config).start()
     w = World()
@@ -97,7 +102,6 @@ def world(postgres_url: str) -> Iterator[World]:
     finally:
         server.stop()
         shutil.rmtree(w.root, ignore_errors=True)
-        asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 class Device:
@@ -350,8 +354,13 @@ class Convergence(RuleBasedStateMachine):
             assert fold(held_versions(device.session.vault.conn)) == relay_side, device.path.name
 
 
+#: CI size per backend (ENGRAM_CONV_EXAMPLES overrides both): on the Citus cluster an
+#: example costs about twice its plain-PostgreSQL time, so CI runs fewer there (issue 18).
+CI_EXAMPLES = {"postgres": 8, "citus": 3}
+
+
 @pytest.mark.timeout(5400 if SLOW else 600)
-def test_devices_converge(world: World) -> None:
+def test_devices_converge(request: pytest.FixtureRequest, world: World) -> None:
     Convergence.world = world
 
     class Checked(Convergence):
@@ -362,8 +371,9 @@ def test_devices_converge(world: World) -> None:
                 super().teardown()
 
     runner = Checked.TestCase
+    examples = 500 if SLOW else CI_EXAMPLES[backend_of(request)]
     runner.settings = settings(
-        max_examples=int(os.environ.get("ENGRAM_CONV_EXAMPLES", 500 if SLOW else 8)),
+        max_examples=int(os.environ.get("ENGRAM_CONV_EXAMPLES", examples)),
         stateful_step_count=40 if SLOW else 25,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

@@ -29,7 +29,7 @@ from engram_sync.relay.config import RelayConfig
 from engram_sync.relay.db.migrate import upgrade_to_head
 from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.shared_format import BlobCipher, SyncBlob, SyncKeys
-from tests.conftest import DATABASE_PARAMS, backend_database, database_url_for
+from tests.conftest import backend_database, database_url_for, takes_backend
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
 
 T = TypeVar("T")
@@ -119,17 +119,28 @@ def module_relay(postgres_url: str, **changes: Any) -> Iterator[Relay]:
         yield r
 
 
+@contextmanager
+def migrated_backend_database(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[str]:
+    """`migrated_database` on the backend of a `takes_backend` fixture's param: plain
+    PostgreSQL, or the Citus cluster for a `[citus]` case (tests/conftest.py, issue 18)."""
+    with backend_database(request, postgres_url) as url:
+        upgrade_to_head(url)
+        yield url
+
+
 def module_relay_fixture(**changes: Any) -> Callable[[str], Iterator[Relay]]:
     """A module-scoped `relay` fixture serving `module_relay(postgres_url, **changes)`:
     `relay = module_relay_fixture()` at the top of a test module."""
 
-    @pytest.fixture(scope="module", name="relay", **DATABASE_PARAMS)  # type: ignore[call-overload]
+    @pytest.fixture(scope="module", name="relay")
+    @takes_backend
     def relay(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[Relay]:
-        # ENGRAM_CITUS=1: also on the Citus cluster (tests/conftest.py, issue 18)
-        with backend_database(request, postgres_url) as url:
-            upgrade_to_head(url)
-            with serve(replace(base_config(url), **changes)) as served:
-                yield served
+        # also on the Citus cluster in modules marked both_databases (tests/conftest.py)
+        with (
+            migrated_backend_database(request, postgres_url) as url,
+            serve(replace(base_config(url), **changes)) as served,
+        ):
+            yield served
 
     return relay
 

@@ -35,6 +35,9 @@ from tests.relay.support import (
     versions,
 )
 
+#: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
+pytestmark = pytest.mark.both_databases
+
 RETENTION = timedelta(days=30)
 
 

@@ -36,6 +36,9 @@ from tests.relay.support import (
     wait_for_lock_waiters,
 )
 
+#: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
+pytestmark = pytest.mark.both_databases
+
 PUSHERS = 20
 BATCHES = 4
 BATCH_SIZE = 8

@@ -24,6 +24,9 @@ from tests.relay.support import (
     versions,
 )
 
+#: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
+pytestmark = pytest.mark.both_databases
+
 relay = module_relay_fixture()
 
 

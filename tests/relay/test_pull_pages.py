@@ -9,7 +9,6 @@ relay never holds more than the budget plus one blob).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -24,21 +23,21 @@ from tests.relay.conftest import Relay
 from tests.relay.support import (
     Sealer,
     client,
-    module_relay,
+    module_relay_fixture,
     new_vault_id,
     pull_ok,
     push_ok,
     run_db,
 )
 
+#: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
+pytestmark = pytest.mark.both_databases
+
 BUDGET = 10_000
 CHARS = 4_000  # three blobs pass the budget: 0, 4000 and 8000 characters come before them
 
 
-@pytest.fixture(scope="module")
-def relay(postgres_url: str) -> Iterator[Relay]:
-    with module_relay(postgres_url, max_page_bytes=BUDGET) as served:
-        yield served
+relay = module_relay_fixture(max_page_bytes=BUDGET)
 
 
 def _sized_vault(relay: Relay, sizes: list[int]) -> str:

@@ -28,6 +28,9 @@ from tests.relay.support import (
     wire,
 )
 
+#: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
+pytestmark = pytest.mark.both_databases
+
 FIELDS = (
     "vault_id",
     "memory_id",

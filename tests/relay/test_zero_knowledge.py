@@ -17,10 +17,14 @@ import subprocess
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 from engram_sync.relay.db.url import to_libpq_url
 from tests.relay.conftest import ADMIN_KEY, Relay
 from tests.relay.support import Sealer, client, new_vault_id, pull_ok, push_ok, run_db
+
+#: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
+pytestmark = pytest.mark.both_databases
 
 
 def dump_every_column(relay: Relay) -> str:

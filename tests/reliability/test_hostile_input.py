@@ -21,17 +21,24 @@ from schemathesis.checks import (
 
 from engram_sync.relay.config import RelayConfig
 from engram_sync.relay.ratelimit import RateLimiter
+from tests.conftest import takes_backend
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
-from tests.relay.support import Sealer, migrated_database, wire
+from tests.relay.support import Sealer, migrated_backend_database, wire
 
 SLOW = os.environ.get("ENGRAM_SLOW") == "1"
 EXAMPLES = 150 if SLOW else 40
 VAULT = "fuzz-vault"
 
 
+#: Also on the Citus cluster by default (issue 18, tests/conftest.py): every route fuzzed
+#: against the distributed tables too.
+pytestmark = pytest.mark.both_databases
+
+
 @pytest.fixture(scope="module")
-def fuzz_relay(postgres_url: str) -> Iterator[tuple[Relay, str]]:
-    with migrated_database(postgres_url) as url:
+@takes_backend
+def fuzz_relay(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[tuple[Relay, str]]:
+    with migrated_backend_database(request, postgres_url) as url:
         config: RelayConfig = base_config(url)
         server = RelayThread(config).start()
         relay = Relay(server.url, url, config)

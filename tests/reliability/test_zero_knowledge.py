@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
 from engram_sync.client._accounts import account, pairing, team
 from engram_sync.client._session import VaultSession
@@ -25,6 +26,9 @@ from tests.e2e.conftest import DeviceHandle, make_device
 from tests.e2e.helpers import add, delete, edit
 from tests.relay.conftest import METRICS_TOKEN, Relay, RelayThread, base_config
 from tests.reliability.support import RelayProcess
+
+#: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
+pytestmark = pytest.mark.both_databases
 
 PASSWORD = "zk account password " + secrets.token_hex(4)
 EMAIL = "zk@example.org"

@@ -12,12 +12,13 @@ from collections.abc import Iterator
 import pytest
 
 from engram_sync.relay.db.migrate import upgrade_to_head
-from tests.conftest import DATABASE_PARAMS, backend_database
+from tests.conftest import backend_database, takes_backend
 from tests.relay.conftest import Relay, base_config
 from tests.relay.support import serve
 
 
-@pytest.fixture(scope="module", **DATABASE_PARAMS)  # type: ignore[call-overload]
+@pytest.fixture(scope="module")
+@takes_backend
 def served(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[Relay]:
     """A relay on its own freshly migrated database, shared by one test module (and with
     ENGRAM_CITUS=1 also on the Citus cluster, tests/conftest.py)."""
