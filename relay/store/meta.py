@@ -36,7 +36,7 @@ async def new_generation(conn: asyncpg.Connection) -> str:
     async with conn.transaction():
         await conn.execute(
             "INSERT INTO relay_meta (generation) VALUES ($1) ON CONFLICT (singleton)"
-            " DO UPDATE SET generation = EXCLUDED.generation, changed_at = now()",
-            generation,
+            " DO UPDATE SET generation = EXCLUDED.generation, changed_at = EXCLUDED.changed_at",
+            generation,  # EXCLUDED: Citus refuses now() in DO UPDATE SET (SCALING.md §3)
         )
     return generation
