@@ -17,11 +17,16 @@ CLI does not pay for the sync engine and the relay client (issue 17, docs/agent.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Final
 
 from engram_sync import __version__
 
+# `typing` is not imported at run time: the agent's fast path (client._cli.fast) imports
+# this package and pays for every module it loads (docs/agent.md "Read commands"). mypy
+# takes any name TYPE_CHECKING as true.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, Final
+
     from engram_sync.client._api import Layer, Progress, Vault
     from engram_sync.client._errors import (
         AnswerTooLargeError,

@@ -12,7 +12,10 @@ import contextlib
 import os
 import stat
 from pathlib import Path
-from typing import Final
+
+TYPE_CHECKING = False  # no `typing` at run time (client/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Final
 
 APP_DIR: Final = "engram-sync"
 SOCKET_NAME: Final = "agent.sock"

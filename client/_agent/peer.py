@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 import socket
 import struct
-from typing import Final
+
+TYPE_CHECKING = False  # no `typing` at run time (client/__init__.py says why)
+if TYPE_CHECKING:
+    from typing import Final
 
 _UCRED: Final = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
