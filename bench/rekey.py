@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from bench.import_jsonl import write_jsonl
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.rekey import Rekey, passphrase_keys
+from engram_sync.client._sync.rekey import PUSH_CONCURRENCY, Rekey, passphrase_keys
 from engram_sync.client._vault.store import delete_memory
 from engram_sync.client._vault.transfer import Importer, jsonl_items
 from engram_sync.shared_format.vault.keys import passphrase_vault_key
@@ -72,6 +72,7 @@ def measure(scratch: Path, relay_url: str, api_key: str, memories: int) -> dict[
         "live": report.live,
         "tombstones": report.tombstones,
         "batches": report.batches,
+        "push_concurrency": PUSH_CONCURRENCY,
         "total_s": total_s,
         "argon2_s": argon2_s,
         "seconds_excluding_argon2": max(0.0, total_s - argon2_s),

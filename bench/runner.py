@@ -348,6 +348,7 @@ class Run:
             "file_bytes": runs[0]["file_bytes"],
             "seconds": summary([run["seconds"] for run in runs], "s"),
             "memories_per_s": summary([run["memories_per_s"] for run in runs], "memories/s"),
+            "cpu_s": summary([run["cpu_s"] for run in runs], "s"),  # the import's own CPU
         }
 
 

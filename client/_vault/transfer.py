@@ -309,8 +309,12 @@ _INSERT_ENGRAM: Final = (
     " content_hash, scope, content_type, occurred_at, modified_at, synced_at, agent_id)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)"
 )
-# VAULT §3: the full-text row is written by code, with the engram's rowid.
-_INSERT_FTS: Final = "INSERT INTO engrams_fts (rowid, id, content) VALUES (?, ?, ?)"
+# VAULT §3: the full-text row is written by code, with the engram's rowid: the batch's
+# rows (its rowids are consecutive) copied by one statement instead of one bound per row.
+_INSERT_FTS: Final = (
+    "INSERT INTO engrams_fts (rowid, id, content)"
+    " SELECT rowid, id, content FROM engrams WHERE rowid BETWEEN ? AND ? ORDER BY rowid"
+)
 _INSERT_EMBEDDING: Final = (
     "INSERT OR REPLACE INTO engram_embeddings (engram_id, embedding, model, dimensions,"
     " created_at) VALUES (?, ?, ?, ?, ?)"
@@ -436,13 +440,8 @@ class Importer:
                 for r, (i, d) in zip(rowids, memories, strict=True)
             ],
         )
-        conn.executemany(
-            _INSERT_FTS,
-            [
-                (r, i.memory.id, i.memory.content)
-                for r, (i, _) in zip(rowids, memories, strict=True)
-            ],
-        )
+        if memories:  # one statement: the rows just written, read back inside SQLite
+            conn.execute(_INSERT_FTS, (first, first + len(memories) - 1))
         ids = [(item.memory.id,) for item, _ in memories]
         revived = [row for row in ids if row[0] in self._tombstones]
         if revived:  # a memory deleted here and imported again: it is back, no deletion
