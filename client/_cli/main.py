@@ -29,6 +29,7 @@ from engram_sync.client._cli.support import (
     OPTIONS,
     CliError,
     err,
+    memory_summary,
     open_session,
     out,
     print_json,
@@ -54,12 +55,10 @@ from engram_sync.client._vault.store import (
     delete_memory,
     edit_memory,
     get_memory,
-    get_row,
     list_memories,
-    row_needs_push,
 )
 from engram_sync.shared_format.errors import FormatError, WrongPassphraseError
-from engram_sync.shared_format.plaintext import MemoryPlaintext, encode_memory
+from engram_sync.shared_format.plaintext import encode_memory
 
 if TYPE_CHECKING:
     from sqlite3 import Connection
@@ -230,26 +229,9 @@ def add(
     out.print(memory_id, markup=False)
 
 
-def _summary(memory: MemoryPlaintext, synced: bool) -> dict[str, Any]:
-    return {
-        "id": memory.id,
-        "content": memory.content,
-        "layer": memory.layer,
-        "tags": memory.tags,
-        "project": memory.project,
-        "created_at": memory.created_at,
-        "modified_at": memory.modified_at,
-        "synced": synced,
-    }
-
-
 def list_items(conn: Connection) -> list[dict[str, Any]]:
     """What `list` shows, oldest first: each memory's summary and whether it is synced."""
-    items = []
-    for memory in list_memories(conn):
-        row = get_row(conn, memory.id)
-        items.append(_summary(memory, row is not None and not row_needs_push(row)))
-    return items
+    return [memory_summary(conn, memory) for memory in list_memories(conn)]
 
 
 def render_list(items: list[dict[str, Any]], json_out: bool, out: Console, err: Console) -> None:

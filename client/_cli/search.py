@@ -9,9 +9,15 @@ from typing import Annotated, Any, Final
 import typer
 from rich.console import Console
 
-from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
+from engram_sync.client._cli.support import (
+    CliError,
+    err,
+    memory_summary,
+    open_session,
+    out,
+    print_json,
+)
 from engram_sync.client._vault.search import DEFAULT_LIMIT, SearchFilters, search
-from engram_sync.client._vault.store import get_row, row_needs_push
 
 LAYERS: Final = ("episodic", "semantic", "imagined")
 _MODE_NOTE: Final = {
@@ -72,21 +78,7 @@ def search_items(
 ) -> tuple[str, list[dict[str, Any]]]:
     """The search's mode and what it shows of each result (client._vault.search)."""
     result = search(conn, query, limit=limit, filters=SearchFilters(tuple(tags), project, layer))
-    items: list[dict[str, Any]] = []
-    for memory in result.memories:
-        row = get_row(conn, memory.id)
-        items.append(
-            {
-                "id": memory.id,
-                "content": memory.content,
-                "layer": memory.layer,
-                "tags": memory.tags,
-                "project": memory.project,
-                "created_at": memory.created_at,
-                "modified_at": memory.modified_at,
-                "synced": row is not None and not row_needs_push(row),
-            }
-        )
+    items = [memory_summary(conn, memory) for memory in result.memories]
     return result.mode, items
 
 

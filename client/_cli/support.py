@@ -9,15 +9,37 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import typer
 from rich.console import Console
 
 from engram_sync.client._agent.unlocked import unlocked_session
 from engram_sync.client._session import VaultSession
+from engram_sync.client._vault.store import get_row, row_needs_push
+
+if TYPE_CHECKING:
+    from sqlite3 import Connection
+
+    from engram_sync.shared_format.plaintext import MemoryPlaintext
 
 DEFAULT_VAULT: Final = Path("~/.engram/vault")
+
+
+def memory_summary(conn: Connection, memory: MemoryPlaintext) -> dict[str, Any]:
+    """What `list` and `search` show of a memory (the fields of `list --json`), with whether
+    the vault holds it as pushed."""
+    row = get_row(conn, memory.id)
+    return {
+        "id": memory.id,
+        "content": memory.content,
+        "layer": memory.layer,
+        "tags": memory.tags,
+        "project": memory.project,
+        "created_at": memory.created_at,
+        "modified_at": memory.modified_at,
+        "synced": row is not None and not row_needs_push(row),
+    }
 
 
 def console(
