@@ -10,10 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.engine import SyncReport
@@ -45,16 +42,6 @@ PUSHER = textwrap.dedent(
         time.sleep(600)  # SIGKILLed here: the rest of the lease is never written back
     """
 )
-
-
-@pytest.fixture
-def relay_process(fresh_database_url: str) -> Iterator[RelayProcess]:
-    relay = RelayProcess(fresh_database_url)
-    relay.start()
-    try:
-        yield relay
-    finally:
-        relay.stop()
 
 
 def _clocks(relay: RelayProcess) -> list[int]:

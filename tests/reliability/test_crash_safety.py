@@ -14,12 +14,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-import pytest
 
 from engram_sync.client._errors import SyncError
 from engram_sync.client._session import VaultSession
@@ -34,16 +33,6 @@ SLOW = os.environ.get("ENGRAM_SLOW") == "1"
 BIN = Path(sys.executable).parent
 PASSPHRASE = "crash safety passphrase"
 VAULT = "crash-vault"
-
-
-@pytest.fixture
-def relay_process(fresh_database_url: str) -> Iterator[RelayProcess]:
-    relay = RelayProcess(fresh_database_url)
-    relay.start()
-    try:
-        yield relay
-    finally:
-        relay.stop()
 
 
 def _vault(path: Path, relay: RelayProcess, memories: int = 0) -> list[str]:

@@ -17,7 +17,6 @@ import os
 import random
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,16 +29,6 @@ from tests.reliability.support import RelayProcess
 #: "new:k": the new vault holds k blobs (of 16; batches of 2); "retired": the old one is.
 CI_POINTS = ("new:1", "new:9", "retired")
 BATCH = "2"
-
-
-@pytest.fixture
-def relay_process(fresh_database_url: str) -> Iterator[RelayProcess]:
-    relay = RelayProcess(fresh_database_url)
-    relay.start()
-    try:
-        yield relay
-    finally:
-        relay.stop()
 
 
 def _view(process: RelayProcess) -> Relay:
