@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from engram_sync.client._vault import store as local_store
 from tests.e2e.conftest import DeviceHandle
+from tests.terminal import read_until_closed
 
 
 def contents(device: DeviceHandle) -> dict[str, str]:
@@ -57,15 +58,7 @@ def stderr_on_a_terminal(
         args, env=dict(env), stdout=subprocess.PIPE, stderr=replica, text=True
     ) as proc:
         os.close(replica)
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the other end closed
-                break
-            if not chunk:
-                break
-            seen += chunk
+        seen = read_until_closed(master)
         stdout = proc.stdout.read() if proc.stdout else ""
     os.close(master)
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, ""), seen

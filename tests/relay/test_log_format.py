@@ -20,6 +20,7 @@ from engram_sync.relay.logs import JsonFormatter
 from engram_sync.relay.request_context import RequestIdFilter, request_id_var
 from tests.relay.conftest import ADMIN_KEY, free_port
 from tests.relay.support import wait_for
+from tests.terminal import read_until_closed
 
 BIN = Path(sys.executable).parent
 
@@ -58,15 +59,7 @@ def test_the_formatter_drops_colours_and_the_request_id_outside_a_request() -> N
 
 def _drain(master: int) -> bytes:
     """Everything written to a pseudo-terminal whose other end has closed."""
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # the other end closed
-            break
-        if not chunk:
-            break
-        seen += chunk
+    seen = read_until_closed(master)
     os.close(master)
     return seen
 
