@@ -47,7 +47,7 @@ from engram_sync.relay.store.push import (
     PushLimits,
     PushResult,
     Quota,
-    committed_heads,
+    committed_changes,
     push_group,
 )
 from engram_sync.relay.store.replicas import Replica, heartbeat, leave
@@ -187,7 +187,7 @@ def create_app(config: RelayConfig) -> Litestar:
         state.metrics.push_group_size.observe(len(jobs))
         results = await push_group(state.require_pool(), jobs, limits)  # NOTIFYs after commit
         if config.feed_notify:
-            hub.publish_many(committed_heads(jobs, results))  # this process's waiters, at once
+            hub.publish_commits(committed_changes(jobs, results))  # this process's, at once
         return results
 
     state.push_groups = PushGroups(

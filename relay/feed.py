@@ -11,6 +11,11 @@ waiters that `wait` (the long-poll), plus the wakers event streams register whil
 sit idle (`add_waker`): an idle waiter costs a coroutine and nothing else (no timer
 beyond its ping, no query).
 
+A watch with `blobs=1` streams (`carriers`) also keeps the last few small commits it
+heard of with their blobs (docs/live-feed.md "Blobs in the event"), so those streams can
+send them in the event: `blobs_between(after, seq)` is their JSON when the commits kept
+lead from `after` to `seq` without a gap, else None (the device pulls, as for a hint).
+
 Nothing here touches the database or HTTP: the cursor in PostgreSQL stays the truth, a
 watch only says when it is worth looking again.
 """
@@ -20,23 +25,63 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Final
+
+from engram_sync.relay.store.feed import Commit
 
 log = logging.getLogger(__name__)
+
+# How much of the recent commits a watch keeps for its `blobs=1` streams: a stream is
+# woken at once, so it is rarely more than one commit behind; one further behind pulls.
+KEPT_COMMITS: Final = 4
+KEPT_BYTES: Final = 32 * 1024
 
 
 class VaultWatch:
     """What the waiters of one vault share."""
 
-    __slots__ = ("_event", "_wakers", "epoch", "seq", "users", "version")
+    __slots__ = (
+        "_commits", "_event", "_wakers", "carriers", "epoch", "seq", "users", "version",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.seq = 0  # the highest sequence heard of (0 = nothing yet)
         self.epoch = 0  # moves when waiters must re-check their key or device
         self.version = 0  # moves on every wake
         self.users = 0
+        self.carriers = 0  # the `blobs=1` streams among the users
         self._event = asyncio.Event()
         self._wakers: set[Callable[[], None]] = set()
+        self._commits: dict[int, Commit] = {}  # after -> commit, oldest first
+
+    def remember(self, commit: Commit) -> None:
+        """Keep a small commit's blobs for the `blobs=1` streams (none: nothing kept)."""
+        if self.carriers <= 0 or commit.blobs is None:
+            return
+        kept = self._commits
+        kept[commit.after] = commit
+        while (
+            len(kept) > KEPT_COMMITS or sum(len(c.blobs or b"") for c in kept.values()) > KEPT_BYTES
+        ):
+            del kept[next(iter(kept))]
+
+    def blobs_between(self, after: int, seq: int) -> bytes | None:
+        """The JSON array of every blob committed in (`after`, `seq`], from the commits
+        kept, or None when they do not cover that range exactly."""
+        parts: list[bytes] = []
+        at = after
+        while at < seq:
+            commit = self._commits.get(at)
+            if commit is None or commit.blobs is None or commit.seq > seq:
+                return None
+            parts.append(commit.blobs)
+            at = commit.seq
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        return b"[" + b",".join(p[1:-1] for p in parts if len(p) > 2) + b"]"
 
     def observe(self, seq: int) -> bool:
         """Record `seq`; wake the waiters if it passes what was known. True when it did."""
@@ -139,6 +184,14 @@ class ChangeHub:
         """`publish` for several vaults."""
         for vault_id, seq in heads.items():
             self.publish(vault_id, seq)
+
+    def publish_commits(self, commits: Iterable[Commit]) -> None:
+        """`publish` of commits, their blobs kept first for the `blobs=1` streams."""
+        for commit in commits:
+            watch = self._watches.get(commit.vault_id)
+            if watch is not None:
+                watch.remember(commit)
+                watch.observe(commit.seq)
 
     def recheck(self, vault_id: str) -> None:
         """A device of `vault_id` was revoked: its waiters re-check."""

@@ -1,7 +1,8 @@
 """The one LISTEN connection of a relay process (PROTOCOL §15).
 
-It listens on `engram_vault_changes` ('<vault_id> <seq>', from every process's pushes)
-and `engram_vault_revocations` ('<vault_id>'), and hands both to the process's
+It listens on `engram_vault_changes` ('<vault_id> <seq>', from every process's pushes),
+`engram_vault_commits` (a small commit's blobs, just before its change: relay.store.feed)
+and `engram_vault_revocations` ('<vault_id>'), and hands them to the process's
 `ChangeHub`. Its own connection, not a pooled one (a pooled connection must never keep
 a LISTEN: relay.db.pool), tagged `application_name=engram-relay-listen <pid>` (the
 process id tells an operator, or a test, whose connection it is). When the
@@ -23,7 +24,13 @@ import asyncpg
 
 from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.relay.feed import ChangeHub
-from engram_sync.relay.store.feed import CHANGES, REVOCATIONS, vault_heads
+from engram_sync.relay.store.feed import (
+    CHANGES,
+    COMMITS,
+    REVOCATIONS,
+    parse_commit,
+    vault_heads,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +100,7 @@ class FeedListener:
         lost = asyncio.Event()
         try:
             conn.add_termination_listener(lambda _c: lost.set())
+            await conn.add_listener(COMMITS, self._on_commit)
             await conn.add_listener(CHANGES, self._on_change)
             await conn.add_listener(REVOCATIONS, self._on_revocation)
             self.connections += 1
@@ -122,6 +130,13 @@ class FeedListener:
             self._hub.publish(vault_id, int(seq))
         except ValueError:
             log.warning("change notification with a bad payload ignored")
+
+    def _on_commit(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        commit = parse_commit(payload)
+        if commit is None:
+            log.warning("commit notification with a bad payload ignored")
+            return
+        self._hub.publish_commits((commit,))
 
     def _on_revocation(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         self._hub.recheck(payload)

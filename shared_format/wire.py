@@ -95,6 +95,23 @@ class PullResponse(Struct, frozen=True):
     retired: VaultRetirement | UnsetType = UNSET
 
 
+class ChangeEvent(Struct, frozen=True):
+    """`data` of the event stream's `event: change` (PROTOCOL §15).
+
+    `cursor` is the vault's sequence, the hint of §15. The rest is ours (docs/live-feed.md
+    "Blobs in the event"), sent only on a stream asked with `blobs=1` (feature
+    `events-blobs`) and only for small commits: `blobs` are every blob committed in
+    (`after`, `cursor`], as a cursor pull from `after` would give them (with `seq`), and
+    `generation` the relay's (§17). A device whose cursor is exactly `after` may apply
+    them as that pull's page, checked like one; any other device pulls as for a hint.
+    """
+
+    cursor: Cursor
+    after: Cursor | UnsetType = UNSET
+    generation: str | UnsetType = UNSET
+    blobs: list[SyncBlob] | UnsetType = UNSET
+
+
 class RetireRequest(Struct, frozen=True):
     """Body of `POST /v1/vaults/{vault_id}/retire` (PROTOCOL §19)."""
 

@@ -6,7 +6,10 @@ the vault's sequence passes the last value sent (starting from N, so at once whe
 behind); a `: ping` comment every `events_ping_s` (15 s); `event: revoked` and the end
 of the stream once the device (or the key) is revoked; `event: retired` and the end once
 the vault is retired (PROTOCOL §19), also on a stream opened before the retire. A hint
-only, never blob data: the device pulls with its cursor.
+only, never blob data: the device pulls with its cursor. Ours (docs/live-feed.md "Blobs in
+the event", feature `events-blobs`): a stream asked with `blobs=1` gets, in the change's
+data, the blobs of the commits since the last value it sent (`after`) and the relay's
+generation, when those commits were small and this process heard of them all.
 
 An idle stream holds no database connection and sends no query: it waits on its
 vault's watch in the process's change hub (relay.feed). The database is read once at
@@ -38,7 +41,7 @@ from litestar.params import FromPath, QueryParameter
 from litestar.response.sse import ServerSentEventMessage
 from litestar.types import ASGIApp, Empty, Receive, Scope, Send
 from litestar.utils.scope.state import ScopeState
-from msgspec import UnsetType
+from msgspec import UNSET, UnsetType
 
 from engram_sync.relay.auth import authorize
 from engram_sync.relay.connections import STOP_ON_SHUTDOWN
@@ -76,9 +79,17 @@ _HEADERS: Final = (
 )
 
 
-def change_message(seq: int) -> bytes:
-    """`event: change` carrying the vault's sequence (PROTOCOL §15)."""
-    data = msgspec.json.encode({"cursor": seq}).decode()
+def change_message(
+    seq: int, *, after: int = 0, blobs: bytes | None = None, generation: str | UnsetType = UNSET
+) -> bytes:
+    """`event: change` carrying the vault's sequence (PROTOCOL §15) and, when given, the
+    JSON array of the blobs committed in (`after`, `seq`] with the relay's generation
+    (ours: wire.ChangeEvent)."""
+    if blobs is None:
+        data = msgspec.json.encode({"cursor": seq}).decode()
+    else:
+        head = msgspec.json.encode({"cursor": seq, "after": after, "generation": generation})
+        data = (head[:-1] + b',"blobs":' + blobs + b"}").decode()
     return ServerSentEventMessage(data=data, event="change", sep=_SEP).encode()
 
 
@@ -107,10 +118,15 @@ class EventStream:
     the task was cancelled.
     """
 
-    __slots__ = ("_cursor", "_listener", "_state", "_stopping", "_timeout", "_waker")
+    __slots__ = (
+        "_blobs", "_cursor", "_listener", "_state", "_stopping", "_timeout", "_waker",
+    )  # fmt: skip
 
-    def __init__(self, state: RelayState, listener: Listener, cursor: int) -> None:
+    def __init__(
+        self, state: RelayState, listener: Listener, cursor: int, *, blobs: bool = False
+    ) -> None:
         self._state, self._listener, self._cursor = state, listener, cursor
+        self._blobs = blobs  # `blobs=1`: small commits' blobs in the change (ours)
         self._timeout: asyncio.Timeout | None = None  # set while the stream is idle
         self._stopping = False
         self._waker = self.wake  # one bound method, added to and discarded from the watch
@@ -131,6 +147,7 @@ class EventStream:
         hub = self._state.require_hub()
         vault_id = self._listener.vault_id
         watch = join(hub, vault_id)  # raises 503 busy before anything was sent
+        watch.carriers += self._blobs
         # A graceful shutdown ends the stream at once (relay.connections), not after its
         # timeout; devices reconnect after `retry`.
         cast(dict[str, Any], scope)[STOP_ON_SHUTDOWN] = self.stop
@@ -139,6 +156,7 @@ class EventStream:
             if await self._serve(watch, receive, send):
                 await _write(send, b"", more=False)  # the end of the body
         finally:
+            watch.carriers -= self._blobs
             hub.leave(vault_id, watch)
 
     async def _serve(self, watch: VaultWatch, receive: Receive, send: Send) -> bool:
@@ -164,8 +182,11 @@ class EventStream:
                         await _write(send, retired_message(retired_field(retired)))
                         return True
                 if watch.seq > sent:
-                    sent = watch.seq
-                    await _write(send, change_message(sent))
+                    after, sent = sent, watch.seq
+                    blobs = watch.blobs_between(after, sent) if self._blobs else None
+                    await _write(send, change_message(
+                        sent, after=after, blobs=blobs, generation=state.generation
+                    ))  # fmt: skip
                 woken = await self._idle(watch, version, receive)
                 if woken is None:
                     return False
@@ -241,8 +262,10 @@ async def events(
     request: Request[Any, Any, Any],
     vault_id: FromPath[str],
     cursor: Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)] = None,
+    blobs: Annotated[int, QueryParameter(ge=0, le=1)] = 0,
 ) -> ASGIApp:
-    """The vault's change hints as Server-Sent Events, from `cursor` on (PROTOCOL §15).
+    """The vault's change hints as Server-Sent Events, from `cursor` on (PROTOCOL §15);
+    `blobs=1`: small commits' blobs in the change event (ours, feature `events-blobs`).
     Auth as pull; 503 `busy` when the process holds `events_max_streams` waiters."""
     state = relay_state(request)
     principal = await authorize(request, require_id(vault_id, "vault_id"))
@@ -261,7 +284,7 @@ async def events(
         request, state, vault_id, device_for_progress(request, principal.device_id)
     )
     _diet.apply(request)
-    return EventStream(state, listener, cursor)
+    return EventStream(state, listener, cursor, blobs=bool(blobs))
 
 
 class RetiredStream:

@@ -27,6 +27,7 @@ FEATURES = [
     "digest-narrow",  # PROTOCOL §18, ours: POST /v1/vaults/{v}/digest/narrow (docs/digest.md)
     "idempotency-keys",  # an Idempotency-Key makes creating POSTs retryable (docs/retries.md)
     "events",  # PROTOCOL §15: GET /v1/vaults/{v}/events (docs/live-feed.md)
+    "events-blobs",  # ours: events?blobs=1, small commits' blobs in the change (docs/live-feed.md)
     "pull-wait",  # PROTOCOL §15: pull?cursor=N&wait=S, the long-poll
     "retire",  # PROTOCOL §19: POST /v1/vaults/{v}/retire (docs/rekey.md)
 ]
@@ -65,9 +66,9 @@ async def ready(request: Request[Any, Any, Any]) -> dict[str, str]:
 
 def features_of(config: RelayConfig) -> list[str]:
     """FEATURES without the live feed's parts that ENGRAM_RELAY_LIVE_FEED turned off."""
-    off = set()
+    off: set[str] = set()
     if not config.feed_events:
-        off.add("events")
+        off.update(("events", "events-blobs"))
     if not config.feed_notify:
         off.add("pull-wait")
     return [name for name in FEATURES if name not in off]

@@ -1,44 +1,109 @@
 """The live change feed's SQL (PROTOCOL §15): NOTIFY after commit, heads, re-checks.
 
 `CHANGES` carries '<vault_id> <seq>' once per vault per commit, sent after the data
-transaction committed (never inside it). `REVOCATIONS` (our addition, docs/live-feed.md)
-carries '<vault_id>' after a device of that vault was revoked, so streams of the vault
-end without any query while they are idle.
+transaction committed (never inside it). `COMMITS` (ours, docs/live-feed.md "Blobs in the
+event") carries '<vault_id> <after> <seq> <blobs JSON>' for a small commit, just before its
+`CHANGES`, so every process can hand the blobs to its `blobs=1` streams without a query.
+`REVOCATIONS` (our addition, docs/live-feed.md) carries '<vault_id>' after a device of
+that vault was revoked, so streams of the vault end without any query while they are idle.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 import asyncpg
+import msgspec
+
+from engram_sync.shared_format.wire import SyncBlob
 
 log = logging.getLogger(__name__)
 
 CHANGES: Final = "engram_vault_changes"
 REVOCATIONS: Final = "engram_vault_revocations"
+COMMITS: Final = "engram_vault_commits"
 
-_NOTIFY_CHANGES = (
-    "SELECT pg_notify($1, v || ' ' || s) FROM unnest($2::text[], $3::bigint[]) AS u(v, s)"
-)
+# Which commits carry their blobs (docs/live-feed.md "Blobs in the event"): at most this
+# many blobs of at most this many ciphertext characters together, so that the NOTIFY
+# payload stays under PostgreSQL's 8,000 bytes (checked again on the encoded payload).
+INLINE_MAX_BLOBS: Final = 8
+INLINE_MAX_CIPHERTEXT: Final = 6_000
+MAX_NOTIFY_PAYLOAD: Final = 7_900
+
+# One statement, the notifications in array order: a vault's COMMITS before its CHANGES.
+_NOTIFY = "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS u(c, p)"
 
 
-async def announce(conn: asyncpg.Connection | asyncpg.Pool, heads: Mapping[str, int]) -> None:
-    """One NOTIFY per vault, in one statement outside any transaction (PROTOCOL §15).
+@dataclass(frozen=True)
+class Commit:
+    """What one commit did to one vault: its sequence went from `after` to `seq`; `blobs`
+    is the JSON array of the blobs it wrote (with their `seq`, ordered by it, as a cursor
+    pull from `after` gives them), or None for a commit too large to carry them."""
+
+    vault_id: str
+    after: int
+    seq: int
+    blobs: bytes | None = None
+
+
+def encode_blobs(written: Sequence[SyncBlob]) -> bytes | None:
+    """The JSON array of a commit's blobs, or None when they are too many or too large
+    to travel in the feed (the devices pull them)."""
+    if len(written) > INLINE_MAX_BLOBS:
+        return None
+    if sum(len(b.ciphertext) for b in written) > INLINE_MAX_CIPHERTEXT:
+        return None
+    return msgspec.json.encode(written)
+
+
+def commit_payload(commit: Commit) -> str | None:
+    """The COMMITS payload of a commit, or None when it has no blobs or would not fit."""
+    if commit.blobs is None:
+        return None
+    payload = f"{commit.vault_id} {commit.after} {commit.seq} {commit.blobs.decode()}"
+    return payload if len(payload.encode()) <= MAX_NOTIFY_PAYLOAD else None
+
+
+def parse_commit(payload: str) -> Commit | None:
+    """A COMMITS payload back into its commit (None: not one of ours)."""
+    parts = payload.split(" ", 3)
+    if len(parts) != 4:
+        return None
+    vault_id, after, seq, blobs = parts
+    if not (after.isdigit() and seq.isdigit() and blobs.startswith("[") and blobs.endswith("]")):
+        return None
+    if not vault_id or int(after) >= int(seq):
+        return None
+    return Commit(vault_id, int(after), int(seq), blobs.encode())
+
+
+async def announce(conn: asyncpg.Connection | asyncpg.Pool, commits: Sequence[Commit]) -> None:
+    """One NOTIFY per vault (PROTOCOL §15), and one COMMITS before it for a small commit,
+    in one statement outside any transaction.
 
     A failure is logged, never raised: the push it follows has committed, and a device
     that misses the hint still gets the blobs at its next pull (the cursor is the truth)."""
-    if not heads:
+    if not commits:
         return
-    vaults = sorted(heads)
+    channels: list[str] = []
+    payloads: list[str] = []
+    for commit in sorted(commits, key=lambda c: c.vault_id):
+        carried = commit_payload(commit)
+        if carried is not None:
+            channels.append(COMMITS)
+            payloads.append(carried)
+        channels.append(CHANGES)
+        payloads.append(f"{commit.vault_id} {commit.seq}")
     try:
-        await conn.execute(_NOTIFY_CHANGES, CHANGES, vaults, [heads[v] for v in vaults])
+        await conn.execute(_NOTIFY, channels, payloads)
     except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
         log.warning(
             "change notification failed: %s",
             type(exc).__name__,
-            extra={"vaults": len(vaults), "error": type(exc).__name__},
+            extra={"vaults": len(commits), "error": type(exc).__name__},
         )
 
 

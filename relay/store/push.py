@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import asyncpg
+from msgspec.structs import replace
 
 from engram_sync.relay.domain_errors import (
     PushRefusedError,
@@ -25,8 +26,9 @@ from engram_sync.relay.domain_errors import (
     VaultRetiredError,
 )
 from engram_sync.relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
-from engram_sync.relay.store.feed import announce
+from engram_sync.relay.store.feed import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
 from engram_sync.shared_format.digest import bucket_of, digest_bytes, digest_int, version_hash
+from engram_sync.shared_format.wire import SyncBlob
 
 
 @dataclass(frozen=True)
@@ -246,7 +248,7 @@ async def push_group(
                 # PROTOCOL §15: committed now; one NOTIFY per vault of the group, on the
                 # same connection, outside the transaction (a failure is only logged).
                 if limits.announce:
-                    await announce(conn, committed_heads(jobs, results))
+                    await announce(conn, committed_changes(jobs, results))
                 return results
             # First push to a vault: its row is created on its own and committed, outside
             # the locking transaction, so no transaction ever holds a row it inserted while
@@ -262,13 +264,35 @@ async def push_group(
             )
 
 
-def committed_heads(jobs: list[PushJob], results: list[PushResult]) -> dict[str, int]:
-    """Each vault a group wrote to, with its sequence after the group's commit."""
-    heads: dict[str, int] = {}
+def committed_changes(jobs: list[PushJob], results: list[PushResult]) -> list[Commit]:
+    """Each vault a group wrote to: its sequence before and after the group's commit and,
+    for a small commit, the blobs written (PROTOCOL §15; docs/live-feed.md "Blobs in the
+    event"). A push's accepted blobs took the sequence numbers after the vault's, in
+    order (`_decide`), and a later push of the group replaced an earlier one's blob of
+    the same memory before anything was written: what is left is what a pull gives."""
+    spans: dict[str, list[int]] = {}  # vault -> [after, seq]
+    written: dict[str, dict[str, tuple[int, SyncBlob]]] = {}
     for job, result in zip(jobs, results, strict=True):
-        if isinstance(result, PushOutcome) and result.plan.accepted:
-            heads[job.vault_id] = max(heads.get(job.vault_id, 0), result.cursor)
-    return heads
+        if not (isinstance(result, PushOutcome) and result.plan.accepted):
+            continue
+        accepted = result.plan.accepted
+        first = result.cursor - len(accepted)
+        span = spans.setdefault(job.vault_id, [first, result.cursor])
+        span[1] = result.cursor
+        rows = written.setdefault(job.vault_id, {})
+        if len(rows) + len(accepted) <= INLINE_MAX_BLOBS:  # else the commit carries none
+            for seq, item in enumerate(accepted, start=first + 1):
+                rows[item.blob.memory_id] = (seq, item.blob)
+    commits = []
+    for vault_id, (after, seq) in spans.items():
+        rows = written[vault_id]
+        blobs = None
+        if rows and seq - after <= INLINE_MAX_BLOBS:
+            blobs = encode_blobs(
+                [replace(b, vault_id=vault_id, seq=s) for s, b in sorted(rows.values())]
+            )
+        commits.append(Commit(vault_id, after, seq, blobs))
+    return commits
 
 
 async def _lock_vaults(

@@ -11,7 +11,7 @@ from engram_sync.relay.config import config_from_env
 from engram_sync.relay.domain_errors import QuotaExceededError
 from engram_sync.relay.feed import ChangeHub, HubFullError
 from engram_sync.relay.push_rules import PushPlan, check_structure
-from engram_sync.relay.store.push import PushJob, PushOutcome, committed_heads
+from engram_sync.relay.store.push import PushJob, PushOutcome, committed_changes
 from engram_sync.shared_format.wire import MAX_BLOBS_PER_PUSH
 from tests.relay.support import Sealer
 
@@ -107,7 +107,8 @@ def test_a_group_commit_announces_each_vault_once_at_its_head() -> None:
         _outcome(8, 0),  # nothing accepted: nothing to announce
         QuotaExceededError("bytes", 1, 2),  # refused: nothing written
     ]
-    assert committed_heads(jobs, results) == {"a": 5, "b": 10}
+    heads = {c.vault_id: c.seq for c in committed_changes(jobs, results)}
+    assert heads == {"a": 5, "b": 10}
 
 
 def test_the_feed_settings_come_from_the_environment() -> None:

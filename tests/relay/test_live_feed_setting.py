@@ -72,7 +72,7 @@ def notifications_of_a_push(relay: Relay, http: httpx.Client, vault: str) -> lis
 @pytest.mark.parametrize("relay_config", ["on"], indirect=True)
 def test_on_serves_events_long_poll_and_notify(relay: Relay, http: httpx.Client) -> None:
     vault = new_vault_id()
-    assert {"events", "pull-wait"} <= features(http)
+    assert {"events", "events-blobs", "pull-wait"} <= features(http)
     assert events_status(http, vault) == 200
     assert notifications_of_a_push(relay, http, vault) == [f"{vault} 1"]
 
@@ -82,7 +82,7 @@ def test_long_poll_serves_no_event_stream(relay: Relay, http: httpx.Client) -> N
     vault = new_vault_id()
     listed = features(http)
     assert "pull-wait" in listed
-    assert "events" not in listed
+    assert not {"events", "events-blobs"} & listed
     assert events_status(http, vault) == 404
     assert notifications_of_a_push(relay, http, vault) == [f"{vault} 1"]
 
@@ -91,7 +91,7 @@ def test_long_poll_serves_no_event_stream(relay: Relay, http: httpx.Client) -> N
 def test_off_sends_no_notify_and_answers_a_wait_at_once(relay: Relay, http: httpx.Client) -> None:
     vault = new_vault_id()
     listed = features(http)
-    assert not {"events", "pull-wait"} & listed
+    assert not {"events", "events-blobs", "pull-wait"} & listed
     assert "cursor" in listed  # the rest of the list is intact
     assert events_status(http, vault) == 404
     assert notifications_of_a_push(relay, http, vault) == []
