@@ -3,7 +3,7 @@
 `GET /v1/vaults/{v}/digest` (auth as pull) answers `{"cursor","count","digest"}` for the
 vault (stored, O(1)); `?bucket=B` for one bucket and `?bucket=B&list=1[&after=M]` its
 versions a page at a time (computed on request over that bucket's rows); `?buckets=1`
-every bucket at once (ours, one grouped scan of the vault: used only after a mismatch).
+every bucket's prefix and count at once (ours, stored on the vault row: O(1)).
 `POST /v1/vaults/{v}/digest/narrow {"bucket", "subs"[, "after"]}` (ours) narrows one bucket
 by its 256 sub-buckets: the versions of those whose digests differ from the device's.
 `POST /v1/vaults/{v}/fetch {"memory_ids": [...]}` (ours) gives the current blobs of the
@@ -38,7 +38,6 @@ from engram_sync.shared_format.digest import (
     FetchResponse,
     NarrowAnswer,
     NarrowRequest,
-    bucket_prefixes,
     digest_text,
 )
 
@@ -72,19 +71,14 @@ async def digest(
         whole = await store.vault_digest(pool, vault_id)
         text = digest_text(whole.digest)
         return DigestAnswer(cursor=whole.cursor, count=whole.count, digest=text)
-    if buckets:
-        seq, found = await store.bucket_digests(pool, vault_id, None)
-        total = 0
-        count = 0
-        for one in found.values():
-            total ^= one.digest
-            count += one.count
+    if buckets:  # stored (revision 0012): one row read, one snapshot
+        stored = await store.stored_buckets(pool, vault_id)
         return DigestAnswer(
-            cursor=seq,
-            count=count,
-            digest=digest_text(total),
-            buckets=b64encode_std(bucket_prefixes({b: d.digest for b, d in found.items()})),
-            counts=[found[b].count if b in found else 0 for b in range(BUCKETS)],
+            cursor=stored.cursor,
+            count=sum(stored.counts),
+            digest=digest_text(stored.digest),
+            buckets=b64encode_std(stored.prefixes),
+            counts=stored.counts,
         )
     assert bucket is not None
     seq, found = await store.bucket_digests(pool, vault_id, bucket)

@@ -8,7 +8,8 @@ it gets 409 `resync_required` instead of silently missing deletions.
 PROTOCOL §18: the vault digest covers the blob rows the relay holds, so a removed
 tombstone is XORed out of it in the same transaction (docs/digest.md: a device learns
 that a tombstone was compacted when a bucket list lacks it, and leaves it out of its own
-digest from then on).
+digest from then on). The vault's stored bucket prefixes and counts (revision 0012) lose
+the same versions, each from its bucket.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import timedelta
 
 import asyncpg
 
+from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
 from engram_sync.shared_format.digest import digest_bytes, digest_int
 
 # The XOR of the removed versions' hashes (PROTOCOL §18) as four 8-byte words: PostgreSQL
@@ -44,7 +46,8 @@ async def compact_vault(
     """Compact one vault under its row lock (serialised with pushes to it)."""
     async with conn.transaction():
         vault = await conn.fetchrow(
-            "SELECT seq, compacted_through, digest FROM vaults WHERE vault_id = $1 FOR UPDATE",
+            "SELECT seq, compacted_through, digest, bucket_prefixes, bucket_counts FROM vaults"
+            " WHERE vault_id = $1 FOR UPDATE",
             vault_id,
         )
         if vault is None:
@@ -58,37 +61,54 @@ async def compact_vault(
             vault["seq"],
             retention,
         )
-        row = await conn.fetchrow(
+        # One row per bucket of the removed versions (a NULL bucket: rows in no bucket).
+        rows = await conn.fetch(
             f"""
             WITH removed AS (
                 DELETE FROM blobs WHERE vault_id = $1 AND deleted AND seq <= $2
                     AND received_at < now() - $3::interval
-                RETURNING seq, size_bytes,
+                RETURNING seq, size_bytes, digest_bucket,
                     engram_version_hash(memory_id, device_id, vector_clock, deleted) AS v
             )
-            SELECT count(*) AS n, coalesce(max(seq), 0) AS top,
-                   coalesce(sum(size_bytes), 0) AS bytes, {_REMOVED_WORDS} FROM removed
+            SELECT digest_bucket, count(*) AS n, coalesce(max(seq), 0) AS top,
+                   coalesce(sum(size_bytes), 0) AS bytes, {_REMOVED_WORDS}
+            FROM removed GROUP BY digest_bucket
             """,  # noqa: S608 - constants only
             vault_id,
             safe,
             retention,
         )
-        horizon = max(vault["compacted_through"], row["top"])
-        if row["n"]:
-            removed = int.from_bytes(
-                b"".join(int(row[f"w{n}"]).to_bytes(8, "big", signed=True) for n in range(4)),
-                "big",
+        count = sum(int(r["n"]) for r in rows)
+        horizon = max([vault["compacted_through"], *(int(r["top"]) for r in rows)])
+        if count:
+            removed = 0
+            xors: dict[int, int] = {}
+            gone: dict[int, int] = {}
+            for r in rows:
+                hashes = int.from_bytes(
+                    b"".join(int(r[f"w{n}"]).to_bytes(8, "big", signed=True) for n in range(4)),
+                    "big",
+                )
+                removed ^= hashes
+                if r["digest_bucket"] is not None:  # PROTOCOL §18, revision 0012
+                    xors[r["digest_bucket"]] = hashes >> PREFIX_SHIFT
+                    gone[r["digest_bucket"]] = -int(r["n"])
+            prefixes, counts = apply_changes(
+                vault["bucket_prefixes"], vault["bucket_counts"], xors, gone
             )
             await conn.execute(
                 "UPDATE vaults SET compacted_through = $2, bytes_used = bytes_used - $3,"
-                " tombstones = tombstones - $4, digest = $5 WHERE vault_id = $1",
+                " tombstones = tombstones - $4, digest = $5, bucket_prefixes = $6,"
+                " bucket_counts = $7 WHERE vault_id = $1",
                 vault_id,
                 horizon,
-                int(row["bytes"]),
-                int(row["n"]),
+                sum(int(r["bytes"]) for r in rows),
+                count,
                 digest_bytes(digest_int(vault["digest"]) ^ removed),  # PROTOCOL §18
+                prefixes,
+                counts,
             )
-        return CompactionResult(vault_id, int(row["n"]), horizon)
+        return CompactionResult(vault_id, count, horizon)
 
 
 async def compact_vaults(conn: asyncpg.Connection, retention: timedelta) -> list[CompactionResult]:

@@ -1,9 +1,11 @@
 """The anti-entropy digest on PostgreSQL (PROTOCOL §18, docs/digest.md).
 
 The vault's digest is stored (`vaults.digest`, kept by pushes and compaction under the
-vault row lock); a bucket's is computed on request over that bucket's rows only (the
-index `(vault_id, digest_bucket, memory_id)`), with the version hash of revision
-0008_digest in SQL. Each answer is one statement, hence one snapshot: the cursor, the
+vault row lock), and so are the 256 bucket prefixes and counts of `?buckets=1`
+(`vaults.bucket_prefixes`, `vaults.bucket_counts`, revision 0012: one row read); one
+bucket's digest, list and narrowing are computed on request over that bucket's rows only
+(the index `(vault_id, digest_bucket)`), with the version hash of revision 0008_digest in
+SQL. Each answer is one statement, hence one snapshot: the cursor, the
 count and the digest describe the same commit.
 """
 
@@ -30,8 +32,14 @@ _WORDS = ", ".join(
 )
 
 _VAULT = "SELECT seq, live_blobs + tombstones AS n, digest FROM vaults WHERE vault_id = $1"
+# PROTOCOL §18, ours: every bucket's prefix and count, stored (revision 0012)
+_BUCKET_PREFIXES = (
+    "SELECT seq, digest, bucket_prefixes, bucket_counts FROM vaults WHERE vault_id = $1"
+)
 
-# $2 = one bucket, or NULL for every bucket of the vault (grouped). The LATERAL filters on
+# $2 = one bucket, or NULL for every bucket of the vault (grouped: a pass over all the
+# vault's rows, no longer asked by a route, kept as the tests' oracle of the stored
+# prefixes and counts: tests/relay/test_bucket_prefixes.py). The LATERAL filters on
 # `b.vault_id = $1` too: Citus plans it as one task on the vault's shard only then (with
 # `= v.vault_id` alone it ran on every shard: deploy/SCALING.md §3).
 _BUCKETS = f"""
@@ -107,6 +115,17 @@ class DigestState:
 
 
 @dataclass(frozen=True)
+class StoredBuckets:
+    """`?buckets=1`: the vault's sequence and digest with its 256 stored bucket prefixes
+    (8 bytes each, bucket order) and counts."""
+
+    cursor: int
+    digest: int
+    prefixes: bytes
+    counts: list[int]
+
+
+@dataclass(frozen=True)
 class BucketList:
     """One page of a bucket's versions, ordered by memory_id."""
 
@@ -145,6 +164,17 @@ async def vault_digest(pool: asyncpg.Pool, vault_id: str) -> DigestState:
     if row is None:
         return DigestState(0, 0, digest_int(EMPTY_DIGEST))
     return DigestState(row["seq"], row["n"], digest_int(row["digest"]))
+
+
+async def stored_buckets(pool: asyncpg.Pool, vault_id: str) -> StoredBuckets:
+    """Every bucket's prefix and count as the vault row holds them: O(1), one row read
+    (zeros for a vault nobody pushed to)."""
+    row = await pool.fetchrow(_BUCKET_PREFIXES, vault_id)
+    if row is None:
+        return StoredBuckets(0, 0, bytes(BUCKETS * PREFIX_BYTES), [0] * BUCKETS)
+    return StoredBuckets(
+        int(row["seq"]), digest_int(row["digest"]), row["bucket_prefixes"], row["bucket_counts"]
+    )
 
 
 async def bucket_digests(

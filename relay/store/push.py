@@ -14,7 +14,7 @@ nothing; the others in its group go on.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import asyncpg
@@ -26,6 +26,7 @@ from engram_sync.relay.domain_errors import (
     VaultRetiredError,
 )
 from engram_sync.relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
+from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
 from engram_sync.relay.store.feed import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
 from engram_sync.shared_format.digest import bucket_of, digest_bytes, digest_int, version_hash
 from engram_sync.shared_format.wire import SyncBlob
@@ -81,6 +82,13 @@ class _LockedVault:
     quota: Quota
     # PROTOCOL §18: the vault digest as an integer, XORed per accepted blob
     digest: int = 0
+    # PROTOCOL §18 (revision 0012): the stored bucket prefixes and counts, and this
+    # group's changes to them per bucket (XOR of the first 8 bytes, memories added),
+    # applied once per vault by `_write`
+    bucket_prefixes: bytes = b""
+    bucket_counts: list[int] = field(default_factory=list)
+    bucket_xors: dict[int, int] = field(default_factory=dict)
+    bucket_added: dict[int, int] = field(default_factory=dict)
     # Blobs held per non-revoked device, read on first need (device quota only).
     active_devices: Counter[str] | None = None
     # PROTOCOL §19: the refusal of a retired vault, read under the same lock
@@ -101,6 +109,7 @@ class _Write(NamedTuple):
     vault_id: str
     item: CheckedBlob
     seq: int
+    bucket: int  # PROTOCOL §18: bucket_of(memory_id), computed once for both its uses
 
 
 # PROTOCOL §6: each vault's row is locked by its own statement, in vault-id order (sent
@@ -115,6 +124,7 @@ _EXISTING_VAULTS = "SELECT vault_id FROM vaults WHERE vault_id = ANY($1::text[])
 # The locked rows with their quotas and retirement (PROTOCOL §19), read under the locks.
 _READ_VAULTS = (
     "SELECT v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones, v.digest,"
+    " v.bucket_prefixes, v.bucket_counts,"  # PROTOCOL §18, revision 0012
     " v.retired_at IS NOT NULL AS retired, v.successor,"  # PROTOCOL §19, under the lock
     " q.max_devices, q.max_bytes FROM vaults v"
     " LEFT JOIN quotas q ON q.vault_id = v.vault_id WHERE v.vault_id = ANY($1::text[])"
@@ -181,13 +191,14 @@ BLOB_UPSERT = """
         size_bytes = EXCLUDED.size_bytes, received_at = EXCLUDED.received_at
 """
 
-# Per vault written, after its blobs: its new sequence, size, counts and digest, and its
+# Per vault written, after its blobs: its new sequence, size, counts, digest and bucket
+# prefixes and counts (PROTOCOL §18, revision 0012: in the same statement), and its
 # pushing devices' last_seen (EXCLUDED.last_seen: the inserted row's now(), as above).
 # Each is one task on the vault's shard on Citus. (One CTE of the three was refused at
 # execution there: "INSERT has more target columns than expressions".)
 _UPDATE_VAULT = (
     "UPDATE vaults SET seq = $2, bytes_used = $3, live_blobs = $4, tombstones = $5,"
-    " digest = $6 WHERE vault_id = $1"
+    " digest = $6, bucket_prefixes = $7, bucket_counts = $8 WHERE vault_id = $1"
 )
 _SEEN_DEVICES = (
     "INSERT INTO devices (vault_id, device_id)"
@@ -197,11 +208,13 @@ _SEEN_DEVICES = (
 )
 
 
-def blob_columns(rows: list[tuple[str, CheckedBlob, int]]) -> list[list[Any]]:
+def blob_columns(
+    rows: list[tuple[str, CheckedBlob, int]], buckets: list[int] | None = None
+) -> list[list[Any]]:
     """The twelve arrays of `BLOB_UPSERT` for (vault_id, blob, seq) rows of one vault
     (a comprehension per column: 0.18 ms for 500 rows, where appending row by row took
-    0.75 ms). The last is the digest bucket (PROTOCOL §18, revision 0010: computed here,
-    not in SQL)."""
+    0.75 ms). The last is the digest bucket (PROTOCOL §18, revision 0010: computed in
+    Python, not in SQL): `buckets` when the caller has them (the push), else here."""
     blobs = [item.blob for _, item, _ in rows]
     return [
         [vault_id for vault_id, _, _ in rows],
@@ -215,7 +228,7 @@ def blob_columns(rows: list[tuple[str, CheckedBlob, int]]) -> list[list[Any]]:
         [b.deleted for b in blobs],
         [seq for _, _, seq in rows],
         [item.size_bytes for _, item, _ in rows],
-        [bucket_of(b.memory_id) for b in blobs],
+        [bucket_of(b.memory_id) for b in blobs] if buckets is None else buckets,
     ]
 
 
@@ -314,6 +327,8 @@ async def _lock_vaults(
                 default.max_bytes if r["max_bytes"] is None else r["max_bytes"],
             ),
             digest=digest_int(r["digest"]),
+            bucket_prefixes=r["bucket_prefixes"],
+            bucket_counts=r["bucket_counts"],
             retired=VaultRetiredError(r["vault_id"], r["successor"]) if r["retired"] else None,
         )
         for r in rows
@@ -388,30 +403,35 @@ async def _decide(
     if not plan.accepted:
         return PushOutcome(plan=plan, cursor=vault.seq)
     new_bytes = await _check_quota(conn, vault, plan, mine)
+    xors = vault.bucket_xors
+    added = vault.bucket_added
     for item in plan.accepted:
         vault.seq += 1
-        key = (job.vault_id, item.blob.memory_id)
-        writes[key] = _Write(job.vault_id, item, vault.seq)  # a later push's version wins
+        memory_id = item.blob.memory_id
+        key = (job.vault_id, memory_id)
+        bucket = bucket_of(memory_id)
+        writes[key] = _Write(job.vault_id, item, vault.seq, bucket)  # a later push's wins
         replaced = stored.get(key)
         deleted = item.blob.deleted
         stored[key] = _Stored(
             StoredVersion(item.blob.vector_clock, item.size_bytes), item.blob.device_id, deleted
         )
-        if replaced is not None:  # the counts of /health and stats, kept exact
-            vault.live_blobs -= not replaced.deleted
+        # PROTOCOL §18: the new version in: O(1) per blob, under the vault lock already held
+        change = version_hash(memory_id, item.blob.device_id, item.blob.vector_clock, deleted)
+        if replaced is None:  # a memory new to the vault: one more in its bucket
+            added[bucket] = added.get(bucket, 0) + 1
+        else:
+            vault.live_blobs -= not replaced.deleted  # the counts of /health and stats
             vault.tombstones -= replaced.deleted
-            # PROTOCOL §18: XOR the replaced version out of the digest
-            vault.digest ^= version_hash(
-                item.blob.memory_id,
-                replaced.device_id,
-                replaced.version.vector_clock,
-                replaced.deleted,
+            # and the replaced version out
+            change ^= version_hash(
+                memory_id, replaced.device_id, replaced.version.vector_clock, replaced.deleted
             )
         vault.live_blobs += not deleted
         vault.tombstones += deleted
-        vault.digest ^= version_hash(
-            item.blob.memory_id, item.blob.device_id, item.blob.vector_clock, deleted
-        )  # and the new one in: O(1) per blob, under the vault lock already held
+        vault.digest ^= change
+        # its bucket's prefix: the first 8 bytes of the same XOR (revision 0012)
+        xors[bucket] = xors.get(bucket, 0) ^ (change >> PREFIX_SHIFT)
         if vault.active_devices is not None:  # keep the device counts of the quota exact
             if replaced is not None and vault.active_devices[replaced.device_id] > 0:
                 vault.active_devices[replaced.device_id] -= 1
@@ -456,18 +476,27 @@ async def _write(
     vault-id order, pipelined (three round trips a group), inside the group's transaction
     (on Citus a group over several shards commits with two-phase commit)."""
     rows: dict[str, list[tuple[str, CheckedBlob, int]]] = {v.vault_id: [] for v in vaults}
+    buckets: dict[str, list[int]] = {v.vault_id: [] for v in vaults}
     for w in writes:
         rows[w.vault_id].append((w.vault_id, w.item, w.seq))
+        buckets[w.vault_id].append(w.bucket)
     seen: dict[str, list[str]] = {v.vault_id: [] for v in vaults}
     for vault_id, device_id in devices:
         seen[vault_id].append(device_id)
     # Each statement for every vault of the group in one pipelined round trip.
-    await conn.executemany(BLOB_UPSERT, [blob_columns(rows[v.vault_id]) for v in vaults])
+    await conn.executemany(
+        BLOB_UPSERT, [blob_columns(rows[v.vault_id], buckets[v.vault_id]) for v in vaults]
+    )
     await conn.executemany(
         _UPDATE_VAULT,
         [
-            (v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones, digest_bytes(v.digest))
+            (
+                v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones,
+                digest_bytes(v.digest),
+                *apply_changes(v.bucket_prefixes, v.bucket_counts, v.bucket_xors,
+                               v.bucket_added),  # PROTOCOL §18, revision 0012
+            )
             for v in vaults
         ],
-    )
+    )  # fmt: skip
     await conn.executemany(_SEEN_DEVICES, [(v.vault_id, seen[v.vault_id]) for v in vaults])

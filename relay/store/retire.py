@@ -123,9 +123,10 @@ async def refuse_if_erased(conn: Conn, vault_id: str) -> None:
 
 
 # Each vault in its own transaction, under its row lock (serialised with pushes, which
-# are refused anyway, and with compaction). The counts and digest go to zero with the
-# blobs (PROTOCOL §18: the digest covers the rows held). Revoked devices' rows stay:
-# their keys keep getting `device_revoked`; other devices' rows (their progress) go.
+# are refused anyway, and with compaction). The counts, the digest and the bucket
+# prefixes and counts go to zero with the blobs (PROTOCOL §18: the digest covers the rows
+# held). Revoked devices' rows stay: their keys keep getting `device_revoked`; other
+# devices' rows (their progress) go.
 _EXPIRED = (
     "SELECT vault_id FROM vaults WHERE retired_at IS NOT NULL AND erase_after <= now()"
     " AND (live_blobs + tombstones > 0 OR bytes_used > 0"
@@ -139,7 +140,8 @@ _ERASE = [
     "DELETE FROM handoff_requests WHERE vault_id = $1",
     "DELETE FROM pairing_codes WHERE vault_id = $1",
     "UPDATE vaults SET live_blobs = 0, tombstones = 0, bytes_used = 0,"
-    " digest = decode(repeat('00', 32), 'hex') WHERE vault_id = $1",
+    " digest = decode(repeat('00', 32), 'hex'), bucket_prefixes = decode(repeat('00', 2048),"
+    " 'hex'), bucket_counts = array_fill(0, ARRAY[256]) WHERE vault_id = $1",
 ]
 
 

@@ -26,6 +26,7 @@ from engram_sync.relay.push_rules import check_structure
 from engram_sync.relay.store.push import PushJob, PushLimits, PushResult, Quota, push_group
 from engram_sync.shared_format import SyncBlob
 from tests.conftest import backend_of, takes_backend
+from tests.relay.bucket_oracle import oracle, stored
 from tests.relay.support import Sealer, migrated_backend_database, new_vault_id
 
 #: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
@@ -110,6 +111,8 @@ async def vault_state(conn: asyncpg.Connection, vault_id: str) -> tuple[Any, ...
     )
     # the counts the pushes keep are the counts of the rows (0003_vault_counts)
     assert [tuple(vault[0])[1:]] == [(counted["size"], counted["live"], counted["dead"])]
+    # and so are the bucket prefixes and counts (PROTOCOL §18, 0012_bucket_prefixes)
+    assert await stored(conn, vault_id) == await oracle(conn, vault_id)
     devices = await conn.fetch(
         "SELECT device_id, revoked_at IS NOT NULL AS revoked FROM devices WHERE vault_id = $1"
         " ORDER BY device_id",

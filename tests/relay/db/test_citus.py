@@ -245,15 +245,69 @@ def test_a_database_with_rows_keeps_them_when_distributed(citus_cluster: CitusCl
         citus_cluster.drop_database("citus_existing")
 
 
+def test_revision_0012_backfills_a_distributed_database(citus_cluster: CitusCluster) -> None:
+    # A relay already on Citus at 0011 migrated to 0012: the bucket prefixes and counts
+    # are filled from the rows of the distributed tables (PROTOCOL §18).
+    from alembic import command
+
+    from engram_sync.relay.db.migrate import alembic_config
+    from tests.relay.bucket_oracle import oracle, stored
+
+    url = citus_cluster.create_database("citus_0012")
+    try:
+        command.upgrade(alembic_config(url), "0011_relay_processes")
+        citus.distribute(url)
+
+        async def fill() -> None:
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.execute("INSERT INTO vaults (vault_id) VALUES ('x'), ('y'), ('e')")
+                for vault_id, n in (("x", 40), ("y", 7)):
+                    await conn.execute(
+                        "INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock,"
+                        " ciphertext, hmac, created_at, created_at_ts, deleted, seq, size_bytes,"
+                        " digest_bucket) SELECT $1, 'm' || i, 'd', i, 'c', 'h', 'x', now(),"
+                        " i % 3 = 0, i, 1, engram_digest_bucket('m' || i)"
+                        " FROM generate_series(1, $2) AS i",
+                        vault_id,
+                        n,
+                    )
+            finally:
+                await conn.close()
+
+        async def read() -> list[tuple[tuple[bytes, list[int]], tuple[bytes, list[int]]]]:
+            conn = await asyncpg.connect(url)
+            try:
+                return [(await stored(conn, v), await oracle(conn, v)) for v in ("x", "y", "e")]
+            finally:
+                await conn.close()
+
+        asyncio.run(fill())
+        command.upgrade(alembic_config(url), "head")
+        x, y, e = asyncio.run(read())
+        assert x[0] == x[1]
+        assert y[0] == y[1]
+        assert sum(x[0][1]) == 40
+        assert e[0] == (bytes(2048), [0] * 256)
+    finally:
+        citus_cluster.drop_database("citus_0012")
+
+
 @pytest.mark.parametrize(
     ("module", "name", "args"),
     [
         pytest.param("push", "_LOCK_VAULT", ("vault-a",), id="push-lock"),
         pytest.param("push", "_READ_VAULTS", (["vault-a"],), id="push-read"),
-        pytest.param("push", "_UPDATE_VAULT", ("vault-a", 1, 1, 1, 0, bytes(32)), id="push-vault"),
+        pytest.param(
+            "push",
+            "_UPDATE_VAULT",
+            ("vault-a", 1, 1, 1, 0, bytes(32), bytes(2048), [0] * 256),
+            id="push-vault",
+        ),
         pytest.param("push", "_SEEN_DEVICES", ("vault-a", ["d1"]), id="push-devices"),
         pytest.param("push", "_READ_KNOWN", ("vault-a", ["d1"], ["m1"]), id="push-known"),
         pytest.param("digest", "_VAULT", ("vault-a",), id="digest-vault"),
+        pytest.param("digest", "_BUCKET_PREFIXES", ("vault-a",), id="digest-buckets-stored"),
         pytest.param("digest", "_FETCH", ("vault-a", ["m1"]), id="digest-fetch"),
         pytest.param("digest", "_BUCKETS", ("vault-a", None), id="digest-buckets"),
         pytest.param("digest", "_BUCKETS", ("vault-a", 3), id="digest-bucket"),

@@ -35,6 +35,9 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
         "retired_at": ("timestamp with time zone", True, None),  # 0009_retire (PROTOCOL §19)
         "successor": ("text", True, None),
         "erase_after": ("timestamp with time zone", True, None),
+        # 0012_bucket_prefixes (PROTOCOL §18): ?buckets=1 stored
+        "bucket_prefixes": ("bytea", False, "decode(repeat('00'::text, 2048), 'hex'::text)"),
+        "bucket_counts": ("ARRAY", False, "array_fill(0, ARRAY[256])"),
     },
     "blobs": {
         "vault_id": ("text", False, None),
@@ -151,7 +154,7 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
 
 def test_head_is_the_generation_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0011_relay_processes"
+    assert head_revision() == "0012_bucket_prefixes"
 
 
 def test_generation_is_one_random_row(fresh_database_url: str) -> None:

@@ -1,0 +1,98 @@
+"""The 256 bucket prefixes and counts, stored on the vault row (PROTOCOL §18, docs/digest.md).
+
+`GET /v1/vaults/{v}/digest?buckets=1` answered from one grouped pass over every row of the
+vault, hashing each in SQL (139 s for 1,000,000 rows, past the client's timeout). Kept
+instead, like `vaults.digest` (revision 0008), by the push and compaction under the vault
+row lock they already take:
+
+- `vaults.bucket_prefixes bytea`: 256 x 8 = 2,048 bytes, the first 8 bytes of each bucket's
+  digest in bucket order. The digest is an XOR, bytewise, so the prefix of an XOR is the
+  XOR of the prefixes: a blob changes its bucket's 8 bytes by (old version ^ new) >> 192.
+- `vaults.bucket_counts int4[]`: the 256 bucket sizes. An array rather than a bytea of
+  u32: it reads in SQL as it is (`bucket_counts[b + 1]`, for operators and for the
+  backfill's `array_agg`), asyncpg hands it to Python as a list of ints with no decoding
+  of ours, and it compresses well (small numbers) so the vault row stays small; a
+  bucket of one vault never nears 2^31 rows.
+
+Both NOT NULL with a constant default of zeros (the empty vault): no table rewrite
+(PostgreSQL 11's fast defaults; the two named checks read the vault rows once, one row
+per vault). A row whose `digest_bucket` is NULL (written outside the push: revision 0010)
+is in no bucket, as today.
+
+Backfill: every vault that holds rows, from its rows, in SQL, exactly as
+`relay.store.digest._BUCKETS` computes them (`backfill()`; tests/relay/test_bucket_prefixes.py
+checks it against the pushes and bench/anti_entropy.py sets its SQL-built vault with it).
+On Citus (vaults and blobs distributed by vault_id, colocated) the grouped subquery is
+keyed by vault_id and joined on it, so it runs on the shards.
+
+Revision ID: 0012_bucket_prefixes
+Revises: 0011_relay_processes
+Create Date: 2026-12-02
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from alembic import op
+
+revision: str = "0012_bucket_prefixes"
+down_revision: str | Sequence[str] | None = "0011_relay_processes"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+_FIRST_WORD = (
+    "bit_xor(('x' || encode(substr(engram_version_hash(memory_id, device_id, vector_clock,"
+    " deleted), 1, 8), 'hex'))::bit(64)::bigint)"
+)
+
+
+def backfill(vault_filter: str = "true") -> str:
+    """The UPDATE setting both columns from the rows of the vaults `vault_filter` (an SQL
+    condition on `vault_id`) picks; a vault without rows keeps its zeros."""
+    return f"""
+    WITH per AS (
+        SELECT vault_id, digest_bucket AS bucket, count(*) AS n, {_FIRST_WORD} AS w
+        FROM blobs WHERE digest_bucket IS NOT NULL AND ({vault_filter})
+        GROUP BY vault_id, digest_bucket
+    ), filled AS (
+        SELECT p.vault_id,
+               string_agg(int8send(coalesce(per.w, 0)), ''::bytea ORDER BY s.bucket) AS prefixes,
+               array_agg(coalesce(per.n, 0)::int4 ORDER BY s.bucket) AS counts
+        FROM (SELECT DISTINCT vault_id FROM per) p
+        CROSS JOIN generate_series(0, 255) AS s(bucket)
+        LEFT JOIN per ON per.vault_id = p.vault_id AND per.bucket = s.bucket
+        GROUP BY p.vault_id
+    )
+    UPDATE vaults SET bucket_prefixes = f.prefixes, bucket_counts = f.counts
+    FROM filled f WHERE vaults.vault_id = f.vault_id
+    """  # noqa: S608 - constants only
+
+
+# The checks are added by name, each in its own statement: Citus refuses a column added
+# with an unnamed constraint on a distributed table.
+UPGRADE = [
+    "ALTER TABLE vaults ADD COLUMN bucket_prefixes bytea NOT NULL"
+    " DEFAULT decode(repeat('00', 2048), 'hex')",
+    "ALTER TABLE vaults ADD CONSTRAINT vaults_bucket_prefixes_check"
+    " CHECK (length(bucket_prefixes) = 2048)",
+    "ALTER TABLE vaults ADD COLUMN bucket_counts int4[] NOT NULL DEFAULT array_fill(0, ARRAY[256])",
+    "ALTER TABLE vaults ADD CONSTRAINT vaults_bucket_counts_check"
+    " CHECK (array_ndims(bucket_counts) = 1 AND array_length(bucket_counts, 1) = 256)",
+    backfill(),
+]
+
+DOWNGRADE = [
+    "ALTER TABLE vaults DROP COLUMN bucket_counts",
+    "ALTER TABLE vaults DROP COLUMN bucket_prefixes",
+]
+
+
+def upgrade() -> None:
+    for statement in UPGRADE:
+        op.execute(statement)
+
+
+def downgrade() -> None:
+    for statement in DOWNGRADE:
+        op.execute(statement)
