@@ -1,15 +1,18 @@
 """The background of the live sync latency row (bench.live_latency, issue 15 "Figures"):
 `devices` connected devices over `vaults` vaults, and `rate` pushes a second.
 
-Run as its own process (`python -m bench.live_background URL KEY DEVICES VAULTS RATE`)
-so its event loop does not share a GIL with the measured client devices. Each device is
-an event stream (PROTOCOL §15) on a raw asyncio connection (bench.live_feed `_Stream`)
-that, on every `change` hint past its cursor, pulls with a real cursor pull on a
-keep-alive connection of its own until the page has no more. The pushes are single new
-blobs, round robin over the vaults, on a fixed schedule (open loop: a slow answer does not
-slow the schedule down; at most `PUSHERS` are in flight). It prints `ready` once every
-stream is connected and the pushes have begun, and, when its stdin closes, one JSON line
-of counts, then exits.
+Run as its own process (`python -m bench.live_background URL KEY DEVICES VAULTS RATE
+[plain]`) so its event loop does not share a GIL with the measured client devices. Each
+device is an event stream (PROTOCOL §15) on a raw asyncio connection (bench.live_feed
+`_Stream`) asked with `blobs=1` as the client asks it (docs/live-feed.md "Blobs in the
+event"): a change carrying the blobs that follow its cursor moves the cursor without a
+pull; on any other `change` past its cursor it pulls with a real cursor pull on a
+keep-alive connection of its own until the page has no more. With `plain` the streams are
+plain hint streams and every hint is pulled (the feed before `events-blobs`). The pushes
+are single new blobs, round robin over the vaults, on a fixed schedule (open loop: a slow
+answer does not slow the schedule down; at most `PUSHERS` are in flight). It prints
+`ready` once every stream is connected and the pushes have begun, and, when its stdin
+closes, one JSON line of counts, then exits.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class Counts:
         self.push_errors = 0
         self.late_pushes = 0  # started more than one period after their slot
         self.hints = 0
+        self.carried = 0  # changes whose blobs followed the device's cursor: no pull
         self.pulls = 0
         self.pull_errors = 0
         self.errors: list[str] = []
@@ -60,6 +64,7 @@ class Counts:
             "push_errors": self.push_errors,
             "late_pushes": self.late_pushes,
             "hints": self.hints,
+            "carried": self.carried,
             "pulls": self.pulls,
             "pulls_per_s": self.pulls / max(seconds, 1e-9),
             "pull_errors": self.pull_errors,
@@ -82,8 +87,12 @@ async def _device(url: httpx.URL, key: str, vault_id: str, stream: _Stream, coun
     cursor = 0
     try:
         while True:
-            hint = await stream.change()
+            change = await stream.change_event()
             counts.hints += 1
+            hint = change.cursor
+            if change.after == cursor and change.blobs:
+                counts.carried += 1  # the blobs that follow the cursor came with the event
+                cursor = hint
             while hint > cursor:
                 try:
                     status, body = await _get(conn, f"/v1/vaults/{vault_id}/pull?cursor={cursor}")
@@ -152,7 +161,9 @@ async def _pushes(
         await free.get_nowait().close()
 
 
-async def run(base_url: str, key: str, devices: int, vaults: int, rate: float) -> None:
+async def run(
+    base_url: str, key: str, devices: int, vaults: int, rate: float, *, blobs: bool = True
+) -> None:
     """Connect, say `ready`, load until stdin closes, print the counts."""
     _raise_fd_limit(2 * devices + 1024)
     url = httpx.URL(base_url)
@@ -162,7 +173,7 @@ async def run(base_url: str, key: str, devices: int, vaults: int, rate: float) -
     for first in range(0, devices, CONNECT_AT_ONCE):
         batch = range(first, min(first + CONNECT_AT_ONCE, devices))
         streams += await asyncio.gather(
-            *(_Stream.open(url, key, vault_ids[i % vaults], 0) for i in batch)
+            *(_Stream.open(url, key, vault_ids[i % vaults], 0, blobs=blobs) for i in batch)
         )
     workers = [
         asyncio.create_task(_device(url, key, vault_ids[i % vaults], s, counts))
@@ -185,4 +196,5 @@ async def run(base_url: str, key: str, devices: int, vaults: int, rate: float) -
 
 if __name__ == "__main__":
     url_, key_, devices_, vaults_, rate_ = sys.argv[1:6]
-    asyncio.run(run(url_, key_, int(devices_), int(vaults_), float(rate_)))
+    plain = sys.argv[6:7] == ["plain"]
+    asyncio.run(run(url_, key_, int(devices_), int(vaults_), float(rate_), blobs=not plain))

@@ -46,6 +46,7 @@ from bench.targets import live_feed_targets
 from engram_sync.relay.config import DEFAULT_EVENTS_PING_S
 from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.shared_format import BlobCipher, SyncKeys
+from engram_sync.shared_format.wire import ChangeEvent
 
 VAULTS: Final = 100
 FULL_SUBSCRIBERS: Final = 10_000
@@ -70,12 +71,15 @@ class _Stream:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def open(cls, url: httpx.URL, key: str, vault_id: str, cursor: int) -> _Stream:
+    async def open(
+        cls, url: httpx.URL, key: str, vault_id: str, cursor: int, *, blobs: bool = False
+    ) -> _Stream:
         host, port = url.host, url.port or 80
         reader, writer = await asyncio.open_connection(host, port)
         head = "".join(f"{k}: {v}\r\n" for k, v in headers(key, str(uuid.uuid4())).items())
+        carry = "&blobs=1" if blobs else ""  # docs/live-feed.md "Blobs in the event"
         writer.write(
-            f"GET /v1/vaults/{vault_id}/events?cursor={cursor} HTTP/1.1\r\n"
+            f"GET /v1/vaults/{vault_id}/events?cursor={cursor}{carry} HTTP/1.1\r\n"
             f"Host: {host}:{port}\r\n{head}\r\n".encode("latin-1")
         )
         status = await reader.readuntil(b"\r\n\r\n")
@@ -102,6 +106,14 @@ class _Stream:
             text = await self.message()
             if text.startswith("event: change"):
                 return int(text.rsplit(":", 1)[1].strip(" }"))
+
+    async def change_event(self) -> ChangeEvent:
+        """The data of the next `event: change` (pings skipped), decoded."""
+        while True:
+            text = await self.message()
+            if text.startswith("event: change"):
+                data = text.split("\ndata: ", 1)[1]
+                return msgspec.json.decode(data, type=ChangeEvent)
 
     async def close(self) -> None:
         self.writer.close()

@@ -211,13 +211,15 @@ def _pair(
 
 
 @contextlib.contextmanager
-def background(relay_url: str, key: str, size: Size) -> Iterator[dict[str, Any]]:
+def background(
+    relay_url: str, key: str, size: Size, *, plain: bool = False
+) -> Iterator[dict[str, Any]]:
     """The background load process, connected and pushing; its counts land in the dict
-    yielded once the block is left."""
+    yielded once the block is left. `plain`: its streams without `blobs=1`."""
     counts: dict[str, Any] = {}
     proc = subprocess.Popen(  # noqa: S603 - our own module
         [sys.executable, "-m", "bench.live_background", relay_url, key,
-         str(size.devices), str(size.vaults), str(size.rate)],
+         str(size.devices), str(size.vaults), str(size.rate), *(["plain"] if plain else [])],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     stdin: IO[str] | None = proc.stdin
@@ -241,13 +243,16 @@ def background(relay_url: str, key: str, size: Size) -> Iterator[dict[str, Any]]
             proc.wait(timeout=30)
 
 
-def measure(relay_url: str, key: str, scratch: Path, *, quick: bool) -> dict[str, Any]:
-    """The report's `live_latency` section."""
+def measure(
+    relay_url: str, key: str, scratch: Path, *, quick: bool, plain_background: bool = False
+) -> dict[str, Any]:
+    """The report's `live_latency` section (`plain_background`: the background devices
+    pull on every hint, as before `events-blobs`; for a comparison, not the report)."""
     size = Size.of(quick=quick)
     base = Path(tempfile.mkdtemp(prefix="live-latency-", dir=scratch))
     results: list[PairResult] = [PairResult() for _ in range(size.pairs)]
     try:
-        with background(relay_url, key, size) as counts:
+        with background(relay_url, key, size, plain=plain_background) as counts:
             ready = threading.Barrier(size.pairs)
 
             def pair(i: int) -> None:
@@ -297,13 +302,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.live_latency")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--workers", type=int, default=default_workers())
+    parser.add_argument("--plain-background", action="store_true")
     args = parser.parse_args(argv)
     key = "bench-" + secrets.token_urlsafe(24)
     with BenchDatabase() as db:
         relay = RelayProcess(db.url, key, db.scratch / "relay.log", workers=args.workers)
         relay.start(timeout=180.0)  # a loaded machine starts workers slowly
         try:
-            section = measure(relay.url, key, db.scratch, quick=args.quick)
+            section = measure(
+                relay.url, key, db.scratch, quick=args.quick, plain_background=args.plain_background
+            )
         finally:
             relay.stop()
     print(json.dumps(section, indent=2))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -67,7 +67,7 @@ from engram_sync.shared_format.plaintext import (
 )
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.vault import Vault
-from engram_sync.shared_format.wire import PullResponse, PushResponse, SyncBlob
+from engram_sync.shared_format.wire import MAX_PULL_LIMIT, PullResponse, PushResponse, SyncBlob
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,9 @@ class SyncReport:
     # them back, and whether a page showed that such a move was wrong (pulled again)
     own_skipped: int = 0
     own_skip_refuted: bool = False
+    # docs/live-feed.md "Blobs in the event": pages the live feed carried, applied in place
+    # of a pull
+    feed_pages: int = 0
 
 
 ProgressCallback = Callable[[str, SyncReport], None]
@@ -204,25 +207,26 @@ class Syncer:
 
     # -- the whole cycle --------------------------------------------------------------------
 
-    def sync(self) -> SyncReport:
+    def sync(self, *, feed_pages: Mapping[int, PullResponse] | None = None) -> SyncReport:
         """Pull, then push; pull and push again while the relay rejects stale clocks.
 
         One sync per vault directory at a time (client._sync.lock); under the lock the
         device clock and the sync state are read again from disk, since another process
-        may have synced since this one loaded them.
+        may have synced since this one loaded them. `feed_pages`: pages the live feed
+        carried, by the cursor they follow (`pull`).
         """
         with sync_lock(self.state.path.parent, wait=self.lock_wait):
             self.device.refresh()
             self.state.refresh()
-            return self._sync_locked()
+            return self._sync_locked(feed_pages or {})
 
-    def _sync_locked(self) -> SyncReport:
+    def _sync_locked(self, feed_pages: Mapping[int, PullResponse]) -> SyncReport:
         report = SyncReport()
         if self.state.revoked:
             raise self._revoked_error()
         try:
-            for _ in range(MAX_ROUNDS):
-                self.pull(report)
+            for round_ in range(MAX_ROUNDS):
+                self.pull(report, feed_pages if round_ == 0 else None)
                 if self.state.retired is not None:
                     break  # PROTOCOL §19: no push to a retired vault; the edits stay pending
                 rejected_before = report.rejected
@@ -301,8 +305,14 @@ class Syncer:
 
     # -- pull -------------------------------------------------------------------------------
 
-    def pull(self, report: SyncReport) -> None:
+    def pull(
+        self, report: SyncReport, feed_pages: Mapping[int, PullResponse] | None = None
+    ) -> None:
         """Page through the relay with the commit-ordered cursor, applying each page.
+
+        `feed_pages` (docs/live-feed.md "Blobs in the event"): pages the live feed carried,
+        each by the cursor it follows; one that follows the cursor reached is taken in place
+        of that HTTP pull, after the same checks, if it passes `_feed_page`.
 
         Every page is checked before anything of it is applied (check_page: the relay is
         untrusted). A full re-pull from cursor 0 happens after 409 `resync_required`
@@ -325,17 +335,22 @@ class Syncer:
         origin = cursor
         limit = self.pull_page
         retired = False  # PROTOCOL §19: whether a page of this pull said the vault is retired
+        fed = dict(feed_pages or {})
         while True:
+            page = self._feed_page(fed, cursor) if seen is None else None
             try:
-                page = self.relay.pull(
-                    self.vault_id,
-                    cursor=cursor,
-                    limit=limit,
-                    max_bytes=self.page_budget,
-                    # a pull that began at 0 tells the relay so: it has seen every blob
-                    # that survived compaction below its cursor (docs/pull-origin.md)
-                    origin=0 if origin == 0 and cursor > 0 else None,
-                )
+                if page is None:
+                    page = self.relay.pull(
+                        self.vault_id,
+                        cursor=cursor,
+                        limit=limit,
+                        max_bytes=self.page_budget,
+                        # a pull that began at 0 tells the relay so: it has seen every blob
+                        # that survived compaction below its cursor (docs/pull-origin.md)
+                        origin=0 if origin == 0 and cursor > 0 else None,
+                    )
+                else:
+                    report.feed_pages += 1
             except ResyncRequiredError:
                 if seen is not None:
                     raise
@@ -401,6 +416,31 @@ class Syncer:
         self.state.cursor = start
         self.state.save()
         return start
+
+    def _feed_page(self, fed: dict[int, PullResponse], cursor: int) -> PullResponse | None:
+        """The live feed's page that follows `cursor`, if there is one and it holds up: the
+        generation this device knows (PROTOCOL §17; a restore is left to an HTTP pull to
+        find) and every check of a pull page. A page that fails is dropped, logged, and
+        the device pulls over HTTP instead: the feed can only spare a pull, never fail one.
+        Stricter than a pull page: its last blob's `seq` must be its cursor."""
+        page = fed.pop(cursor, None)
+        if page is None:
+            return None
+        known = self.state.generation
+        if known is None or page.generation != known:
+            log.info("blobs from the live feed of another generation dropped; pulling")
+            return None
+        if not page.blobs or page.blobs[-1].seq != page.cursor:
+            # a commit's blobs end at its sequence: the feed never needs the skip to the
+            # head that a pull's last page may make (compacted tombstones, `check_page`)
+            log.warning("blobs from the live feed that do not end at its cursor dropped")
+            return None
+        try:
+            check_page(page, asked=cursor, limit=MAX_PULL_LIMIT, relay_url=self.relay.base_url)
+        except RelayMisbehavedError as exc:
+            log.warning("blobs from the live feed refused, pulling instead: %s", exc)
+            return None
+        return page
 
     def _start_full_pull(self) -> dict[str, int]:
         self.state.full_pull = True

@@ -13,6 +13,12 @@ not go back on the stream; anything else is counted as a bad hint and ignored. A
 hint never moves the device's cursor: the loop pulls with its own cursor, so a relay that
 lies in hints can delay the device or make it pull for nothing (bounded by the loop's
 pulls per second), never make it skip or adopt anything.
+
+Against a relay listing `events-blobs` the stream is asked with `blobs=1` (ours,
+docs/live-feed.md "Blobs in the event"): a change may then carry the blobs committed
+since `after`. They are kept as a `FeedPage` for the loop, which hands them to the sync
+as the answer of a pull from `after` when that is the device's cursor: checked and
+applied exactly like a pull page (client._sync.engine), or dropped for an HTTP pull.
 """
 
 from __future__ import annotations
@@ -43,11 +49,17 @@ from engram_sync.client._errors import (
 )
 from engram_sync.client._sync.relay_client import EventStream, RelayClient
 from engram_sync.client._sync.sse import SseComment, SseEvent, SseParser, SseRetry, SseTooLargeError
+from engram_sync.shared_format.wire import MAX_PULL_LIMIT, ChangeEvent, PullResponse
 
 log = logging.getLogger(__name__)
 
 EVENTS_FEATURE: Final = "events"
 PULL_WAIT_FEATURE: Final = "pull-wait"
+EVENTS_BLOBS_FEATURE: Final = "events-blobs"  # ours: events?blobs=1
+# A change carrying blobs is larger than a hint (the relay keeps at most 32 KiB of them a
+# vault): lines and events of a `blobs=1` stream are bounded all the same.
+MAX_BLOBS_EVENT_BYTES: Final = 64 * 1024
+MAX_FEED_PAGES: Final = 16  # blob-carrying changes kept for the loop, the newest
 MAX_CURSOR: Final = 2**63 - 1
 # A read timeout longer than the relay's 15 s ping (PROTOCOL §15), with room for a busy
 # machine: a stream silent this long is dead and is dropped.
@@ -77,8 +89,14 @@ class FeedTiming:
     hint_wait_s: float = 10.0  # after a hint, how long to wait for the loop to pull
 
 
-class _Hint(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class FeedPage:
+    """The blobs a change event carried: what the relay says a cursor pull from `after`
+    gives, up to `cursor`. Unverified: the sync checks it like any pull page."""
+
+    after: int
     cursor: int
+    page: PullResponse
 
 
 class _Outcome(Enum):
@@ -107,6 +125,20 @@ class FeedSignals:
         self.problem: str | None = None
         self.bad_hints = 0
         self.hints = 0
+        self._pages: dict[int, FeedPage] = {}
+
+    def offer_page(self, page: FeedPage) -> None:
+        """Keep a change's blobs for the loop (before its hint, so the loop finds them)."""
+        with self._lock:
+            self._pages[page.after] = page
+            while len(self._pages) > MAX_FEED_PAGES:
+                del self._pages[next(iter(self._pages))]
+
+    def take_pages(self) -> dict[int, FeedPage]:
+        """The kept pages by `after` (taken: the loop's next sync uses or drops them)."""
+        with self._lock:
+            pages, self._pages = self._pages, {}
+        return pages
 
     def offer_hint(self, cursor: int) -> None:
         with self._lock:
@@ -158,16 +190,32 @@ class FeedSignals:
 
 def parse_hint(data: str, last: int | None) -> int | str:
     """The cursor of a `change` event's data, or why it is not a usable hint."""
+    parsed = parse_change(data, last)
+    return parsed if isinstance(parsed, str) else parsed[0]
+
+
+def parse_change(data: str, last: int | None) -> tuple[int, FeedPage | None] | str:
+    """The cursor of a `change` event's data and the blobs it carried (None: a hint
+    only), or why it is not a usable hint. Blobs without a usable `after` (below the
+    cursor) or over a page's size leave a hint only."""
     try:
-        hint = msgspec.json.decode(data, type=_Hint)
+        change = msgspec.json.decode(data, type=ChangeEvent)
     except msgspec.DecodeError as exc:
         return f"not a change hint ({one_line(str(exc))[:120]})"
-    cursor = hint.cursor
+    cursor = change.cursor
     if cursor < 0 or cursor > MAX_CURSOR:
         return f"cursor {cursor} is outside 0..2^63-1"
     if last is not None and cursor < last:
         return f"cursor {cursor} goes back from {last}"
-    return cursor
+    after, blobs = change.after, change.blobs
+    if not isinstance(after, int) or isinstance(blobs, msgspec.UnsetType):
+        return cursor, None
+    if not (after < cursor and 0 < len(blobs) <= MAX_PULL_LIMIT):
+        return cursor, None
+    page = PullResponse(
+        blobs=blobs, has_more=False, cursor=cursor, generation=change.generation, head=cursor
+    )
+    return cursor, FeedPage(after, cursor, page)
 
 
 class LiveFeed:
@@ -196,6 +244,7 @@ class LiveFeed:
         self._failures = 0
         self._streams = 0  # streams opened, for tests and the status line
         self._long_polls = 0
+        self._carry = False  # ask for blobs in the events (the relay lists events-blobs)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -233,6 +282,7 @@ class LiveFeed:
         offered = self._offered(client)
         if offered is None:
             return
+        self._carry = EVENTS_BLOBS_FEATURE in offered
         mode = self._best_mode(offered)
         fell_back_at = time.monotonic()  # when the mode in use became a worse one
         while not self._stop.is_set():
@@ -245,6 +295,7 @@ class LiveFeed:
                 if fresh is None:
                     return
                 offered, mode = fresh, self._best_mode(fresh)
+                self._carry = EVENTS_BLOBS_FEATURE in offered
                 fell_back_at, self._failures = time.monotonic(), 0
                 log.info("live feed: trying %s again", mode.value)
                 continue
@@ -330,8 +381,10 @@ class LiveFeed:
         started = time.monotonic()
         self._streams += 1
         try:
-            with self._opened(client.events(self._vault_id, cursor=self._cursor())) as stream:
-                parser = SseParser()
+            opening = client.events(self._vault_id, cursor=self._cursor(), blobs=self._carry)
+            with self._opened(opening) as stream:
+                big = MAX_BLOBS_EVENT_BYTES
+                parser = SseParser(max_line=big, max_event=big) if self._carry else SseParser()
                 last: int | None = None
                 for chunk in stream.chunks():
                     for item in parser.feed(chunk):
@@ -406,13 +459,16 @@ class LiveFeed:
             return last
         if event.event != "change":
             return last  # unknown event types are ignored (additive)
-        parsed = parse_hint(event.data, last)
+        parsed = parse_change(event.data, last)
         if isinstance(parsed, str):
             self.signals.bad_hint(parsed)
             return last
-        if parsed > self._cursor():
-            self.signals.offer_hint(parsed)
-        return parsed
+        cursor, page = parsed
+        if cursor > self._cursor():
+            if page is not None:
+                self.signals.offer_page(page)
+            self.signals.offer_hint(cursor)
+        return cursor
 
     # -- the long-poll ----------------------------------------------------------------------
 

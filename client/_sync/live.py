@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from msgspec.structs import replace
+
 from engram_sync.client._errors import SyncError
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.engine import Syncer, SyncReport
@@ -37,6 +39,7 @@ from engram_sync.client._sync.feed import (
     LiveFeed,
 )
 from engram_sync.client._vault.store import count_to_push
+from engram_sync.shared_format.wire import PullResponse
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +178,7 @@ class LiveSync:
             self._pending = sum(count_to_push(self.session.vault.conn))
             self._publish(syncer, running=True)
             try:
-                report = syncer.sync()
+                report = syncer.sync(feed_pages=self._feed_pages(hint))
             except SyncError as exc:
                 if not self.retry(exc):
                     raise
@@ -197,6 +200,16 @@ class LiveSync:
             self._publish(syncer, running=False)
             self.on_report(report)
             yield report
+
+    def _feed_pages(self, hint: int | None) -> dict[int, PullResponse]:
+        """The pages the feed carried (docs/live-feed.md "Blobs in the event"), by the
+        cursor each follows. One ending below the highest hint says there is more (the
+        pull goes on over HTTP from there unless a carried page follows it)."""
+        top = max(hint or 0, self.session.state.cursor)
+        return {
+            after: replace(fed.page, has_more=fed.cursor < top)
+            for after, fed in self.signals.take_pages().items()
+        }
 
     def _local_marker(self) -> tuple[int, int]:
         """What moves when this vault's database changes: `PRAGMA data_version` for

@@ -336,9 +336,10 @@ class RelayClient:
         )
 
     @contextlib.contextmanager
-    def events(self, vault_id: str, *, cursor: int) -> Iterator[EventStream]:
+    def events(self, vault_id: str, *, cursor: int, blobs: bool = False) -> Iterator[EventStream]:
         """`GET /v1/vaults/{vault_id}/events?cursor=N` (PROTOCOL §15), one attempt: the
         stream's raw bytes as they arrive (client._sync.sse parses them), closed on exit.
+        `blobs`: ask for small commits' blobs in the change events (`blobs=1`, ours).
 
         Read with the client's timeout between bytes (longer than the relay's 15 s ping).
         An error answer raises its typed error (5xx and 429: RelayUnavailableError and
@@ -349,7 +350,7 @@ class RelayClient:
         request = self._http.build_request(
             "GET",
             path,
-            params={"cursor": cursor},
+            params={"cursor": cursor, "blobs": 1} if blobs else {"cursor": cursor},
             headers={
                 "Accept": "text/event-stream",
                 "Accept-Encoding": "identity",

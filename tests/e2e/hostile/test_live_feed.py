@@ -32,7 +32,8 @@ def offer(scene: Scene, *features: str) -> None:
     no anti-entropy digest, PROTOCOL §18, which would repair what these tests look at)."""
 
     def change(info: dict[str, Any]) -> None:
-        kept = [f for f in info["features"] if f not in ("events", "pull-wait", "digest")]
+        feed = ("events", "events-blobs", "pull-wait", "digest")
+        kept = [f for f in info["features"] if f not in feed]
         info["features"] = kept + list(features)
 
     scene.proxy.on("GET", r"^/v1/info$", rewrite_json(change))
