@@ -12,17 +12,23 @@
    `digest_bucket` column the push writes and its index, revision 0010) against the same
    statement without that column into a copy of the table without column and index,
    batches of 500, a warm-up round first and the order alternating; plus the push path's
-   Python work per blob (the bucket and two SHA-256 version hashes) against the relay
-   push time per blob measured in figure 2.
+   Python work per blob (the bucket, two SHA-256 version hashes and the bucket prefix's
+   XOR and count, revision 0012) against the relay push time per blob measured in
+   figure 2.
+3. `?buckets=1`: the stored prefixes and counts (revision 0012, one row read) against
+   the grouped pass over the vault's rows it was before (`relay.store.digest._BUCKETS`,
+   timed once: 139 s for 1,000,000 rows).
 
-Alone: `python -m bench.anti_entropy [--vault N] [--blobs N] [--repeats N]` (its own
-embedded PostgreSQL and relay process; prints the JSON and PASS/FAIL lines).
+Alone: `python -m bench.anti_entropy [--quick] [--vault N] [--blobs N] [--repeats N]` (its
+own embedded PostgreSQL and relay process; prints the JSON and PASS/FAIL lines; `--quick`:
+20,000 memories and blobs).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import secrets
 import statistics
@@ -42,6 +48,7 @@ from engram_sync.client._sync.anti_entropy import AntiEntropy
 from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.relay.store import digest as digest_store
+from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT
 from engram_sync.relay.store.push import BLOB_UPSERT
 from engram_sync.shared_format.digest import Version, bucket_of, version_hash
 
@@ -72,6 +79,10 @@ FROM (SELECT {_WORDS}, count(*) FILTER (WHERE NOT deleted) AS live,
             FROM blobs WHERE vault_id = $1) h) x
 WHERE vault_id = $1
 """  # noqa: S608 - constants only
+# PROTOCOL §18: and its stored bucket prefixes and counts, by revision 0012's own backfill
+_BACKFILL = importlib.import_module(
+    "engram_sync.relay.migrations.versions.0012_bucket_prefixes"
+).backfill("vault_id = $1")
 # One chunk of the 1,000,000-memory vault, straight in SQL: memory i is `ae-<i>`, clock i.
 _FILL = """
 INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,
@@ -103,6 +114,7 @@ async def build_vault(conn: asyncpg.Connection, blobs: int) -> str:
     for first in range(1, blobs + 1, _FILL_CHUNK):
         await conn.execute(_FILL, vault_id, first, min(first + _FILL_CHUNK - 1, blobs))
     await conn.execute(_RECOMPUTE, vault_id)
+    await conn.execute(_BACKFILL, vault_id)
     await conn.execute("ANALYZE blobs")
     return vault_id
 
@@ -146,9 +158,9 @@ def find_one(url: str, key: str, vault_id: str, held: list[Version]) -> dict[str
     missing = held[-1]
     device = held[:-1]
     wire = WireCounter()
-    # `?buckets=1` is one grouped pass over the vault's rows: tens of seconds for
-    # 1,000,000 rows on the loaded machine, past the client's default 30 s (bucket_reads)
-    with RelayClient(url, key, transport=wire, timeout=600.0) as relay:
+    # the client's default timeout (30 s): `?buckets=1` is stored since revision 0012 (it
+    # was a grouped pass over the vault's rows, 139 s for 1,000,000: bucket_reads)
+    with RelayClient(url, key, transport=wire) as relay:
         relay.offers("digest")  # /v1/info is asked once per client, before any check
         before = wire.sent + wire.received
         probe = AntiEntropy(cast("Syncer", _Probe(relay, vault_id)), SyncReport())
@@ -211,17 +223,26 @@ async def _write(
     return time.perf_counter() - started
 
 
-def python_seconds_per_blob(corpus: Corpus, blobs: int) -> float:
-    """The push path's digest work per blob: the old version out, the new one in, and the
-    bucket column (relay.store.push: _decide and blob_columns). CPU time of this process
-    (time.process_time), so other processes on a loaded machine do not inflate it."""
+def python_seconds_per_blob(corpus: Corpus, blobs: int, *, prefixes: bool = True) -> float:
+    """The push path's digest work per blob: the old version out, the new one in, the
+    bucket (for the column and the prefix) and the bucket prefix's XOR (revision 0012;
+    relay.store.push._decide: a replacement, so no count; a new memory counts one instead
+    of the second hash). CPU time of this process (time.process_time), so other processes
+    on a loaded machine do not inflate it. `prefixes=False`: the same without the prefix's
+    XOR, as before revision 0012."""
     ids = [corpus.memory_id(i) for i in range(blobs)]
     started = time.process_time()
     value = 0
+    xors: dict[int, int] = {}
+    buckets = []
     for i, memory_id in enumerate(ids):
-        value ^= version_hash(memory_id, "bench-device", i, False)
-        value ^= version_hash(memory_id, "bench-device", i + 1, False)
-    buckets = [bucket_of(memory_id) for memory_id in ids]
+        bucket = bucket_of(memory_id)
+        buckets.append(bucket)
+        change = version_hash(memory_id, "bench-device", i + 1, False)
+        change ^= version_hash(memory_id, "bench-device", i, False)
+        value ^= change
+        if prefixes:
+            xors[bucket] = xors.get(bucket, 0) ^ (change >> PREFIX_SHIFT)
     assert len(buckets) == blobs
     return (time.process_time() - started) / blobs
 
@@ -267,7 +288,8 @@ async def bucket_reads(conn: asyncpg.Connection, vault_id: str) -> dict[str, Any
     """The relay's bucket statements on the vault's busiest bucket: whether their plans use
     the index (vault_id, digest_bucket) or scan blobs (EXPLAIN), and how long each takes
     (median of 3, ms): a narrowing, a list page from the middle of the bucket, one
-    bucket's digest, and every bucket's (`?buckets=1`, a pass over the vault's rows)."""
+    bucket's digest, and every bucket's (`?buckets=1`): stored (revision 0012) and, once,
+    the grouped pass over the vault's rows it was before."""
     bucket = await conn.fetchval(
         "SELECT digest_bucket FROM blobs WHERE vault_id = $1 GROUP BY digest_bucket"
         " ORDER BY count(*) DESC LIMIT 1",
@@ -284,13 +306,14 @@ async def bucket_reads(conn: asyncpg.Connection, vault_id: str) -> dict[str, Any
         "narrow": (digest_store._NARROW, [vault_id, bucket, bytes(2048), "", 2000]),
         "list_page": (digest_store._LIST, [vault_id, bucket, middle, 2000]),
         "one_bucket": (digest_store._BUCKETS, [vault_id, bucket]),
-        "every_bucket": (digest_store._BUCKETS, [vault_id, None]),  # `?buckets=1`
+        "every_bucket": (digest_store._BUCKET_PREFIXES, [vault_id]),  # `?buckets=1`
+        "every_bucket_computed": (digest_store._BUCKETS, [vault_id, None]),  # before 0012
     }
     found: dict[str, Any] = {"bucket": bucket}
     for name, (sql, args) in statements.items():
         plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN {sql}", *args))
         took = []
-        for _ in range(3):
+        for _ in range(1 if name == "every_bucket_computed" else 3):
             started = time.perf_counter()
             await conn.fetch(sql, *args)
             took.append((time.perf_counter() - started) * 1e3)
@@ -332,6 +355,7 @@ def measure_parts(
     log(f"anti-entropy: upsert cost with and without the digest column, {upsert_blobs} blobs")
     cost = loop.run(write_overhead(conn, corpus, blobs=upsert_blobs, repeats=repeats, batch=500))
     python_s = python_seconds_per_blob(corpus, min(upsert_blobs, 20_000))
+    python_before_s = python_seconds_per_blob(corpus, min(upsert_blobs, 20_000), prefixes=False)
     database = [w / wo - 1 for w, wo in zip(cost["with_s"], cost["without_s"], strict=True)]
     python_share = python_s * push_blobs_per_s  # of the time one blob's push takes
     per_blob_us = [
@@ -358,6 +382,7 @@ def measure_parts(
         "database_overhead": summary(database, "x"),
         "database_us_per_blob": summary(per_blob_us, "us"),
         "python_us_per_blob": python_s * 1e6,
+        "python_us_per_blob_without_prefixes": python_before_s * 1e6,  # before revision 0012
         "python_overhead": python_share,
         "push_overhead": statistics.median(database) + python_share,
     }
@@ -408,9 +433,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blobs", type=int, default=100_000, help="blobs per upsert round")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
+        "--quick", action="store_true", help=f"{FIND_VAULT_QUICK:,} memories and blobs"
+    )
+    parser.add_argument(
         "--push-us", type=float, default=90.0, help="figure 2's relay push time per blob (us)"
     )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.vault = args.blobs = FIND_VAULT_QUICK
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

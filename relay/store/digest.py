@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from engram_sync.relay.store.bucket_prefixes import count_list
 from engram_sync.shared_format.digest import (
     BUCKETS,
     EMPTY_DIGEST,
@@ -173,7 +174,10 @@ async def stored_buckets(pool: asyncpg.Pool, vault_id: str) -> StoredBuckets:
     if row is None:
         return StoredBuckets(0, 0, bytes(BUCKETS * PREFIX_BYTES), [0] * BUCKETS)
     return StoredBuckets(
-        int(row["seq"]), digest_int(row["digest"]), row["bucket_prefixes"], row["bucket_counts"]
+        int(row["seq"]),
+        digest_int(row["digest"]),
+        row["bucket_prefixes"],
+        count_list(row["bucket_counts"]),
     )
 
 

@@ -86,7 +86,7 @@ class _LockedVault:
     # group's changes to them per bucket (XOR of the first 8 bytes, memories added),
     # applied once per vault by `_write`
     bucket_prefixes: bytes = b""
-    bucket_counts: list[int] = field(default_factory=list)
+    bucket_counts: bytes = b""
     bucket_xors: dict[int, int] = field(default_factory=dict)
     bucket_added: dict[int, int] = field(default_factory=dict)
     # Blobs held per non-revoked device, read on first need (device quota only).

@@ -141,7 +141,7 @@ _ERASE = [
     "DELETE FROM pairing_codes WHERE vault_id = $1",
     "UPDATE vaults SET live_blobs = 0, tombstones = 0, bytes_used = 0,"
     " digest = decode(repeat('00', 32), 'hex'), bucket_prefixes = decode(repeat('00', 2048),"
-    " 'hex'), bucket_counts = array_fill(0, ARRAY[256]) WHERE vault_id = $1",
+    " 'hex'), bucket_counts = decode(repeat('00', 1024), 'hex') WHERE vault_id = $1",
 ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from engram_sync.relay.store.bucket_prefixes import count_list
 from engram_sync.relay.store.digest import bucket_digests
 
 
@@ -48,4 +49,4 @@ async def stored(conn: Any, vault_id: str) -> tuple[bytes, list[int]]:
     row = await conn.fetchrow(
         "SELECT bucket_prefixes, bucket_counts FROM vaults WHERE vault_id = $1", vault_id
     )
-    return row["bucket_prefixes"], list(row["bucket_counts"])
+    return row["bucket_prefixes"], count_list(row["bucket_counts"])

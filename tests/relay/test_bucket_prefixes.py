@@ -224,7 +224,7 @@ def test_the_backfill_of_revision_0012_matches_the_pushes(database_url: str) -> 
                 " WHERE vault_id = ANY($1::text[])",
                 [vault, empty],
                 b"\xff" * 2048,
-                [0] * 256,
+                bytes(1024),
             )
             zeroed = await stored(conn, vault)
             await conn.execute(MIGRATION.backfill(f"vault_id = '{vault}'"))

@@ -154,6 +154,32 @@ def test_buckets_list_and_prefixes(relay: Relay, http: httpx.Client) -> None:
     assert prefixes[8 * empty : 8 * empty + 8] == bytes(8)
 
 
+def test_buckets_1_answers_the_stored_prefixes_and_counts(relay: Relay, http: httpx.Client) -> None:
+    # PROTOCOL §18, revision 0012: `?buckets=1` reads the vault row (O(1)), it does not
+    # compute over the rows: a value put straight into the row is what it answers.
+    vault = new_vault_id()
+    sealer = Sealer(vault)
+    push_ok(http, vault, [sealer.blob(f"st-{i}", 1) for i in range(30)])
+    computed = _digest(http, vault, buckets=1)
+    assert sum(computed["counts"]) == 30  # the positive case: the pushes' own values
+    planted = bytes(range(256)) * 8
+
+    async def work(conn: asyncpg.Connection) -> None:
+        await conn.execute(
+            "UPDATE vaults SET bucket_prefixes = $2, bucket_counts = $3 WHERE vault_id = $1",
+            vault,
+            planted,
+            b"".join(n.to_bytes(4, "big") for n in range(256)),
+        )
+
+    run_db(relay.database_url, work)
+    answer = _digest(http, vault, buckets=1)
+    assert base64.b64decode(answer["buckets"]) == planted
+    assert answer["counts"] == list(range(256))
+    assert answer["count"] == sum(range(256))
+    assert (answer["cursor"], answer["digest"]) == (30, _digest(http, vault)["digest"])
+
+
 def test_compaction_takes_erased_tombstones_out(relay: Relay, http: httpx.Client) -> None:
     vault = new_vault_id()
     sealer = Sealer(vault)

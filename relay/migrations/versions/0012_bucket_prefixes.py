@@ -8,11 +8,15 @@ row lock they already take:
 - `vaults.bucket_prefixes bytea`: 256 x 8 = 2,048 bytes, the first 8 bytes of each bucket's
   digest in bucket order. The digest is an XOR, bytewise, so the prefix of an XOR is the
   XOR of the prefixes: a blob changes its bucket's 8 bytes by (old version ^ new) >> 192.
-- `vaults.bucket_counts int4[]`: the 256 bucket sizes. An array rather than a bytea of
-  u32: it reads in SQL as it is (`bucket_counts[b + 1]`, for operators and for the
-  backfill's `array_agg`), asyncpg hands it to Python as a list of ints with no decoding
-  of ours, and it compresses well (small numbers) so the vault row stays small; a
-  bucket of one vault never nears 2^31 rows.
+- `vaults.bucket_counts bytea`: the 256 bucket sizes, each a big-endian u32 (as
+  `int4send` writes it), 1,024 bytes. Not an `int4[]`: measured on 128 one-blob vault
+  updates a group (bench/bucket_prefix_push.py and docs/digest.md "Costs and figures"),
+  reading and writing the array cost +190% of the vault statements against +38% for the
+  bytea: asyncpg encodes and decodes 256 array elements per vault, and the larger row
+  is toasted. A bucket of one vault never nears 2^32 rows.
+- `vaults` gets `toast_tuple_target = 8160`: the 3 KB of the two columns stay in the row
+  instead of going out of line to TOAST (the vault statements of a 128-vault group +11%
+  against +38% with the default target), at about two vault rows a page.
 
 Both NOT NULL with a constant default of zeros (the empty vault): no table rewrite
 (PostgreSQL 11's fast defaults; the two named checks read the vault rows once, one row
@@ -58,7 +62,8 @@ def backfill(vault_filter: str = "true") -> str:
     ), filled AS (
         SELECT p.vault_id,
                string_agg(int8send(coalesce(per.w, 0)), ''::bytea ORDER BY s.bucket) AS prefixes,
-               array_agg(coalesce(per.n, 0)::int4 ORDER BY s.bucket) AS counts
+               string_agg(int4send(coalesce(per.n, 0)::int4), ''::bytea ORDER BY s.bucket)
+                   AS counts
         FROM (SELECT DISTINCT vault_id FROM per) p
         CROSS JOIN generate_series(0, 255) AS s(bucket)
         LEFT JOIN per ON per.vault_id = p.vault_id AND per.bucket = s.bucket
@@ -76,13 +81,16 @@ UPGRADE = [
     " DEFAULT decode(repeat('00', 2048), 'hex')",
     "ALTER TABLE vaults ADD CONSTRAINT vaults_bucket_prefixes_check"
     " CHECK (length(bucket_prefixes) = 2048)",
-    "ALTER TABLE vaults ADD COLUMN bucket_counts int4[] NOT NULL DEFAULT array_fill(0, ARRAY[256])",
+    "ALTER TABLE vaults ADD COLUMN bucket_counts bytea NOT NULL"
+    " DEFAULT decode(repeat('00', 1024), 'hex')",
     "ALTER TABLE vaults ADD CONSTRAINT vaults_bucket_counts_check"
-    " CHECK (array_ndims(bucket_counts) = 1 AND array_length(bucket_counts, 1) = 256)",
+    " CHECK (length(bucket_counts) = 1024)",
+    "ALTER TABLE vaults SET (toast_tuple_target = 8160)",
     backfill(),
 ]
 
 DOWNGRADE = [
+    "ALTER TABLE vaults RESET (toast_tuple_target)",
     "ALTER TABLE vaults DROP COLUMN bucket_counts",
     "ALTER TABLE vaults DROP COLUMN bucket_prefixes",
 ]

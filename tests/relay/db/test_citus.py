@@ -301,7 +301,7 @@ def test_revision_0012_backfills_a_distributed_database(citus_cluster: CitusClus
         pytest.param(
             "push",
             "_UPDATE_VAULT",
-            ("vault-a", 1, 1, 1, 0, bytes(32), bytes(2048), [0] * 256),
+            ("vault-a", 1, 1, 1, 0, bytes(32), bytes(2048), bytes(1024)),
             id="push-vault",
         ),
         pytest.param("push", "_SEEN_DEVICES", ("vault-a", ["d1"]), id="push-devices"),

@@ -37,7 +37,7 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
         "erase_after": ("timestamp with time zone", True, None),
         # 0012_bucket_prefixes (PROTOCOL §18): ?buckets=1 stored
         "bucket_prefixes": ("bytea", False, "decode(repeat('00'::text, 2048), 'hex'::text)"),
-        "bucket_counts": ("ARRAY", False, "array_fill(0, ARRAY[256])"),
+        "bucket_counts": ("bytea", False, "decode(repeat('00'::text, 1024), 'hex'::text)"),
     },
     "blobs": {
         "vault_id": ("text", False, None),
