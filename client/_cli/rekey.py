@@ -177,6 +177,8 @@ def rekey(
     with _open_for_rekey() as (session, new_passphrase):
         record = pending_record(session.path)
         new_api_key, mint = None, None
+        if record is not None and not record.new_api_key:  # its key is still to be minted
+            mint = account_minter(session, account_password())  # PROTOCOL §13
         if record is None:
             if new_passphrase is not None:  # a new one: as strong as `init` asks (zxcvbn)
                 from engram_sync.client._cli.passphrase import check_new_passphrase

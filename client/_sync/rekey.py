@@ -259,6 +259,8 @@ class Rekey:
         else:
             report.resumed = True
             new = self._resume_keys(record, new_passphrase)
+            if not record.new_api_key:  # stopped between the record and the mint
+                self._mint_pending(record, new, mint_key)
         report.old_vault_id, report.new_vault_id = record.old_vault_id, record.new_vault_id
         report.kind = record.kind
         old_relay = self._relay(record.old_api_key)
@@ -367,9 +369,10 @@ class Rekey:
             # the new K before anything is pushed under it (client._vault.keys): a random
             # K exists nowhere else until the account holds its wrap
             store_vault_key(conn, k, "passphrase" if kind == "passphrase" else "account")
-        api_key = new_api_key
-        if api_key is None and mint_key is not None:
-            api_key = mint_key(new.vault_id, k)
+        # The record before any key is minted: a run killed after the mint (the account
+        # holds K's wrap) finds it and mints again with the same stored K (`_mint_pending`)
+        # instead of starting over with another K and leaving a vault behind. An empty
+        # new_api_key is "to be minted".
         record = RekeyRecord(
             step="copy",
             kind=kind,
@@ -377,14 +380,35 @@ class Rekey:
             old_vault_id=config.vault_id,
             new_vault_id=new.vault_id,
             old_api_key=config.api_key,
-            new_api_key=api_key or config.api_key,
+            new_api_key=new_api_key or ("" if mint_key is not None else config.api_key),
             started_at=_now(),
         )
         record.save(session.path)
-        with self._relay(record.new_api_key) as new_relay:
-            new_relay.register_device(new.vault_id, session.device.device_id, session.device.label)
+        _kill_point("step:key-stored")
+        self._mint_pending(record, new, mint_key)
         _kill_point("step:started")
         return record, new
+
+    def _mint_pending(
+        self, record: RekeyRecord, new: NewKeys, mint_key: Callable[[str, bytes], str] | None
+    ) -> None:
+        """Mint the new vault's key if the record says it is still to be minted (PROTOCOL
+        §13: K's wrap into the account, then a key; both again on a resume, with the same
+        K), and label this device in the new vault."""
+        session = self.session
+        if not record.new_api_key:
+            if mint_key is None:
+                raise RekeyError(
+                    f"the re-key to vault {record.new_vault_id} stopped before its key was "
+                    "minted: run `engram-sync rekey` again with the account's password"
+                )
+            record.new_api_key = mint_key(record.new_vault_id, pack_keys(new.keys, new.vault_id))
+            record.save(session.path)
+            _kill_point("step:minted")
+        with self._relay(record.new_api_key) as new_relay:
+            new_relay.register_device(
+                record.new_vault_id, session.device.device_id, session.device.label
+            )
 
     def _resume_keys(self, record: RekeyRecord, new_passphrase: str | None) -> NewKeys:
         conn = self.session.vault.conn

@@ -155,6 +155,72 @@ def test_a_passphrase_rekey_needs_a_new_passphrase(tmp_path: Path, relay: Relay)
     assert not (path / STATE_FILE).exists()  # the passphrase path: tests/e2e/test_rekey_cli.py
 
 
+EMAIL, PASSWORD = "rekey@example.org", "the account password of the re-key test"
+
+
+def _account_vault(tmp_path: Path, relay: Relay) -> Path:
+    """alpha: a passphrase vault of 3 memories whose K the account holds (`vault open`);
+    returns bravo, a device that linked it through the account (K source "account")."""
+    from engram_sync.client._accounts import account
+
+    alpha = tmp_path / "alpha"
+    with VaultSession.open(alpha, PASSPHRASE, create=True) as session:
+        session.link(relay.url, ADMIN_KEY, "team-account", "alpha")
+        with session.vault.transaction() as conn:
+            for i in range(3):
+                store.add_memory(conn, f"account memory {i}")
+        with session.relay() as client:
+            session.syncer(client).sync()
+        account.signup(session.path, relay.url, EMAIL, PASSWORD)
+        assert account.open_vault(session, PASSWORD) == "team-account"
+    bravo = tmp_path / "bravo"
+    with VaultSession.open(bravo, "bravo's own passphrase", create=True) as session:
+        account.signin(session.path, relay.url, EMAIL, PASSWORD)
+        account.link_with_account(session, relay.url, PASSWORD, label="bravo")
+    return bravo
+
+
+class _StoppedError(Exception):
+    """Stands for the process dying right after the mint."""
+
+
+def test_an_account_rekey_stopped_after_the_mint_finishes_with_the_same_k(
+    tmp_path: Path, relay: Relay
+) -> None:
+    from engram_sync.client._accounts import account
+    from engram_sync.client._sync.rekey import account_minter
+    from engram_sync.shared_format.b64 import b64decode_std
+    from engram_sync.shared_format.wraps import unwrap_vault_key
+
+    bravo = _account_vault(tmp_path, relay)
+    with VaultSession.open(bravo, "bravo's own passphrase") as session:
+        real = account_minter(session, PASSWORD)
+        minted: list[str] = []
+
+        def mint_then_stop(vault_id: str, k: bytes) -> str:
+            minted.append(vault_id)
+            real(vault_id, k)  # the account holds K's wrap, the key exists
+            raise _StoppedError
+
+        with pytest.raises(_StoppedError):
+            Rekey(session).run(new_passphrase=None, new_api_key=None, mint_key=mint_then_stop)
+        assert session.config.vault_id == "team-account"  # nothing switched yet
+        with pytest.raises(RekeyError, match="account's password"):
+            Rekey(session).run(new_passphrase=None, new_api_key=None)  # it must mint again
+        report = Rekey(session).run(new_passphrase=None, new_api_key=None, mint_key=real)
+        assert report.resumed
+        assert report.new_vault_id == minted[0]  # the same vault: no other K, no vault left
+        assert session.config.vault_id == minted[0]
+        new_keys = _keys(session, minted[0])
+        unlocked = account.unlock(session.path, PASSWORD)
+        with unlocked.client() as client:
+            wrap = client.vault_wrap(minted[0])
+    k = unwrap_vault_key(b64decode_std(wrap.wrapped_k), unlocked.account_key, minted[0])
+    assert (k.enc_key, k.hmac_key) == (new_keys.enc_key, new_keys.hmac_key)  # the same K
+    assert report.live == 3
+    assert len(_decrypted(relay, minted[0], new_keys)) == 3
+
+
 def test_an_account_vault_stores_the_new_wrap_and_mints_its_key(
     tmp_path: Path, relay: Relay
 ) -> None:
@@ -163,21 +229,9 @@ def test_an_account_vault_stores_the_new_wrap_and_mints_its_key(
     from engram_sync.shared_format.b64 import b64decode_std
     from engram_sync.shared_format.wraps import unwrap_vault_key
 
-    email, password = "rekey@example.org", "the account password of the re-key test"
-    alpha = tmp_path / "alpha"  # a passphrase vault whose K the account holds (`vault open`)
-    with VaultSession.open(alpha, PASSPHRASE, create=True) as session:
-        session.link(relay.url, ADMIN_KEY, "team-account", "alpha")
-        with session.vault.transaction() as conn:
-            for i in range(3):
-                store.add_memory(conn, f"account memory {i}")
-        with session.relay() as client:
-            session.syncer(client).sync()
-        account.signup(session.path, relay.url, email, password)
-        assert account.open_vault(session, password) == "team-account"
-    bravo = tmp_path / "bravo"  # links through the account: K source "account"
-    with VaultSession.open(bravo, "bravo's own passphrase", create=True) as session:
-        account.signin(session.path, relay.url, email, password)
-        account.link_with_account(session, relay.url, password, label="bravo")
+    email, password = EMAIL, PASSWORD
+    bravo = _account_vault(tmp_path, relay)
+    with VaultSession.open(bravo, "bravo's own passphrase") as session:
         old_key = session.config.api_key
         with session.relay() as client:
             session.syncer(client).sync()

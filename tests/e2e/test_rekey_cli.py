@@ -37,6 +37,7 @@ OLD = "rekey old passphrase"
 KILL_POINTS = ("step:pulled", "batch:2", "step:checked", "step:retired", "step:db_rekeyed")
 ALL_POINTS = (
     "step:pulled",
+    "step:key-stored",
     "step:started",
     "batch:1",
     "batch:2",
