@@ -19,8 +19,15 @@ import asyncpg
 
 from engram_sync.client._sync.anti_entropy import DigestReport
 from engram_sync.client._vault.held_versions import held_versions
+from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
 from engram_sync.relay.store.compaction import compact_vault
-from engram_sync.shared_format.digest import digest_bytes, digest_int, fold, version_hash
+from engram_sync.shared_format.digest import (
+    bucket_of,
+    digest_bytes,
+    digest_int,
+    fold,
+    version_hash,
+)
 from tests.e2e.conftest import PASSPHRASE, VAULT_ID, DeviceHandle
 from tests.e2e.helpers import add, contents, delete, sync_all
 from tests.relay.conftest import Relay
@@ -52,7 +59,7 @@ def _relay_digest(relay: Relay) -> tuple[int, int]:
 
 def _lose_on_relay(relay: Relay, memory_id: str) -> None:
     """The relay loses one memory consistently (as a restore from an older backup would:
-    its digest and counts without it)."""
+    its digest, counts and bucket prefixes and counts without it, revision 0012)."""
 
     async def work(conn: asyncpg.Connection) -> None:
         async with conn.transaction():
@@ -62,12 +69,25 @@ def _lose_on_relay(relay: Relay, memory_id: str) -> None:
                 VAULT_ID,
                 memory_id,
             )
-            digest = await conn.fetchval("SELECT digest FROM vaults WHERE vault_id = $1", VAULT_ID)
-            lost = version_hash(memory_id, row["device_id"], row["vector_clock"], row["deleted"])
-            await conn.execute(
-                "UPDATE vaults SET digest = $2, live_blobs = live_blobs - 1 WHERE vault_id = $1",
+            vault = await conn.fetchrow(
+                "SELECT digest, bucket_prefixes, bucket_counts FROM vaults WHERE vault_id = $1",
                 VAULT_ID,
-                digest_bytes(digest_int(digest) ^ lost),
+            )
+            lost = version_hash(memory_id, row["device_id"], row["vector_clock"], row["deleted"])
+            bucket = bucket_of(memory_id)
+            prefixes, counts = apply_changes(
+                vault["bucket_prefixes"],
+                vault["bucket_counts"],
+                {bucket: lost >> PREFIX_SHIFT},
+                {bucket: -1},
+            )
+            await conn.execute(
+                "UPDATE vaults SET digest = $2, live_blobs = live_blobs - 1,"
+                " bucket_prefixes = $3, bucket_counts = $4 WHERE vault_id = $1",
+                VAULT_ID,
+                digest_bytes(digest_int(vault["digest"]) ^ lost),
+                prefixes,
+                counts,
             )
 
     run_db(relay.database_url, work)
