@@ -34,6 +34,7 @@ from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.client._vault import store as local_store
 from engram_sync.client._vault.held_versions import held_versions
+from engram_sync.relay.store.bucket_prefixes import count_list
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.digest import digest_int, fold
 from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys
@@ -42,6 +43,7 @@ from engram_sync.shared_format.wire import PushResponse, SyncBlob
 from tests.conftest import backend_of, takes_backend
 from tests.e2e.conftest import PASSPHRASE
 from tests.e2e.live_support import NEVER, Watcher, wait_for
+from tests.relay.bucket_oracle import versions_buckets
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
 from tests.relay.support import migrated_backend_database
 
@@ -344,14 +346,19 @@ class Convergence(RuleBasedStateMachine):
 
     def _check_digests(self) -> None:
         """PROTOCOL §18: at the end of every run each device's digest over the versions it
-        holds equals the relay's stored digest of the vault (docs/digest.md)."""
+        holds equals the relay's stored digest of the vault (docs/digest.md), and its
+        bucket prefixes and counts the relay's stored ones (`?buckets=1`, revision 0012)."""
         [row] = self.world.relay.sql(
-            "SELECT digest, live_blobs + tombstones AS n FROM vaults WHERE vault_id = $1",
+            "SELECT digest, live_blobs + tombstones AS n, bucket_prefixes, bucket_counts"
+            " FROM vaults WHERE vault_id = $1",
             self.vault_id,
         )
         relay_side = (digest_int(row["digest"]), row["n"])
+        relay_buckets = (row["bucket_prefixes"], count_list(row["bucket_counts"]))
         for device in self.devices:
-            assert fold(held_versions(device.session.vault.conn)) == relay_side, device.path.name
+            held = held_versions(device.session.vault.conn)
+            assert fold(held) == relay_side, device.path.name
+            assert versions_buckets(held) == relay_buckets, device.path.name
 
 
 #: CI size per backend (ENGRAM_CONV_EXAMPLES overrides both): on the Citus cluster an

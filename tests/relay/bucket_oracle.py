@@ -1,13 +1,16 @@
 """The bucket prefixes and counts of a vault computed from its rows, for the tests of the
-stored ones (PROTOCOL §18, revision 0012): test_bucket_prefixes.py, test_push_groups.py."""
+stored ones (PROTOCOL §18, revision 0012): test_bucket_prefixes.py, test_push_groups.py,
+the crash and convergence suites."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 from engram_sync.relay.store.bucket_prefixes import count_list
 from engram_sync.relay.store.digest import bucket_digests
+from engram_sync.shared_format.digest import Version, bucket_of, bucket_prefixes, version_hash
 
 
 def _version(memory_id: str, device_id: str, clock: int, deleted: bool) -> int:
@@ -50,3 +53,15 @@ async def stored(conn: Any, vault_id: str) -> tuple[bytes, list[int]]:
         "SELECT bucket_prefixes, bucket_counts FROM vaults WHERE vault_id = $1", vault_id
     )
     return row["bucket_prefixes"], count_list(row["bucket_counts"])
+
+
+def versions_buckets(versions: Iterable[Version]) -> tuple[bytes, list[int]]:
+    """The 256 prefixes and counts of a set of versions (a device's held versions, or the
+    relay's rows), computed with `shared_format.digest`: what `?buckets=1` must answer."""
+    digests: dict[int, int] = {}
+    counts = [0] * 256
+    for v in versions:
+        bucket = bucket_of(v.memory_id)
+        digests[bucket] = digests.get(bucket, 0) ^ version_hash(*v)
+        counts[bucket] += 1
+    return bucket_prefixes(digests), counts

@@ -24,7 +24,9 @@ from engram_sync.client._errors import SyncError
 from engram_sync.client._session import VaultSession
 from engram_sync.client._vault import store as local_store
 from engram_sync.client._vault.held_versions import held_versions
+from engram_sync.relay.store.bucket_prefixes import count_list
 from engram_sync.shared_format.digest import Version, digest_int, fold
+from tests.relay.bucket_oracle import versions_buckets
 from tests.relay.conftest import ADMIN_KEY
 from tests.relay.support import run_db
 from tests.reliability.support import RelayProcess
@@ -49,24 +51,30 @@ def _contents(path: Path) -> dict[str, str]:
 
 def _assert_digests(relay: RelayProcess, *vaults: Path) -> None:
     """PROTOCOL §18: the relay's stored digest equals the one recomputed from its rows,
-    and each device's digest over the versions it holds (docs/digest.md)."""
+    and each device's digest over the versions it holds (docs/digest.md); so do its stored
+    bucket prefixes and counts (revision 0012)."""
 
-    async def read(conn: asyncpg.Connection) -> tuple[bytes, int, list[asyncpg.Record]]:
+    async def read(conn: asyncpg.Connection) -> tuple[asyncpg.Record, int, list[asyncpg.Record]]:
         row = await conn.fetchrow(
-            "SELECT digest, live_blobs + tombstones AS n FROM vaults WHERE vault_id = $1", VAULT
+            "SELECT digest, live_blobs + tombstones AS n, bucket_prefixes, bucket_counts"
+            " FROM vaults WHERE vault_id = $1",
+            VAULT,
         )
         rows = await conn.fetch(
             "SELECT memory_id, device_id, vector_clock, deleted FROM blobs WHERE vault_id = $1",
             VAULT,
         )
-        return row["digest"], row["n"], rows
+        return row, row["n"], rows
 
     stored, count, rows = run_db(relay.database_url, read)
     recomputed = fold(Version(*r) for r in rows)
-    assert (digest_int(stored), count) == recomputed
+    assert (digest_int(stored["digest"]), count) == recomputed
+    buckets = versions_buckets(Version(*r) for r in rows)
+    assert (stored["bucket_prefixes"], count_list(stored["bucket_counts"])) == buckets
     for path in vaults:
         with VaultSession.open(path, PASSPHRASE) as session:
             assert fold(held_versions(session.vault.conn)) == recomputed, path.name
+            assert versions_buckets(held_versions(session.vault.conn)) == buckets, path.name
 
 
 def _sync_until_done(
