@@ -47,7 +47,6 @@ from engram_sync.relay.store.push import (
     PushLimits,
     PushResult,
     Quota,
-    committed_changes,
     push_group,
 )
 from engram_sync.relay.store.replicas import Replica, heartbeat, leave
@@ -175,20 +174,18 @@ def create_app(config: RelayConfig) -> Litestar:
     """Build the relay app; the pool opens at startup and closes at shutdown."""
     state = RelayState(config=config, metrics=RelayMetrics())
     state.static_keys = {k.key_hash: k.principal for k in config.static_keys}
+    hub = state.hub = ChangeHub(max_waiters=config.events_max_streams)
     limits = PushLimits(
         config.max_blob_bytes,
         Quota(config.quota_devices, config.quota_bytes),
         announce=config.feed_notify,  # ENGRAM_RELAY_LIVE_FEED=off: no NOTIFY (PROTOCOL §15)
+        # this process's waiters, at once after the commit (before the NOTIFY)
+        published=hub.publish_commits if config.feed_notify else None,
     )
-
-    hub = state.hub = ChangeHub(max_waiters=config.events_max_streams)
 
     async def run_group(jobs: list[PushJob]) -> list[PushResult]:
         state.metrics.push_group_size.observe(len(jobs))
-        results = await push_group(state.require_pool(), jobs, limits)  # NOTIFYs after commit
-        if config.feed_notify:
-            hub.publish_commits(committed_changes(jobs, results))  # this process's, at once
-        return results
+        return await push_group(state.require_pool(), jobs, limits)  # NOTIFYs after commit
 
     state.push_groups = PushGroups(
         run_group,
