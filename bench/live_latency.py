@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import secrets
 import shutil
@@ -46,7 +45,7 @@ from bench.settings import default_workers
 from bench.stats import percentile
 from engram_sync.client._errors import RateLimitedError, RelayUnavailableError, SyncError
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.engine import Syncer, SyncReport
 from engram_sync.client._sync.live import CONNECTED, LiveStatus, LiveSync
 from engram_sync.client._vault import store as local_store
 
@@ -79,6 +78,8 @@ class PairResult:
     applied_ms: list[float] = field(default_factory=list)
     report_ms: list[float] = field(default_factory=list)
     push_ms: list[float] = field(default_factory=list)  # A's push alone, to its answer
+    hint_ms: list[float] = field(default_factory=list)  # to the change hint at B
+    sync_ms: list[float] = field(default_factory=list)  # to B's sync starting
     errors: list[str] = field(default_factory=list)
 
 
@@ -95,6 +96,8 @@ class _Watcher:
         self._lock = threading.Lock()
         self._expected: str | None = None
         self.applied_at = 0.0
+        self.hinted_at = 0.0  # the first change hint at B after `expect` (the feed thread)
+        self.synced_at = 0.0  # the first sync B started after it
         self.reported_at = 0.0
         self.applied = threading.Event()
         self.reported = threading.Event()
@@ -108,6 +111,7 @@ class _Watcher:
     def expect(self, memory_id: str) -> None:
         with self._lock:
             self._expected = memory_id
+            self.hinted_at = self.synced_at = 0.0
             self.applied.clear()
             self.reported.clear()
 
@@ -146,13 +150,34 @@ class _Watcher:
             if status.state == CONNECTED and status.mode == "events":
                 self.connected.set()
 
-        # the pull progress of the very syncer LiveSync builds (the clock's stop)
-        session.syncer = functools.partial(syncer, progress=on_progress)  # type: ignore[method-assign]
+        # the pull progress of the very syncer LiveSync builds (the clock's stop), and the
+        # start of its syncs (where B's part of the time goes)
+        def make_syncer(*args: Any, **kwargs: Any) -> Syncer:
+            made = syncer(*args, **{**kwargs, "progress": on_progress})
+            real_sync = made.sync
+
+            def timed_sync(**options: Any) -> SyncReport:
+                if self.hinted_at and not self.synced_at:
+                    self.synced_at = time.perf_counter()
+                return real_sync(**options)
+
+            made.sync = timed_sync  # type: ignore[method-assign]
+            return made
+
+        session.syncer = make_syncer  # type: ignore[method-assign]
         live = LiveSync(
             session, interval=3600.0, stop=self.stop,
             retry=lambda e: isinstance(e, RelayUnavailableError | RateLimitedError),
             on_report=on_report, on_status=on_status,
         )  # fmt: skip
+        offer = live.signals.offer_hint
+
+        def timed_offer(cursor: int) -> None:
+            if not self.hinted_at:
+                self.hinted_at = time.perf_counter()
+            offer(cursor)
+
+        live.signals.offer_hint = timed_offer  # type: ignore[method-assign]
         for _ in live.run():
             pass
 
@@ -200,6 +225,10 @@ def _pair(
                         result.errors.append(f"memory {memory_id} not applied on B in time")
                         continue
                     result.applied_ms.append((watcher.applied_at - started) * 1000)
+                    if watcher.hinted_at:
+                        result.hint_ms.append((watcher.hinted_at - started) * 1000)
+                    if watcher.synced_at:
+                        result.sync_ms.append((watcher.synced_at - started) * 1000)
                     if watcher.reported.wait(APPLY_TIMEOUT_S):
                         result.report_ms.append((watcher.reported_at - started) * 1000)
                     time.sleep(GAP_S)
@@ -272,6 +301,8 @@ def measure(
     applied = sorted(ms for r in results for ms in r.applied_ms)
     reported = sorted(ms for r in results for ms in r.report_ms)
     pushed = sorted(ms for r in results for ms in r.push_ms)
+    hinted = sorted(ms for r in results for ms in r.hint_ms)
+    syncing = sorted(ms for r in results for ms in r.sync_ms)
     errors = [e for r in results for e in r.errors]
     if not applied:
         raise BenchError(f"no live sync latency measured: {errors[:3]}")
@@ -287,6 +318,10 @@ def measure(
         "applied_max_ms": applied[-1],
         "push_p50_ms": percentile(pushed, 50),
         "push_p99_ms": percentile(pushed, 99),
+        # where the rest goes: push start to B's feed thread having the hint, and to B's
+        # sync starting (the applied figure minus this is B's pull or feed page and apply)
+        "hint_p50_ms": percentile(hinted, 50) if hinted else None,
+        "sync_start_p50_ms": percentile(syncing, 50) if syncing else None,
         "report_p50_ms": percentile(reported, 50) if reported else None,
         "report_p99_ms": percentile(reported, 99) if reported else None,
         "errors": len(errors),

@@ -127,9 +127,11 @@ class Device:
 
     def observe(self, remote_clock: int) -> None:
         """Raise the clock to at least a verified remote clock (PROTOCOL §1); persisted
-        only when it passes the lease."""
+        only when it passes the lease, and then as a new lease above it: a device that
+        only receives (each memory one clock above the last) writes device.json once per
+        CLOCK_LEASE clocks, not once per memory (the mark is a high-water mark: a gap
+        above the observed clock is as harmless as the rest of any lease)."""
         if remote_clock > self.vector_clock:
             self.vector_clock = remote_clock
             if remote_clock > self.leased_to:
-                self.leased_to = remote_clock  # the next reservation takes a lease above it
-                self.save()
+                self._lease_from(remote_clock)

@@ -99,7 +99,7 @@ class SyncState:
         if not path.exists():
             return cls(path=path)
         data: dict[str, Any] = read_json(path)
-        return cls(
+        state = cls(
             path=path,
             server_url=data.get("server_url"),
             vault_id=data.get("vault_id"),
@@ -116,6 +116,8 @@ class SyncState:
             retired=RetiredHint.from_json(data.get("retired")),
             rekeyed_from=_text_or_none(data.get("rekeyed_from")),
         )
+        state._on_disk = state._payload()  # what the file holds, as `save` would write it
+        return state
 
     def refresh(self) -> None:
         """Read the file again (another process may have synced since this was loaded)."""
@@ -145,7 +147,16 @@ class SyncState:
         del self.own_skips[:-MAX_OWN_SKIPS]
 
     def save(self) -> None:
-        """Persist atomically."""
+        """Persist atomically; a state equal to the one last read or written is not written
+        again (a sync saves at several points, most of which changed nothing: each write
+        is two fsyncs, a large part of applying one memory from the live feed)."""
+        payload = self._payload()
+        if payload == getattr(self, "_on_disk", None):
+            return
+        write_json_atomic(self.path, payload)
+        self._on_disk = payload
+
+    def _payload(self) -> dict[str, Any]:
         payload = asdict(self)
         payload.pop("path")
-        write_json_atomic(self.path, payload)
+        return payload

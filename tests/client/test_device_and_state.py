@@ -73,8 +73,22 @@ def test_observe_only_raises(tmp_path: Path) -> None:
     device = Device.load_or_create(tmp_path)
     device.observe(41)
     device.observe(7)
-    assert Device.load_or_create(tmp_path).vector_clock == 41
+    assert Device.load_or_create(tmp_path).vector_clock >= 41  # a restart starts above it
     assert device.reserve_clocks(1) == [42]
+
+
+def test_observed_clocks_within_the_lease_write_nothing(tmp_path: Path) -> None:
+    device = Device.load_or_create(tmp_path)
+    device.observe(41)  # past the lease: a new mark, a lease above the observed clock
+    mark, written = _mark_on_disk(tmp_path), (tmp_path / "device.json").stat().st_ino
+    assert mark == 41 + CLOCK_LEASE
+    for clock in range(42, mark + 1):  # a device that only receives, one clock at a time
+        device.observe(clock)
+    assert (tmp_path / "device.json").stat().st_ino == written  # not rewritten
+    assert device.reserve_clocks(1) == [mark + 1]  # and its own clocks go on above them
+    leased = _mark_on_disk(tmp_path)
+    device.observe(leased + 5)  # past the lease again: written once more
+    assert _mark_on_disk(tmp_path) == leased + 5 + CLOCK_LEASE
 
 
 def test_clock_cannot_pass_signed_64_bits(tmp_path: Path) -> None:
