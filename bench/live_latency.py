@@ -5,7 +5,9 @@ real client, under a background of connected devices and pushes.
 - Background (bench.live_background, its own process): `devices` feed-only devices over
   `vaults` vaults (event stream + a real cursor pull on each hint) and `rate` pushes/s.
 - Measured: `pairs` pairs of real client devices (SQLCipher vaults, real keys), each pair
-  on a vault of its own. B runs the live sync behind `Vault.watch` / `engram-sync watch`
+  on a vault of its own, each B in a process of its own (bench.live_receiver; the As are
+  threads here, each waiting on its B between pushes). B runs the live sync behind
+  `Vault.watch` / `engram-sync watch`
   (client._sync.live.LiveSync with its default timing and feed; the timer set to an hour,
   so only the feed makes it sync). A adds a memory locally, then its real push
   (`Syncer.push`: encode, pad, seal, POST) starts the clock; the clock stops when B's
@@ -39,17 +41,16 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from bench.database import BenchDatabase
+from bench.live_receiver import PASSPHRASE
 from bench.relay_load import BenchError
 from bench.relay_process import ROOT, RelayProcess
 from bench.settings import default_workers
 from bench.stats import percentile
-from engram_sync.client._errors import RateLimitedError, RelayUnavailableError, SyncError
+from engram_sync.client._errors import SyncError
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import Syncer, SyncReport
-from engram_sync.client._sync.live import CONNECTED, LiveStatus, LiveSync
+from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._vault import store as local_store
 
-PASSPHRASE: Final = "engram bench live passphrase: correct horse battery staple"  # noqa: S105
 GAP_S: Final = 0.6  # between B applying one memory and A's next push (> min_sync_gap_s)
 APPLY_TIMEOUT_S: Final = 30.0  # a memory not applied by then counts as lost (an error)
 
@@ -83,106 +84,69 @@ class PairResult:
     errors: list[str] = field(default_factory=list)
 
 
-class _Watcher:
-    """Device B: the real live sync in a thread; tells when a given memory is applied."""
+class _Receiver:
+    """Device B in its own process (bench.live_receiver): tells when a memory is applied."""
 
     def __init__(self, directory: Path, relay_url: str, key: str, vault_id: str) -> None:
-        self.directory, self.relay_url, self.key, self.vault_id = (
-            directory, relay_url, key, vault_id,
+        self._proc = subprocess.Popen(  # noqa: S603 - our own module
+            [sys.executable, "-m", "bench.live_receiver", str(directory), relay_url, key,
+             vault_id],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
-        self.stop = threading.Event()
         self.connected = threading.Event()
-        self.linked = threading.Event()
-        self._lock = threading.Lock()
-        self._expected: str | None = None
-        self.applied_at = 0.0
-        self.hinted_at = 0.0  # the first change hint at B after `expect` (the feed thread)
-        self.synced_at = 0.0  # the first sync B started after it
-        self.reported_at = 0.0
         self.applied = threading.Event()
         self.reported = threading.Event()
-        self.failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="bench-watcher", daemon=True)
+        self.applied_at = self.hinted_at = self.synced_at = self.reported_at = 0.0
+        self.failure: str | None = None
+        self._expecting = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(target=self._read, name="bench-receiver", daemon=True)
 
-    def start(self) -> _Watcher:
+    def start(self) -> _Receiver:
         self._thread.start()
         return self
 
-    def expect(self, memory_id: str) -> None:
-        with self._lock:
-            self._expected = memory_id
-            self.hinted_at = self.synced_at = 0.0
-            self.applied.clear()
-            self.reported.clear()
-
-    def _run(self) -> None:
-        try:
-            with VaultSession.open(self.directory, PASSPHRASE, create=True) as session:
-                session.link(self.relay_url, self.key, self.vault_id, "bench-live-b")
-                _ = session.keys  # the key derivation, before any clock
-                self.linked.set()
-                self._watch(session)
-        except BaseException as exc:  # reported by the measuring thread
-            self.failure = exc
-            self.linked.set()
-            self.connected.set()
-
-    def _watch(self, session: VaultSession) -> None:
-        syncer = session.syncer
-
-        def on_progress(phase: str, report: SyncReport) -> None:
-            if phase != "pull":
-                return
-            with self._lock:
-                expected = self._expected
-            if expected is None or self.applied.is_set():
-                return
-            if local_store.get_memory(session.vault.conn, expected) is not None:
-                self.applied_at = time.perf_counter()
-                self.applied.set()
-
-        def on_report(report: SyncReport) -> None:
-            if self.applied.is_set() and not self.reported.is_set():
-                self.reported_at = time.perf_counter()
-                self.reported.set()
-
-        def on_status(status: LiveStatus) -> None:
-            if status.state == CONNECTED and status.mode == "events":
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            word, *values = line.split()
+            if word == "connected":
                 self.connected.set()
+            elif word == "expecting":
+                self._expecting.set()
+            elif word == "applied":
+                self.applied_at, self.hinted_at, self.synced_at = map(float, values)
+                self.applied.set()
+            elif word == "reported":
+                self.reported_at = float(values[0])
+                self.reported.set()
+            elif word == "failed":
+                self.failure = line[len("failed ") :].strip()
+        if self.failure is None and not self._closing:
+            self.failure = f"device B's process ended (exit {self._proc.wait()})"
+        self.connected.set()
+        self._expecting.set()
 
-        # the pull progress of the very syncer LiveSync builds (the clock's stop), and the
-        # start of its syncs (where B's part of the time goes)
-        def make_syncer(*args: Any, **kwargs: Any) -> Syncer:
-            made = syncer(*args, **{**kwargs, "progress": on_progress})
-            real_sync = made.sync
-
-            def timed_sync(**options: Any) -> SyncReport:
-                if self.hinted_at and not self.synced_at:
-                    self.synced_at = time.perf_counter()
-                return real_sync(**options)
-
-            made.sync = timed_sync  # type: ignore[method-assign]
-            return made
-
-        session.syncer = make_syncer  # type: ignore[method-assign]
-        live = LiveSync(
-            session, interval=3600.0, stop=self.stop,
-            retry=lambda e: isinstance(e, RelayUnavailableError | RateLimitedError),
-            on_report=on_report, on_status=on_status,
-        )  # fmt: skip
-        offer = live.signals.offer_hint
-
-        def timed_offer(cursor: int) -> None:
-            if not self.hinted_at:
-                self.hinted_at = time.perf_counter()
-            offer(cursor)
-
-        live.signals.offer_hint = timed_offer  # type: ignore[method-assign]
-        for _ in live.run():
-            pass
+    def expect(self, memory_id: str) -> None:
+        """Watch for `memory_id`; returns once B has taken it (before the push starts)."""
+        self.applied.clear()
+        self.reported.clear()
+        self._expecting.clear()
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(f"expect {memory_id}\n")
+        self._proc.stdin.flush()
+        self._expecting.wait(APPLY_TIMEOUT_S)
 
     def close(self) -> None:
-        self.stop.set()
+        self._closing = True
+        if self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(timeout=30)
         self._thread.join(timeout=30)
 
 
@@ -192,33 +156,33 @@ def _pair(
     """One pair's measurements for `seconds` once every pair is ready."""
     vault_id = f"live-{secrets.token_hex(4)}-{index}"
     result = PairResult()
-    watcher = _Watcher(base / f"{vault_id}-b", relay_url, key, vault_id).start()
+    watcher = _Receiver(base / f"{vault_id}-b", relay_url, key, vault_id).start()
     try:
         with VaultSession.open(base / f"{vault_id}-a", PASSPHRASE, create=True) as a:
             a.link(relay_url, key, vault_id, "bench-live-a")
             _ = a.keys
             watcher.connected.wait(120)
             if watcher.failure is not None:
-                raise BenchError(f"device B failed: {watcher.failure!r}")
+                raise BenchError(f"device B failed: {watcher.failure}")
             if not watcher.connected.is_set():
                 raise BenchError("device B never connected to the event stream")
             ready.wait(300)
-            until = time.perf_counter() + seconds
+            until = time.monotonic() + seconds
             with a.relay() as relay:
                 syncer = a.syncer(relay)
                 n = 0
-                while time.perf_counter() < until:
+                while time.monotonic() < until:
                     memory_id = local_store.add_memory(a.vault.conn, f"live memory {index}.{n}")
                     n += 1
                     watcher.expect(str(memory_id))
-                    started = time.perf_counter()
+                    started = time.monotonic()
                     report = SyncReport()
                     try:
                         syncer.push(report)
                     except SyncError as exc:
                         result.errors.append(f"push: {exc}"[:200])
                         continue
-                    result.push_ms.append((time.perf_counter() - started) * 1000)
+                    result.push_ms.append((time.monotonic() - started) * 1000)
                     if report.pushed != 1:
                         result.errors.append(f"push sent {report.pushed} memories, not 1")
                     if not watcher.applied.wait(APPLY_TIMEOUT_S):
@@ -235,7 +199,7 @@ def _pair(
     finally:
         watcher.close()
     if watcher.failure is not None:
-        result.errors.append(f"device B: {watcher.failure!r}"[:200])
+        result.errors.append(f"device B: {watcher.failure}"[:200])
     return result
 
 
