@@ -11,8 +11,9 @@ real client, under a background of connected devices and pushes.
   (client._sync.live.LiveSync with its default timing and feed; the timer set to an hour,
   so only the feed makes it sync). A adds a memory locally, then its real push
   (`Syncer.push`: encode, pad, seal, POST) starts the clock; the clock stops when B's
-  pull has applied and committed the page holding that memory (the syncer's `pull`
-  progress callback, on B's sync thread, which then reads the memory back). B's
+  pull has applied and committed the page holding that memory (the page's transaction
+  in engrams.db ended, before the cursor's save: `Syncer._apply_page` returned, on B's
+  sync thread, which then reads the memory back). B's
   whole sync report comes later (the push phase and the digest check of that sync), and
   is reported beside it.
 - One push per pair at a time, the next one `GAP_S` after B applied the last: the live
@@ -81,6 +82,7 @@ class PairResult:
     push_ms: list[float] = field(default_factory=list)  # A's push alone, to its answer
     hint_ms: list[float] = field(default_factory=list)  # to the change hint at B
     sync_ms: list[float] = field(default_factory=list)  # to B's sync starting
+    saved_ms: list[float] = field(default_factory=list)  # to B's cursor saved after it
     errors: list[str] = field(default_factory=list)
 
 
@@ -97,6 +99,7 @@ class _Receiver:
         self.applied = threading.Event()
         self.reported = threading.Event()
         self.applied_at = self.hinted_at = self.synced_at = self.reported_at = 0.0
+        self.saved_at = 0.0
         self.failure: str | None = None
         self._expecting = threading.Event()
         self._closing = False
@@ -117,6 +120,8 @@ class _Receiver:
             elif word == "applied":
                 self.applied_at, self.hinted_at, self.synced_at = map(float, values)
                 self.applied.set()
+            elif word == "saved":
+                self.saved_at = float(values[0])
             elif word == "reported":
                 self.reported_at = float(values[0])
                 self.reported.set()
@@ -132,6 +137,7 @@ class _Receiver:
         self.applied.clear()
         self.reported.clear()
         self._expecting.clear()
+        self.saved_at = 0.0
         assert self._proc.stdin is not None
         self._proc.stdin.write(f"expect {memory_id}\n")
         self._proc.stdin.flush()
@@ -195,6 +201,8 @@ def _pair(
                         result.sync_ms.append((watcher.synced_at - started) * 1000)
                     if watcher.reported.wait(APPLY_TIMEOUT_S):
                         result.report_ms.append((watcher.reported_at - started) * 1000)
+                    if watcher.saved_at:  # said before the report
+                        result.saved_ms.append((watcher.saved_at - started) * 1000)
                     time.sleep(GAP_S)
     finally:
         watcher.close()
@@ -267,6 +275,7 @@ def measure(
     pushed = sorted(ms for r in results for ms in r.push_ms)
     hinted = sorted(ms for r in results for ms in r.hint_ms)
     syncing = sorted(ms for r in results for ms in r.sync_ms)
+    saved = sorted(ms for r in results for ms in r.saved_ms)
     errors = [e for r in results for e in r.errors]
     if not applied:
         raise BenchError(f"no live sync latency measured: {errors[:3]}")
@@ -286,6 +295,9 @@ def measure(
         # sync starting (the applied figure minus this is B's pull or feed page and apply)
         "hint_p50_ms": percentile(hinted, 50) if hinted else None,
         "sync_start_p50_ms": percentile(syncing, 50) if syncing else None,
+        # and to the cursor's save after the page (where the clock stopped before):
+        "cursor_saved_p50_ms": percentile(saved, 50) if saved else None,
+        "cursor_saved_p99_ms": percentile(saved, 99) if saved else None,
         "report_p50_ms": percentile(reported, 50) if reported else None,
         "report_p99_ms": percentile(reported, 99) if reported else None,
         "errors": len(errors),

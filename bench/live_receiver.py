@@ -12,9 +12,11 @@ it sync).
 Lines on stdin: `expect <memory_id>` (the next memory to watch for, answered with
 `expecting <memory_id>` once taken). Lines on stdout: `connected` (the event stream is
 up), `applied <t> <hinted> <synced>` once the expected memory is applied and committed
-(the pull progress callback, on B's sync thread, which then reads it back; `hinted`: the
+(the page's transaction in engrams.db ended: `Syncer._apply_page` returned, on B's sync
+thread, which then reads the memory back; `hinted`: the
 first change hint after the `expect`, `synced`: the first sync started after that hint,
-0 when none), `reported <t>` when that sync's report is out, `failed <why>`. Times are
+0 when none), `saved <t>` when the cursor was saved after that page (the pull's
+progress callback), `reported <t>` when that sync's report is out, `failed <why>`. Times are
 `time.monotonic()`, one clock for every process of the machine (CLOCK_MONOTONIC on
 Linux). It stops when stdin closes.
 """
@@ -48,6 +50,7 @@ class Receiver:
         self._lock = threading.Lock()
         self._expected: str | None = None
         self._applied = False
+        self._saved = False
         self._reported = False
         self._connected = False
         self.hinted_at = 0.0
@@ -62,7 +65,7 @@ class Receiver:
         with self._lock:
             self._expected = memory_id
             self.hinted_at = self.synced_at = 0.0
-            self._applied = self._reported = False
+            self._applied = self._saved = self._reported = False
 
     def run(self) -> None:
         with VaultSession.open(self.directory, PASSPHRASE, create=True) as session:
@@ -73,9 +76,7 @@ class Receiver:
     def _watch(self, session: VaultSession) -> None:
         syncer = session.syncer
 
-        def on_progress(phase: str, report: SyncReport) -> None:
-            if phase != "pull":
-                return
+        def on_applied() -> None:
             with self._lock:
                 expected, done = self._expected, self._applied
             if expected is None or done:
@@ -85,6 +86,13 @@ class Receiver:
                 with self._lock:
                     self._applied = True
                 self.say(f"applied {now} {self.hinted_at} {self.synced_at}")
+
+        def on_progress(phase: str, report: SyncReport) -> None:
+            with self._lock:
+                due = phase == "pull" and self._applied and not self._saved
+                self._saved = self._saved or due
+            if due:  # the cursor's save after the page (the pull's progress callback)
+                self.say(f"saved {time.monotonic()}")
 
         def on_report(report: SyncReport) -> None:
             with self._lock:
@@ -98,11 +106,21 @@ class Receiver:
                 self._connected = True
                 self.say("connected")
 
-        # the pull progress of the very syncer LiveSync builds (the clock's stop), and the
-        # start of its syncs (where B's part of the time goes)
+        # The clock stops when the page holding the memory is committed to the vault (the
+        # very syncer LiveSync builds, its `_apply_page` returned: the memory is in
+        # engrams.db for every reader, before the sync's own bookkeeping, the cursor's
+        # save, which the pull's progress callback follows); and the start of its syncs
+        # (where B's part of the time goes).
         def make_syncer(*args: Any, **kwargs: Any) -> Syncer:
             made = syncer(*args, **{**kwargs, "progress": on_progress})
-            real_sync = made.sync
+            real_sync, real_apply = made.sync, made._apply_page
+
+            def timed_apply(*page: Any, **options: Any) -> int:
+                highest = real_apply(*page, **options)
+                on_applied()
+                return highest
+
+            made._apply_page = timed_apply  # type: ignore[method-assign]
 
             def timed_sync(**options: Any) -> SyncReport:
                 if self.hinted_at and not self.synced_at:
