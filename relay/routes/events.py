@@ -88,7 +88,10 @@ def change_message(
     if blobs is None:
         data = msgspec.json.encode({"cursor": seq}).decode()
     else:
-        head = msgspec.json.encode({"cursor": seq, "after": after, "generation": generation})
+        fields: dict[str, object] = {"cursor": seq, "after": after}
+        if isinstance(generation, str):  # known from the start (relay.app's lifespan)
+            fields["generation"] = generation
+        head = msgspec.json.encode(fields)
         data = (head[:-1] + b',"blobs":' + blobs + b"}").decode()
     return ServerSentEventMessage(data=data, event="change", sep=_SEP).encode()
 

@@ -19,6 +19,7 @@ import pytest
 from engram_sync.relay.domain_errors import QuotaExceededError
 from engram_sync.relay.feed import KEPT_COMMITS, ChangeHub
 from engram_sync.relay.push_rules import PushPlan, check_structure
+from engram_sync.relay.routes.events import change_message
 from engram_sync.relay.store.feed import (
     INLINE_MAX_BLOBS,
     MAX_NOTIFY_PAYLOAD,
@@ -203,3 +204,16 @@ def test_blobs_takes_only_0_or_1(relay: Relay, http: httpx.Client, blobs: int) -
     assert "blobs" in bad.text
     with stream(relay, vault, 0, blobs=bool(blobs)) as feed:
         assert next(feed) == Message(comment="ping")  # accepted: the stream runs
+
+
+def test_the_change_message_carries_the_blobs_as_json_and_leaves_out_an_unknown_generation() -> (
+    None
+):
+    carried = change_message(7, after=5, blobs=b'[{"m":1}]', generation="g1")
+    assert (
+        carried
+        == b'event: change\ndata: {"cursor":7,"after":5,"generation":"g1","blobs":[{"m":1}]}\n\n'
+    )
+    unknown = change_message(7, after=5, blobs=b"[]", generation=msgspec.UNSET)
+    assert unknown == b'event: change\ndata: {"cursor":7,"after":5,"blobs":[]}\n\n'
+    assert change_message(7) == b'event: change\ndata: {"cursor":7}\n\n'  # the plain hint
