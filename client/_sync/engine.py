@@ -338,6 +338,7 @@ class Syncer:
         fed = dict(feed_pages or {})
         while True:
             page = self._feed_page(fed, cursor) if seen is None else None
+            from_feed = page is not None
             try:
                 if page is None:
                     page = self.relay.pull(
@@ -369,7 +370,8 @@ class Syncer:
                 seen, report.resynced, report.restored = self._start_full_pull(), True, True
                 cursor = origin = 0
                 continue
-            check_page(page, asked=cursor, limit=limit, relay_url=self.relay.base_url)
+            if not from_feed:  # a feed page was checked by `_feed_page`, against its own bound
+                check_page(page, asked=cursor, limit=limit, relay_url=self.relay.base_url)
             if seen is None and (start := self._refuted_skip(page.blobs, cursor)) is not None:
                 report.own_skip_refuted = True
                 cursor = origin = start

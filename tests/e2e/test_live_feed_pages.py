@@ -23,9 +23,9 @@ def cursor_of(device: DeviceHandle) -> int:
         return session.state.cursor
 
 
-def sync_with(device: DeviceHandle, pages: dict[int, PullResponse]) -> SyncReport:
+def sync_with(device: DeviceHandle, pages: dict[int, PullResponse], **options: int) -> SyncReport:
     with device.open() as session, session.relay(max_retries=1, backoff_base=0) as client:
-        return session.syncer(client).sync(feed_pages=pages)
+        return session.syncer(client, **options).sync(feed_pages=pages)
 
 
 def honest_page(device: DeviceHandle, cursor: int) -> PullResponse:
@@ -88,6 +88,20 @@ def forge(page: PullResponse, how: str) -> PullResponse:
         return replace(page, blobs=[second, first])
     assert how == "a cursor past its last blob"
     return replace(page, cursor=page.cursor + 999, head=page.cursor + 999)
+
+
+def test_an_honest_page_larger_than_the_devices_pull_page_is_applied(
+    devices: list[DeviceHandle],
+) -> None:
+    """The device's page size bounds what it asks for over HTTP; a feed page was not asked
+    for with it (its bound is a pull page's, MAX_PULL_LIMIT)."""
+    alpha, bravo, _ = devices
+    before, memories = two_new_memories(alpha, bravo)
+    page = honest_page(alpha, before)
+    report = sync_with(alpha, {before: replace(page, has_more=False)}, pull_page=1)
+    assert report.feed_pages == 1
+    assert report.applied == 2
+    assert set(memories) <= set(contents(alpha))
 
 
 @pytest.mark.parametrize(
