@@ -180,11 +180,6 @@ class ChangeHub:
         if watch is not None:
             watch.observe(seq)
 
-    def publish_many(self, heads: Mapping[str, int]) -> None:
-        """`publish` for several vaults."""
-        for vault_id, seq in heads.items():
-            self.publish(vault_id, seq)
-
     def publish_commits(self, commits: Iterable[Commit]) -> None:
         """`publish` of commits, their blobs kept first for the `blobs=1` streams."""
         for commit in commits:

@@ -188,12 +188,6 @@ class FeedSignals:
         self.wake.set()
 
 
-def parse_hint(data: str, last: int | None) -> int | str:
-    """The cursor of a `change` event's data, or why it is not a usable hint."""
-    parsed = parse_change(data, last)
-    return parsed if isinstance(parsed, str) else parsed[0]
-
-
 def parse_change(data: str, last: int | None) -> tuple[int, FeedPage | None] | str:
     """The cursor of a `change` event's data and the blobs it carried (None: a hint
     only), or why it is not a usable hint. Blobs without a usable `after` (below the
