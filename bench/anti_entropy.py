@@ -62,17 +62,12 @@ FIND_ROUND_TRIPS = 3  # issue 16 (bench.targets has the same)
 FIND_BYTES = 16 * 1024
 PUSH_OVERHEAD = 0.02
 
-_WORDS = ", ".join(
-    f"coalesce(bit_xor(('x' || encode(substr(v, {8 * n + 1}, 8), 'hex'))::bit(64)::bigint), 0)"
-    f" AS w{n}"
-    for n in range(4)
-)
 # Raw-SQL fills bypass the push path: set the vault's digest, counts and sequence from its
 # rows, as revision 0008's backfill does.
 _RECOMPUTE = f"""
 UPDATE vaults SET digest = int8send(x.w0) || int8send(x.w1) || int8send(x.w2) || int8send(x.w3),
     live_blobs = x.live, tombstones = x.dead, seq = x.seq
-FROM (SELECT {_WORDS}, count(*) FILTER (WHERE NOT deleted) AS live,
+FROM (SELECT {digest_store.XOR_WORDS}, count(*) FILTER (WHERE NOT deleted) AS live,
              count(*) FILTER (WHERE deleted) AS dead, coalesce(max(seq), 0) AS seq
       FROM (SELECT deleted, seq,
                    engram_version_hash(memory_id, device_id, vector_clock, deleted) AS v

@@ -20,15 +20,8 @@ from datetime import timedelta
 import asyncpg
 
 from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
+from engram_sync.relay.store.digest import XOR_WORDS, xor_of_words
 from engram_sync.shared_format.digest import digest_bytes, digest_int
-
-# The XOR of the removed versions' hashes (PROTOCOL §18) as four 8-byte words: PostgreSQL
-# has no XOR aggregate over bytea (the same expression as revision 0008_digest).
-_REMOVED_WORDS = ", ".join(
-    f"coalesce(bit_xor(('x' || encode(substr(v, {8 * n + 1}, 8), 'hex'))::bit(64)::bigint), 0)"
-    f" AS w{n}"
-    for n in range(4)
-)
 
 
 @dataclass(frozen=True)
@@ -71,7 +64,7 @@ async def compact_vault(
                     engram_version_hash(memory_id, device_id, vector_clock, deleted) AS v
             )
             SELECT digest_bucket, count(*) AS n, coalesce(max(seq), 0) AS top,
-                   coalesce(sum(size_bytes), 0) AS bytes, {_REMOVED_WORDS}
+                   coalesce(sum(size_bytes), 0) AS bytes, {XOR_WORDS}
             FROM removed GROUP BY digest_bucket
             """,  # noqa: S608 - constants only
             vault_id,
@@ -85,10 +78,7 @@ async def compact_vault(
             xors: dict[int, int] = {}
             gone: dict[int, int] = {}
             for r in rows:
-                hashes = int.from_bytes(
-                    b"".join(int(r[f"w{n}"]).to_bytes(8, "big", signed=True) for n in range(4)),
-                    "big",
-                )
+                hashes = xor_of_words(r)  # the XOR of the removed versions' hashes
                 removed ^= hashes
                 if r["digest_bucket"] is not None:  # PROTOCOL §18, revision 0012
                     xors[r["digest_bucket"]] = hashes >> PREFIX_SHIFT

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from engram_sync.relay.store.bucket_prefixes import count_list
+from engram_sync.relay.store.bucket_prefixes import ZERO_PREFIXES, count_list
 from engram_sync.shared_format.digest import (
     BUCKETS,
     EMPTY_DIGEST,
@@ -26,7 +26,10 @@ from engram_sync.shared_format.digest import (
 )
 from engram_sync.shared_format.wire import SyncBlob
 
-_WORDS = ", ".join(
+# The XOR of the version hashes `v` of a set of rows as four 8-byte words `w0`..`w3`:
+# PostgreSQL has no XOR aggregate over bytea (the expression of revision 0008_digest);
+# `xor_of_words` turns a row's words back into the 256-bit value. Compaction uses both.
+XOR_WORDS = ", ".join(
     f"coalesce(bit_xor(('x' || encode(substr(v, {8 * n + 1}, 8), 'hex'))::bit(64)::bigint), 0)"
     f" AS w{n}"
     for n in range(4)
@@ -46,7 +49,7 @@ _BUCKET_PREFIXES = (
 _BUCKETS = f"""
 SELECT v.seq, h.digest_bucket, h.n, h.w0, h.w1, h.w2, h.w3
 FROM vaults v LEFT JOIN LATERAL (
-    SELECT digest_bucket, count(*) AS n, {_WORDS}
+    SELECT digest_bucket, count(*) AS n, {XOR_WORDS}
     FROM (SELECT digest_bucket,
                  engram_version_hash(memory_id, device_id, vector_clock, deleted) AS v
           FROM blobs b WHERE b.vault_id = v.vault_id AND b.vault_id = $1
@@ -79,14 +82,14 @@ WITH rows AS MATERIALIZED (
            engram_version_hash(b.memory_id, b.device_id, b.vector_clock, b.deleted) AS v
     FROM blobs b WHERE b.vault_id = $1 AND b.digest_bucket = $2
 ), sums AS (
-    SELECT sub, {_WORDS.split(", coalesce")[0]} FROM rows GROUP BY sub
+    SELECT sub, {XOR_WORDS.split(", coalesce")[0]} FROM rows GROUP BY sub
 ), differ AS (
     SELECT s.sub FROM generate_series(0, 255) AS s(sub) LEFT JOIN sums USING (sub)
     WHERE int8send(coalesce(sums.w0, 0)) <> substr($3::bytea, 8 * s.sub + 1, 8)
 ), head AS (
     SELECT v.seq, (SELECT count(*) FROM rows) AS n, t.*,
            ARRAY(SELECT sub FROM differ ORDER BY sub) AS subs
-    FROM vaults v CROSS JOIN (SELECT {_WORDS} FROM rows) t WHERE v.vault_id = $1
+    FROM vaults v CROSS JOIN (SELECT {XOR_WORDS} FROM rows) t WHERE v.vault_id = $1
 )
 SELECT h.*, NULL::text AS memory_id, NULL::text AS device_id, NULL::bigint AS vector_clock,
        NULL::boolean AS deleted
@@ -154,7 +157,8 @@ class Fetched:
     missing: list[str] = field(default_factory=list)
 
 
-def _xor_words(row: asyncpg.Record) -> int:
+def xor_of_words(row: asyncpg.Record) -> int:
+    """The 256-bit XOR a row's `XOR_WORDS` columns hold."""
     raw = b"".join(int(row[f"w{n}"]).to_bytes(8, "big", signed=True) for n in range(4))
     return int.from_bytes(raw, "big")
 
@@ -172,7 +176,7 @@ async def stored_buckets(pool: asyncpg.Pool, vault_id: str) -> StoredBuckets:
     (zeros for a vault nobody pushed to)."""
     row = await pool.fetchrow(_BUCKET_PREFIXES, vault_id)
     if row is None:
-        return StoredBuckets(0, 0, bytes(BUCKETS * PREFIX_BYTES), [0] * BUCKETS)
+        return StoredBuckets(0, 0, ZERO_PREFIXES, [0] * BUCKETS)
     return StoredBuckets(
         int(row["seq"]),
         digest_int(row["digest"]),
@@ -191,7 +195,7 @@ async def bucket_digests(
         return 0, {}
     seq = int(rows[0]["seq"])
     found = {
-        int(r["digest_bucket"]): DigestState(seq, int(r["n"]), _xor_words(r))
+        int(r["digest_bucket"]): DigestState(seq, int(r["n"]), xor_of_words(r))
         for r in rows
         if r["digest_bucket"] is not None
     }
@@ -229,7 +233,7 @@ async def narrow(
         ]
         return Narrowed(DigestState(0, 0, 0), subs, [], False)
     head = next(r for r in rows if r["memory_id"] is None)
-    state = DigestState(int(head["seq"]), int(head["n"]), _xor_words(head))
+    state = DigestState(int(head["seq"]), int(head["n"]), xor_of_words(head))
     versions = sorted(
         Version(r["memory_id"], r["device_id"], r["vector_clock"], r["deleted"])
         for r in rows
