@@ -29,6 +29,7 @@ from engram_sync.relay.domain_errors import (
 from engram_sync.relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
 from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
 from engram_sync.relay.store.feed import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
+from engram_sync.relay.store.overlap import while_answered
 from engram_sync.shared_format.digest import bucket_of, digest_bytes, digest_int, version_hash
 from engram_sync.shared_format.wire import SyncBlob
 
@@ -93,6 +94,9 @@ class _LockedVault:
     bucket_counts: bytes = b""
     bucket_xors: dict[int, int] = field(default_factory=dict)
     bucket_added: dict[int, int] = field(default_factory=dict)
+    # The group's accepted versions, each with the one it replaced, folded into the
+    # digest and the bucket changes by `_fold_digests` while the blobs are written
+    versions: list[_NewVersion] = field(default_factory=list)
     # Blobs held per non-revoked device, read on first need (device quota only).
     active_devices: Counter[str] | None = None
     # PROTOCOL §19: the refusal of a retired vault, read under the same lock
@@ -114,6 +118,17 @@ class _Write(NamedTuple):
     item: CheckedBlob
     seq: int
     bucket: int  # PROTOCOL §18: bucket_of(memory_id), computed once for both its uses
+
+
+class _NewVersion(NamedTuple):
+    """An accepted blob as the digest sees it (PROTOCOL §18), and what it replaced."""
+
+    memory_id: str
+    device_id: str
+    vector_clock: int
+    deleted: bool
+    bucket: int
+    replaced: _Stored | None
 
 
 # PROTOCOL §6: each vault's row is locked by its own statement, in vault-id order (sent
@@ -369,9 +384,13 @@ async def _decide_and_write(
         memories.setdefault(j.vault_id, set()).update(c.blob.memory_id for c in j.checked)
     revoked: set[tuple[str, str]] = set()
     stored: dict[tuple[str, str], _Stored] = {}
-    known = await conn.fetchmany(
-        _READ_KNOWN,
-        [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],
+    # PROTOCOL §18: each memory's bucket, computed while the database reads
+    known, buckets = await while_answered(
+        conn.fetchmany(
+            _READ_KNOWN,
+            [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],
+        ),
+        lambda: {m: bucket_of(m) for ids in memories.values() for m in ids},
     )
     for r in known:
         if r["revoked"]:
@@ -385,7 +404,7 @@ async def _decide_and_write(
     for job in jobs:
         try:
             results.append(await _decide(conn, job, locked[job.vault_id], stored, revoked,
-                                         writes, limits.max_blob_bytes))  # fmt: skip
+                                         buckets, writes, limits.max_blob_bytes))  # fmt: skip
         except PushRefusedError as refused:  # this push alone is refused (quota)
             results.append(refused)
     if writes:
@@ -404,6 +423,7 @@ async def _decide(
     vault: _LockedVault,
     stored: dict[tuple[str, str], _Stored],
     revoked: set[tuple[str, str]],
+    buckets: dict[str, int],
     writes: dict[tuple[str, str], _Write],
     max_blob_bytes: int,
 ) -> PushOutcome:
@@ -424,41 +444,55 @@ async def _decide(
     if not plan.accepted:
         return PushOutcome(plan=plan, cursor=vault.seq)
     new_bytes = await _check_quota(conn, vault, plan, mine)
-    xors = vault.bucket_xors
-    added = vault.bucket_added
     for item in plan.accepted:
         vault.seq += 1
-        memory_id = item.blob.memory_id
+        blob = item.blob
+        memory_id = blob.memory_id
         key = (job.vault_id, memory_id)
-        bucket = bucket_of(memory_id)
+        bucket = buckets[memory_id]
         writes[key] = _Write(job.vault_id, item, vault.seq, bucket)  # a later push's wins
         replaced = stored.get(key)
-        deleted = item.blob.deleted
-        stored[key] = _Stored(
-            StoredVersion(item.blob.vector_clock, item.size_bytes), item.blob.device_id, deleted
+        deleted = blob.deleted
+        stored[key] = _Stored(StoredVersion(blob.vector_clock, item.size_bytes), blob.device_id,
+                              deleted)  # fmt: skip
+        # PROTOCOL §18: the new version in and the replaced one out, hashed by
+        # `_fold_digests` while the blobs are written (under the vault lock already held)
+        vault.versions.append(
+            _NewVersion(memory_id, blob.device_id, blob.vector_clock, deleted, bucket, replaced)
         )
-        # PROTOCOL §18: the new version in: O(1) per blob, under the vault lock already held
-        change = version_hash(memory_id, item.blob.device_id, item.blob.vector_clock, deleted)
-        if replaced is None:  # a memory new to the vault: one more in its bucket
-            added[bucket] = added.get(bucket, 0) + 1
-        else:
+        if replaced is not None:
             vault.live_blobs -= not replaced.deleted  # the counts of /health and stats
             vault.tombstones -= replaced.deleted
-            # and the replaced version out
-            change ^= version_hash(
-                memory_id, replaced.device_id, replaced.version.vector_clock, replaced.deleted
-            )
         vault.live_blobs += not deleted
         vault.tombstones += deleted
-        vault.digest ^= change
-        # its bucket's prefix: the first 8 bytes of the same XOR (revision 0012)
-        xors[bucket] = xors.get(bucket, 0) ^ (change >> PREFIX_SHIFT)
         if vault.active_devices is not None:  # keep the device counts of the quota exact
             if replaced is not None and vault.active_devices[replaced.device_id] > 0:
                 vault.active_devices[replaced.device_id] -= 1
             vault.active_devices[item.blob.device_id] += 1
     vault.bytes_used = new_bytes
     return PushOutcome(plan=plan, cursor=vault.seq)
+
+
+def _fold_digests(vaults: list[_LockedVault]) -> None:
+    """PROTOCOL §18: each vault's accepted versions of the group into its digest (each in,
+    the one it replaced out: O(1) a blob) and its buckets' prefixes (the first 8 bytes of
+    the same XOR, revision 0012) and counts (a memory new to the vault: one more)."""
+    for vault in vaults:
+        xors = vault.bucket_xors
+        added = vault.bucket_added
+        digest = vault.digest
+        for v in vault.versions:
+            change = version_hash(v.memory_id, v.device_id, v.vector_clock, v.deleted)
+            old = v.replaced
+            if old is None:
+                added[v.bucket] = added.get(v.bucket, 0) + 1
+            else:
+                change ^= version_hash(v.memory_id, old.device_id, old.version.vector_clock,
+                                       old.deleted)  # fmt: skip
+            digest ^= change
+            xors[v.bucket] = xors.get(v.bucket, 0) ^ (change >> PREFIX_SHIFT)
+        vault.digest = digest
+        vault.versions.clear()
 
 
 async def _check_quota(
@@ -504,9 +538,13 @@ async def _write(
     seen: dict[str, list[str]] = {v.vault_id: [] for v in vaults}
     for vault_id, device_id in devices:
         seen[vault_id].append(device_id)
-    # Each statement for every vault of the group in one pipelined round trip.
-    await conn.executemany(
-        BLOB_UPSERT, [blob_columns(rows[v.vault_id], buckets[v.vault_id]) for v in vaults]
+    # Each statement for every vault of the group in one pipelined round trip; the
+    # digest's hashing meanwhile (PROTOCOL §18).
+    await while_answered(
+        conn.executemany(
+            BLOB_UPSERT, [blob_columns(rows[v.vault_id], buckets[v.vault_id]) for v in vaults]
+        ),
+        lambda: _fold_digests(vaults),
     )
     await conn.executemany(
         _UPDATE_VAULT,

@@ -1,0 +1,33 @@
+"""CPU work done while the database answers a statement already sent (PROTOCOL §18).
+
+A push's digest work (a SHA-256 or two per blob, about 3 us) is done while the
+database runs the push's own statements rather than before or after them: on one
+connection asyncio would otherwise leave the relay idle while it waits for the
+answer, and the hashing would lengthen every push by its full time (docs/digest.md,
+figure 12)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+async def while_answered(statement: Coroutine[Any, Any, T], work: Callable[[], R]) -> tuple[T, R]:
+    """Send `statement`, run `work` while the database answers it, then wait for the answer.
+
+    One pass of the event loop lets the statement's task write its request (asyncpg sends
+    it before it first waits). Whatever `work` raises, the statement is waited for first,
+    so the connection is never left with an operation in flight; the statement's own
+    error, if any, is the one raised.
+    """
+    task = asyncio.ensure_future(statement)
+    await asyncio.sleep(0)
+    try:
+        done = work()
+    finally:
+        answer = await task
+    return answer, done
