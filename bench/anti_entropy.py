@@ -8,20 +8,19 @@
    differs). Counted: round trips, and bytes on the wire in both directions (request
    line, headers and body out; status line, headers and body in; HTTP/1.1 over loopback,
    no TLS), next to the JSON bodies alone.
-2. What keeping the digest costs a push: the relay's blob upsert into `blobs` (with the
-   `digest_bucket` column the push writes and its index, revision 0010) against the same
-   statement without that column into a copy of the table without column and index,
-   batches of 500, a warm-up round first and the order alternating; plus the push path's
-   Python work per blob (the bucket, two SHA-256 version hashes and the bucket prefix's
-   XOR and count, revision 0012) against the relay push time per blob measured in
-   figure 2.
+2. What keeping the digest costs a push: push throughput over HTTP with the digest kept
+   against the push as it was before it, two relay processes on two new databases
+   (`bench.digest_push`: new memories and their replacements, batches of 500, rounds
+   alternating), and, beside it, the push path's hashing per blob in CPU time (the
+   bucket, two SHA-256 version hashes and the bucket prefix's XOR, which the relay now
+   does while the database writes the blobs: `relay.store.overlap`).
 3. `?buckets=1`: the stored prefixes and counts (revision 0012, one row read) against
    the grouped pass over the vault's rows it was before (`relay.store.digest._BUCKETS`,
    timed once: 139 s for 1,000,000 rows).
 
-Alone: `python -m bench.anti_entropy [--quick] [--vault N] [--blobs N] [--repeats N]` (its
-own embedded PostgreSQL and relay process; prints the JSON and PASS/FAIL lines; `--quick`:
-20,000 memories and blobs).
+Alone: `python -m bench.anti_entropy [--quick] [--vault N] [--blobs N] [--repeats N]
+[--rounds N]` (its own embedded PostgreSQL and relay processes; prints the JSON and
+PASS/FAIL lines; `--quick`: 20,000 memories, 2,000 blobs a push round).
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from typing import TYPE_CHECKING, Any, cast
 import asyncpg
 import httpx
 
-from bench import ceiling
+from bench import ceiling, digest_push
 from bench.corpus import Corpus
 from bench.stats import summary
 from engram_sync.client._sync.anti_entropy import AntiEntropy
@@ -49,10 +48,10 @@ from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.relay.store import digest as digest_store
 from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT
-from engram_sync.relay.store.push import BLOB_UPSERT
 from engram_sync.shared_format.digest import Version, bucket_of, version_hash
 
 if TYPE_CHECKING:
+    from bench.database import BenchDatabase
     from bench.runner import Run
     from engram_sync.client._sync.engine import Syncer
 
@@ -60,7 +59,9 @@ FIND_VAULT_FULL = 1_000_000
 FIND_VAULT_QUICK = 20_000
 FIND_ROUND_TRIPS = 3  # issue 16 (bench.targets has the same)
 FIND_BYTES = 16 * 1024
-PUSH_OVERHEAD = 0.02
+PUSH_BLOBS = 50_000  # a push round of bench.digest_push, at most
+ROUNDS = 6
+QUICK_ROUNDS = 2
 
 # Raw-SQL fills bypass the push path: set the vault's digest, counts and sequence from its
 # rows, as revision 0008's backfill does.
@@ -89,8 +90,6 @@ FROM generate_series($2::bigint, $3::bigint) AS i
 ON CONFLICT DO NOTHING
 """
 _FILL_CHUNK = 100_000
-_CLONE = "bench_blobs_without_digest"
-_COLUMN_ONLY = "bench_blobs_column_only"  # the bucket column, not its index
 
 
 def find_vault_id(blobs: int) -> str:
@@ -176,48 +175,6 @@ def find_one(url: str, key: str, vault_id: str, held: list[Version]) -> dict[str
     }
 
 
-async def _clone(conn: asyncpg.Connection) -> None:
-    for table in (_CLONE, _COLUMN_ONLY):
-        await conn.execute(f"DROP TABLE IF EXISTS {table}")
-        await conn.execute(
-            f"CREATE TABLE {table} (LIKE blobs INCLUDING DEFAULTS INCLUDING INDEXES)"
-        )
-        await conn.execute(  # LIKE copies no foreign key: the same check as blobs makes
-            f"ALTER TABLE {table} ADD FOREIGN KEY (vault_id) REFERENCES vaults (vault_id)"
-            " ON DELETE CASCADE"
-        )
-    await conn.execute(f"ALTER TABLE {_CLONE} DROP COLUMN digest_bucket")  # and its index
-    index = await conn.fetchval(
-        "SELECT indexname FROM pg_indexes WHERE tablename = $1 AND indexdef LIKE '%digest_bucket%'",
-        _COLUMN_ONLY,
-    )
-    await conn.execute(f'DROP INDEX "{index}"')
-
-
-def without_digest_statement() -> str:
-    """BLOB_UPSERT into the copy, without the digest_bucket column and its array."""
-    statement = BLOB_UPSERT.replace("INSERT INTO blobs", f"INSERT INTO {_CLONE}", 1)
-    # The column list and the unnest alias list, the select list, the array.
-    statement = statement.replace(", size_bytes, digest_bucket)", ", size_bytes)")
-    statement = statement.replace(", u.size_bytes, u.digest_bucket", ", u.size_bytes", 1)
-    statement = statement.replace(", $12::smallint[])", ")", 1)
-    assert "digest_bucket" not in statement
-    assert "$12" not in statement
-    return statement
-
-
-async def _write(
-    conn: asyncpg.Connection, statement: str, prepared: ceiling.Prepared, *, columns: int
-) -> float:
-    await conn.execute(
-        "INSERT INTO vaults (vault_id) VALUES ($1) ON CONFLICT DO NOTHING", prepared.vault_id
-    )
-    started = time.perf_counter()
-    for cols in prepared.batches:
-        await conn.execute(statement, *cols[:columns])
-    return time.perf_counter() - started
-
-
 def python_seconds_per_blob(corpus: Corpus, blobs: int, *, prefixes: bool = True) -> float:
     """The push path's digest work per blob: the old version out, the new one in, the
     bucket (for the column and the prefix) and the bucket prefix's XOR (revision 0012;
@@ -240,43 +197,6 @@ def python_seconds_per_blob(corpus: Corpus, blobs: int, *, prefixes: bool = True
             xors[bucket] = xors.get(bucket, 0) ^ (change >> PREFIX_SHIFT)
     assert len(buckets) == blobs
     return (time.process_time() - started) / blobs
-
-
-async def write_overhead(
-    conn: asyncpg.Connection, corpus: Corpus, *, blobs: int, repeats: int, batch: int
-) -> dict[str, Any]:
-    """Upsert seconds into `blobs`, into the copy without the digest column, and into the
-    copy with the column but not its index (where the cost is); the order rotates."""
-    await _clone(conn)
-    without = without_digest_statement()
-    column_only = BLOB_UPSERT.replace("INSERT INTO blobs", f"INSERT INTO {_COLUMN_ONLY}", 1)
-    with_s: list[float] = []
-    without_s: list[float] = []
-    column_s: list[float] = []
-    try:
-        for r in range(repeats + 1):  # repeat 0 warms the tables up, unmeasured
-            order = [
-                ("with", BLOB_UPSERT, 12, with_s),
-                ("without", without, 11, without_s),
-                ("column", column_only, 12, column_s),
-            ]
-            for name, statement, columns, into in order[r % 3 :] + order[: r % 3]:
-                prepared = ceiling.prepare(
-                    corpus, f"digest-cost-{name}-{r}", count=blobs, batch=batch
-                )
-                seconds = await _write(conn, statement, prepared, columns=columns)
-                if r > 0:
-                    into.append(seconds)
-    finally:
-        for table in (_CLONE, _COLUMN_ONLY):
-            await conn.execute(f"DROP TABLE IF EXISTS {table}")
-    return {
-        "blobs": blobs,
-        "batch": batch,
-        "with_s": with_s,
-        "without_s": without_s,
-        "column_only_s": column_s,
-    }
 
 
 async def bucket_reads(conn: asyncpg.Connection, vault_id: str) -> dict[str, Any]:
@@ -332,31 +252,25 @@ def measure_parts(
     loop: asyncio.Runner,
     conn: asyncpg.Connection,
     relay: tuple[str, str],
+    db: BenchDatabase,
     corpus: Corpus,
     *,
     vault_blobs: int,
-    upsert_blobs: int,
+    push_blobs: int,
     repeats: int,
-    push_blobs_per_s: float,
+    rounds: int,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Figure 12 on a database and relay (url, key) already running."""
+    """Figure 12 on a database and relay (url, key) already running; the push rounds on
+    two more databases of the same server (`bench.digest_push`)."""
     vault_id = loop.run(_find_vault(conn, vault_blobs, log))
     reads = loop.run(bucket_reads(conn, vault_id))
     held = vault_versions(vault_blobs)
     log(f"anti-entropy: one divergent memory in a vault of {len(held):,} memories")
     finds = [find_one(relay[0], relay[1], vault_id, held) for _ in range(repeats)]
     del held
-    log(f"anti-entropy: upsert cost with and without the digest column, {upsert_blobs} blobs")
-    cost = loop.run(write_overhead(conn, corpus, blobs=upsert_blobs, repeats=repeats, batch=500))
-    python_s = python_seconds_per_blob(corpus, min(upsert_blobs, 20_000))
-    python_before_s = python_seconds_per_blob(corpus, min(upsert_blobs, 20_000), prefixes=False)
-    database = [w / wo - 1 for w, wo in zip(cost["with_s"], cost["without_s"], strict=True)]
-    python_share = python_s * push_blobs_per_s  # of the time one blob's push takes
-    per_blob_us = [
-        (w - wo) / upsert_blobs * 1e6
-        for w, wo in zip(cost["with_s"], cost["without_s"], strict=True)
-    ]
+    push = digest_push.measure(db, corpus, blobs=push_blobs, rounds=rounds, log=log)
+    hashed = min(push_blobs, 20_000)
     return {
         "vault_blobs": vault_blobs,
         "round_trips": summary([float(f["round_trips"]) for f in finds], "round trips"),
@@ -366,36 +280,32 @@ def measure_parts(
         "found": all(f["found"] for f in finds),
         "find_s": summary([f["seconds"] for f in finds], "s"),
         "bucket_reads": reads,
-        "upsert_blobs": upsert_blobs,
-        "upsert_with_s": summary(cost["with_s"], "s"),
-        "upsert_without_s": summary(cost["without_s"], "s"),
-        "upsert_column_only_s": summary(cost["column_only_s"], "s"),
-        "column_only_overhead": summary(
-            [c / wo - 1 for c, wo in zip(cost["column_only_s"], cost["without_s"], strict=True)],
-            "x",
+        "push": push,
+        "python_us_per_blob": python_seconds_per_blob(corpus, hashed) * 1e6,
+        "python_us_per_blob_without_prefixes": (  # before revision 0012
+            python_seconds_per_blob(corpus, hashed, prefixes=False) * 1e6
         ),
-        "database_overhead": summary(database, "x"),
-        "database_us_per_blob": summary(per_blob_us, "us"),
-        "python_us_per_blob": python_s * 1e6,
-        "python_us_per_blob_without_prefixes": python_before_s * 1e6,  # before revision 0012
-        "python_overhead": python_share,
-        "push_overhead": statistics.median(database) + python_share,
+        # PROTOCOL §18, issue 16: push throughput with the digest against before it
+        "push_overhead": push["overhead"]["median"],
+        "push_digest_kept": push["digest_kept"] and push["before_keeps_none"],
     }
 
 
-def measure(run: Run, push_blobs_per_s: float) -> dict[str, Any]:
+def measure(run: Run) -> dict[str, Any]:
     """Figure 12 inside `python -m bench`: the find on a vault of 1,000,000 memories
-    (20,000 quick), the upsert cost at the run's full size."""
+    (20,000 quick); the push rounds of the run's size (at most 50,000 blobs: 6 rounds; 2
+    quick)."""
     with run.monitor.phase("digest_cost"):
         return measure_parts(
             run.loop,
             run.conn,
             (run.relay.url, run.relay.key),
+            run.db,
             run.corpus,
             vault_blobs=FIND_VAULT_QUICK if run.s.quick else FIND_VAULT_FULL,
-            upsert_blobs=run.s.n,
+            push_blobs=min(run.s.n, PUSH_BLOBS),
             repeats=run.s.repeats,
-            push_blobs_per_s=push_blobs_per_s,
+            rounds=QUICK_ROUNDS if run.s.quick else ROUNDS,
             log=run.log,
         )
 
@@ -409,12 +319,7 @@ def verdicts(d: dict[str, Any]) -> list[str]:
         f"{trips:g} round trips (<= {FIND_ROUND_TRIPS})",
         f"{'PASS' if wire <= FIND_BYTES else 'FAIL'}: {wire:,.0f} bytes on the wire both ways "
         f"(<= {FIND_BYTES:,}; JSON bodies alone {d['json_bytes']['median']:,.0f})",
-        f"{'PASS' if d['push_overhead'] <= PUSH_OVERHEAD else 'FAIL'}: push cost of the digest "
-        f"{d['push_overhead']:+.1%} (<= {PUSH_OVERHEAD:.0%}): database "
-        f"{d['database_overhead']['median']:+.1%} (median of "
-        f"{', '.join(f'{v:+.1%}' for v in d['database_overhead']['values'])}), "
-        f"hashing {d['python_us_per_blob']:.2f} us/blob = {d['python_overhead']:.1%}; the "
-        f"column without its index {d['column_only_overhead']['median']:+.1%}",
+        digest_push.verdict(d["push"]),
     ]
 
 
@@ -425,17 +330,15 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m bench.anti_entropy")
     parser.add_argument("--vault", type=int, default=FIND_VAULT_FULL, help="memories to search")
-    parser.add_argument("--blobs", type=int, default=100_000, help="blobs per upsert round")
+    parser.add_argument("--blobs", type=int, default=PUSH_BLOBS, help="blobs a push round")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="push rounds")
     parser.add_argument(
-        "--quick", action="store_true", help=f"{FIND_VAULT_QUICK:,} memories and blobs"
-    )
-    parser.add_argument(
-        "--push-us", type=float, default=90.0, help="figure 2's relay push time per blob (us)"
+        "--quick", action="store_true", help=f"{FIND_VAULT_QUICK:,} memories, 2,000 blobs"
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.vault = args.blobs = FIND_VAULT_QUICK
+        args.vault, args.blobs, args.rounds = FIND_VAULT_QUICK, 2_000, QUICK_ROUNDS
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -450,9 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             conn = loop.run(ceiling.connect(db.url))
             try:
                 result = measure_parts(
-                    loop, conn, (relay.url, key), corpus, vault_blobs=args.vault,
-                    upsert_blobs=args.blobs, repeats=args.repeats,
-                    push_blobs_per_s=1e6 / args.push_us, log=log,
+                    loop, conn, (relay.url, key), db, corpus, vault_blobs=args.vault,
+                    push_blobs=args.blobs, repeats=args.repeats, rounds=args.rounds, log=log,
                 )  # fmt: skip
             finally:
                 loop.run(conn.close())

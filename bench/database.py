@@ -68,6 +68,7 @@ class BenchDatabase:
         self._server: EmbeddedPostgres | None = None
         self._server_url = ""
         self.url = ""
+        self._databases: list[str] = []  # made by `another`, the run's own first
         self.server_version = ""
         self.durability = ""
 
@@ -99,12 +100,19 @@ class BenchDatabase:
             self._server.start()
             self._server_url = self._server.url_for("postgres")
             where = f"embedded PostgreSQL in {self.scratch / 'pgdata'}"
-        name = f"engram_bench_{secrets.token_hex(4)}"
-        asyncio.run(_execute(self._server_url, f'CREATE DATABASE "{name}"'))
-        self.url = _with_database(self._server_url, name)
-        upgrade_to_head(self.url)
+        self.url = self.another()
         self.server_version, self.durability = asyncio.run(_server_facts(self.url))
         log.info("database ready: %s, %s", where, self.durability)
+
+    def another(self) -> str:
+        """A new database on the run's server, migrated to head (dropped with the run's);
+        its URL."""
+        name = f"engram_bench_{secrets.token_hex(4)}"
+        asyncio.run(_execute(self._server_url, f'CREATE DATABASE "{name}"'))
+        self._databases.append(name)
+        url = _with_database(self._server_url, name)
+        upgrade_to_head(url)
+        return url
 
     @property
     def where(self) -> str:
@@ -127,8 +135,7 @@ class BenchDatabase:
         """Drop the run's database (on a DATABASE_URL server), or stop the embedded server;
         remove the scratch dir."""
         try:
-            if self.external is not None and self.url:
-                name = urlsplit(self.url).path.lstrip("/")
+            for name in self._databases if self.external is not None else []:
                 try:
                     asyncio.run(
                         _execute(self._server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -73,8 +73,16 @@ def listening_workers(pid: int, port: int) -> list[psutil.Process]:
 class RelayProcess:
     """Parent side: one relay subprocess on a free loopback port."""
 
-    def __init__(self, database_url: str, key: str, log_path: Path, workers: int = 1) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        key: str,
+        log_path: Path,
+        workers: int = 1,
+        child: tuple[str, ...] = ("-m", "bench.relay_process"),
+    ) -> None:
         self.database_url = database_url
+        self.child = child  # the child's arguments to python: one that ends in `serve()`
         self.key = key
         self.log_path = log_path
         self.workers = workers
@@ -97,8 +105,8 @@ class RelayProcess:
         env[ENV_WORKERS] = str(self.workers)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         with self.log_path.open("wb") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "bench.relay_process"],
+            self._proc = subprocess.Popen(  # noqa: S603 - our own modules
+                [sys.executable, *self.child],
                 cwd=ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -161,13 +161,14 @@ def _figures(data: dict[str, Any]) -> list[str]:
                      d["round_trips"]),
         _summary_row("12. find it: bytes on the wire, both directions", d["wire_bytes"]),
         _summary_row("12. find it: JSON bodies, both directions", d["json_bytes"]),
-        _summary_row(f"12. upsert {d['upsert_blobs']:,} blobs with the digest column",
-                     d["upsert_with_s"]),
-        _summary_row(f"12. upsert {d['upsert_blobs']:,} blobs without it", d["upsert_without_s"]),
-        _summary_row("12. upsert with / without - 1", d["database_overhead"]),
-        _summary_row("12. upsert with - without, per blob", d["database_us_per_blob"]),
-        _row("12. push path hashing per blob", "", d["python_us_per_blob"], "", "us"),
-        _row("12. push cost of the digest (database + hashing)", "", d["push_overhead"], "", "x"),
+        _summary_row(f"12. push {d['push']['blobs']:,} blobs and replace them, with the digest",
+                     d["push"]["with_s"]),
+        _summary_row("12. the same, the push before the digest", d["push"]["before_s"]),
+        _summary_row("12. with / before - 1, new memories", d["push"]["new_overhead"]),
+        _summary_row("12. with / before - 1, replacements", d["push"]["replace_overhead"]),
+        _row("12. push path hashing per blob (CPU, overlapped with the write)", "",
+             d["python_us_per_blob"], "", "us"),
+        _summary_row("12. push with the digest / before it - 1", d["push"]["overhead"]),
     ]  # fmt: skip
     pulls = s["pull_memory"]
     words = f"{pulls['concurrent_pulls']} concurrent full pulls of {pulls['blobs']} 1 MiB blobs"

@@ -426,9 +426,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         sections = run.throughput()
                         sections["sweep"] = run.sweep()
                         sections["pull_vs_size"] = run.pull_vs_size()
-                        sections["digest"] = measure_anti_entropy(  # figure 12, PROTOCOL §18
-                            run, sections["relay_push"]["blobs_per_s"]["median"]
-                        )
+                        sections["digest"] = measure_anti_entropy(run)  # fig 12, PROTOCOL §18
                         latency, latencies = run.latency()
                         sections["latency"] = latency
                         sections["client_e2e"] = run.client_e2e()
