@@ -89,29 +89,22 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
     ),
     # no hashing: no bucket, no versions kept to fold, the statements awaited as before
     (
-        "    known, buckets = await while_answered(\n"
+        "    known, hashed = await while_answered(\n"
         "        conn.fetchmany(\n"
         "            _READ_KNOWN,\n"
         "            [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
         "        ),\n"
-        "        lambda: {m: bucket_of(m) for ids in memories.values() for m in ids},\n"
+        "        lambda: {id(c): _bucket_and_hash(c.blob) for j in jobs for c in j.checked},\n"
         "    )\n",
-        "    buckets: dict[str, int] = {}\n"
+        "    hashed: dict[int, tuple[int, int]] = {}\n"
         "    known = await conn.fetchmany(\n"
         "        _READ_KNOWN,\n"
         "        [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
         "    )\n",
         1,
     ),
-    ("        bucket = buckets[memory_id]\n", "        bucket = 0\n", 1),
-    (
-        "        vault.versions.append(\n"
-        "            _NewVersion(memory_id, blob.device_id, blob.vector_clock, deleted, bucket,"
-        " replaced)\n"
-        "        )\n",
-        "",
-        1,
-    ),
+    ("        bucket, version = hashed[id(item)]\n", "        bucket = 0\n", 1),
+    ("        vault.versions.append(_NewVersion(memory_id, bucket, version, replaced))\n", "", 1),
     (
         "    await while_answered(\n"
         "        conn.executemany(\n"
@@ -140,7 +133,10 @@ def before_source() -> str:
 
     source = inspect.getsource(push)
     # and the fold itself, which nothing calls any more
-    without = [*_WITHOUT_DIGEST, (inspect.getsource(push._fold_digests), "", 1)]
+    without = [
+        *_WITHOUT_DIGEST,
+        *((inspect.getsource(f), "", 1) for f in (push._bucket_and_hash, push._fold_digests)),
+    ]
     for old, new, times in without:
         found = source.count(old)
         if found != times:

@@ -30,7 +30,13 @@ from engram_sync.relay.push_rules import CheckedBlob, PushPlan, StoredVersion, p
 from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
 from engram_sync.relay.store.feed import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
 from engram_sync.relay.store.overlap import while_answered
-from engram_sync.shared_format.digest import bucket_of, digest_bytes, digest_int, version_hash
+from engram_sync.shared_format.digest import (
+    bucket_and_version_hash,
+    bucket_of,
+    digest_bytes,
+    digest_int,
+    version_hash,
+)
 from engram_sync.shared_format.wire import SyncBlob
 
 
@@ -124,10 +130,8 @@ class _NewVersion(NamedTuple):
     """An accepted blob as the digest sees it (PROTOCOL §18), and what it replaced."""
 
     memory_id: str
-    device_id: str
-    vector_clock: int
-    deleted: bool
     bucket: int
+    hash: int  # version_hash of the accepted version
     replaced: _Stored | None
 
 
@@ -384,13 +388,14 @@ async def _decide_and_write(
         memories.setdefault(j.vault_id, set()).update(c.blob.memory_id for c in j.checked)
     revoked: set[tuple[str, str]] = set()
     stored: dict[tuple[str, str], _Stored] = {}
-    # PROTOCOL §18: each memory's bucket, computed while the database reads
-    known, buckets = await while_answered(
+    # PROTOCOL §18: each pushed blob's bucket and version hash, computed while the
+    # database reads (by the blob's identity: the jobs hold every one until the end)
+    known, hashed = await while_answered(
         conn.fetchmany(
             _READ_KNOWN,
             [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],
         ),
-        lambda: {m: bucket_of(m) for ids in memories.values() for m in ids},
+        lambda: {id(c): _bucket_and_hash(c.blob) for j in jobs for c in j.checked},
     )
     for r in known:
         if r["revoked"]:
@@ -404,7 +409,7 @@ async def _decide_and_write(
     for job in jobs:
         try:
             results.append(await _decide(conn, job, locked[job.vault_id], stored, revoked,
-                                         buckets, writes, limits.max_blob_bytes))  # fmt: skip
+                                         hashed, writes, limits.max_blob_bytes))  # fmt: skip
         except PushRefusedError as refused:  # this push alone is refused (quota)
             results.append(refused)
     if writes:
@@ -423,7 +428,7 @@ async def _decide(
     vault: _LockedVault,
     stored: dict[tuple[str, str], _Stored],
     revoked: set[tuple[str, str]],
-    buckets: dict[str, int],
+    hashed: dict[int, tuple[int, int]],
     writes: dict[tuple[str, str], _Write],
     max_blob_bytes: int,
 ) -> PushOutcome:
@@ -449,7 +454,7 @@ async def _decide(
         blob = item.blob
         memory_id = blob.memory_id
         key = (job.vault_id, memory_id)
-        bucket = buckets[memory_id]
+        bucket, version = hashed[id(item)]
         writes[key] = _Write(job.vault_id, item, vault.seq, bucket)  # a later push's wins
         replaced = stored.get(key)
         deleted = blob.deleted
@@ -457,9 +462,7 @@ async def _decide(
                               deleted)  # fmt: skip
         # PROTOCOL §18: the new version in and the replaced one out, hashed by
         # `_fold_digests` while the blobs are written (under the vault lock already held)
-        vault.versions.append(
-            _NewVersion(memory_id, blob.device_id, blob.vector_clock, deleted, bucket, replaced)
-        )
+        vault.versions.append(_NewVersion(memory_id, bucket, version, replaced))
         if replaced is not None:
             vault.live_blobs -= not replaced.deleted  # the counts of /health and stats
             vault.tombstones -= replaced.deleted
@@ -473,6 +476,11 @@ async def _decide(
     return PushOutcome(plan=plan, cursor=vault.seq)
 
 
+def _bucket_and_hash(blob: SyncBlob) -> tuple[int, int]:
+    return bucket_and_version_hash(blob.memory_id, blob.device_id, blob.vector_clock,
+                                   blob.deleted)  # fmt: skip
+
+
 def _fold_digests(vaults: list[_LockedVault]) -> None:
     """PROTOCOL §18: each vault's accepted versions of the group into its digest (each in,
     the one it replaced out: O(1) a blob) and its buckets' prefixes (the first 8 bytes of
@@ -482,7 +490,7 @@ def _fold_digests(vaults: list[_LockedVault]) -> None:
         added = vault.bucket_added
         digest = vault.digest
         for v in vault.versions:
-            change = version_hash(v.memory_id, v.device_id, v.vector_clock, v.deleted)
+            change = v.hash
             old = v.replaced
             if old is None:
                 added[v.bucket] = added.get(v.bucket, 0) + 1
