@@ -89,18 +89,37 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
     ),
     # no hashing: no bucket, no versions kept to fold, the statements awaited as before
     (
-        "    known, hashed = await while_answered(\n"
-        "        conn.fetchmany(\n"
-        "            _READ_KNOWN,\n"
-        "            [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
-        "        ),\n"
-        "        lambda: {id(c): _bucket_and_hash(c.blob) for j in jobs for c in j.checked},\n"
+        "    hashed = {id(c): _bucket_and_hash(c.blob) for j in jobs for c in j.checked}\n"
+        "    buckets = {c.blob.memory_id: hashed[id(c)][0] for j in jobs for c in j.checked}\n"
+        "    known = await conn.fetchmany(\n"
+        "        _READ_KNOWN,\n"
+        "        [\n"
+        "            (v, sorted(pushers[v]), ids, [buckets[m] for m in ids])\n"
+        "            for v, ids in ((v, sorted(memories[v])) for v in sorted(pushers))\n"
+        "        ],\n"
         "    )\n",
         "    hashed: dict[int, tuple[int, int]] = {}\n"
         "    known = await conn.fetchmany(\n"
         "        _READ_KNOWN,\n"
         "        [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
         "    )\n",
+        1,
+    ),
+    # and the stored versions read and replaced by (vault_id, memory_id), the key before
+    (
+        "    FROM unnest($3::text[], $4::smallint[]) AS k(id, bucket)\n",
+        "    FROM unnest($3::text[]) AS k(id)\n",
+        1,
+    ),
+    (
+        "        WHERE b.vault_id = $1 AND b.digest_bucket = k.bucket AND b.memory_id = k.id\n"
+        "        LIMIT 1) AS b\n",
+        "        WHERE b.vault_id = $1 AND b.memory_id = k.id LIMIT 1) AS b\n",
+        1,
+    ),
+    (
+        "    ON CONFLICT (vault_id, digest_bucket, memory_id) DO UPDATE SET\n",
+        "    ON CONFLICT (vault_id, memory_id) DO UPDATE SET\n",
         1,
     ),
     ("        bucket, version = hashed[id(item)]\n", "        bucket = 0\n", 1),
@@ -120,9 +139,11 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
         1,
     ),
 ]
-# The before database: the columns (and with them the index) of revisions 0008-0012.
+# The before database: the columns of revisions 0008-0012, and the primary key of 0001
+# (revision 0013 put the bucket in it; dropping the column drops that key).
 _BEFORE_SCHEMA: Final = (
     "ALTER TABLE blobs DROP COLUMN digest_bucket",
+    "ALTER TABLE blobs ADD CONSTRAINT blobs_pkey PRIMARY KEY (vault_id, memory_id)",
     "ALTER TABLE vaults DROP COLUMN digest, DROP COLUMN bucket_prefixes, DROP COLUMN bucket_counts",
 )
 

@@ -22,6 +22,7 @@ from engram_sync.shared_format.digest import (
     PREFIX_BYTES,
     SUB_BUCKETS,
     Version,
+    bucket_of,
     digest_int,
 )
 from engram_sync.shared_format.wire import SyncBlob
@@ -102,10 +103,15 @@ UNION ALL
  ORDER BY r.memory_id LIMIT $5 + 1)
 """  # noqa: S608 - constants only
 
+# By primary key (revision 0013): each asked memory's (bucket, id) pair
 _FETCH = """
-SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at, deleted,
-       size_bytes
-FROM blobs WHERE vault_id = $1 AND memory_id = ANY($2::text[]) ORDER BY memory_id
+SELECT b.vault_id, b.memory_id, b.device_id, b.vector_clock, b.ciphertext, b.hmac,
+       b.created_at, b.deleted, b.size_bytes
+FROM unnest($2::text[], $3::smallint[]) AS k(id, bucket)
+CROSS JOIN LATERAL (
+    SELECT * FROM blobs x WHERE x.vault_id = $1 AND x.digest_bucket = k.bucket
+        AND x.memory_id = k.id LIMIT 1) AS b
+ORDER BY b.memory_id
 """
 
 
@@ -247,7 +253,8 @@ async def fetch_current(
 ) -> Fetched:
     """The current blob of each memory asked for (ordered by memory_id), stopping before
     the ciphertext would pass `max_bytes` (at least one blob)."""
-    rows = await pool.fetch(_FETCH, vault_id, sorted(set(memory_ids)))
+    ids = sorted(set(memory_ids))
+    rows = await pool.fetch(_FETCH, vault_id, ids, [bucket_of(m) for m in ids])
     blobs: list[SyncBlob] = []
     used = 0
     for r in rows:

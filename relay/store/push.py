@@ -178,10 +178,11 @@ _READ_KNOWN = """
             AND d.revoked_at IS NOT NULL LIMIT 1) AS d
     UNION ALL
     SELECT $1::text, false, k.id, b.vector_clock, b.size_bytes, b.device_id, b.deleted
-    FROM unnest($3::text[]) AS k(id)
+    FROM unnest($3::text[], $4::smallint[]) AS k(id, bucket)
     CROSS JOIN LATERAL (
         SELECT vector_clock, size_bytes, device_id, deleted FROM blobs b
-        WHERE b.vault_id = $1 AND b.memory_id = k.id LIMIT 1) AS b
+        WHERE b.vault_id = $1 AND b.digest_bucket = k.bucket AND b.memory_id = k.id
+        LIMIT 1) AS b
 """
 
 # Non-revoked devices holding blobs in a vault, with how many. A device row alone (a label
@@ -211,7 +212,7 @@ BLOB_UPSERT = """
         AS u(vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,
              created_at_ts, deleted, seq, size_bytes, digest_bucket)
     WHERE v.vault_id = ($1::text[])[1] AND u.vault_id = v.vault_id
-    ON CONFLICT (vault_id, memory_id) DO UPDATE SET
+    ON CONFLICT (vault_id, digest_bucket, memory_id) DO UPDATE SET
         device_id = EXCLUDED.device_id, vector_clock = EXCLUDED.vector_clock,
         ciphertext = EXCLUDED.ciphertext, hmac = EXCLUDED.hmac,
         created_at = EXCLUDED.created_at, created_at_ts = EXCLUDED.created_at_ts,
@@ -388,14 +389,17 @@ async def _decide_and_write(
         memories.setdefault(j.vault_id, set()).update(c.blob.memory_id for c in j.checked)
     revoked: set[tuple[str, str]] = set()
     stored: dict[tuple[str, str], _Stored] = {}
-    # PROTOCOL §18: each pushed blob's bucket and version hash, computed while the
-    # database reads (by the blob's identity: the jobs hold every one until the end)
-    known, hashed = await while_answered(
-        conn.fetchmany(
-            _READ_KNOWN,
-            [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],
-        ),
-        lambda: {id(c): _bucket_and_hash(c.blob) for j in jobs for c in j.checked},
+    # PROTOCOL §18: each pushed blob's bucket and version hash (by the blob's identity:
+    # the jobs hold every one until the end); the stored versions are read by primary
+    # key, which holds the bucket (revision 0013)
+    hashed = {id(c): _bucket_and_hash(c.blob) for j in jobs for c in j.checked}
+    buckets = {c.blob.memory_id: hashed[id(c)][0] for j in jobs for c in j.checked}
+    known = await conn.fetchmany(
+        _READ_KNOWN,
+        [
+            (v, sorted(pushers[v]), ids, [buckets[m] for m in ids])
+            for v, ids in ((v, sorted(memories[v])) for v in sorted(pushers))
+        ],
     )
     for r in known:
         if r["revoked"]:

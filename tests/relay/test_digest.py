@@ -430,17 +430,22 @@ def test_narrow_bodies_are_capped_and_need_a_key(relay: Relay, http: httpx.Clien
         assert_error(elsewhere.post(f"/v1/vaults/{vault}/digest/narrow", json=body), 403)
 
 
-def test_revision_0010_makes_the_bucket_a_plain_indexed_column(relay: Relay) -> None:
-    async def work(conn: asyncpg.Connection) -> tuple[str, str]:
-        generated = await conn.fetchval(
-            "SELECT is_generated FROM information_schema.columns"
+def test_the_bucket_is_a_plain_column_in_the_primary_key(relay: Relay) -> None:
+    """Revision 0010: written by the push (relay.store.push.blob_columns), not generated;
+    revision 0013: NOT NULL and in the primary key, with no index of its own."""
+
+    async def work(conn: asyncpg.Connection) -> tuple[str, str, str, str | None]:
+        generated, nullable = await conn.fetchrow(
+            "SELECT is_generated, is_nullable FROM information_schema.columns"
             " WHERE table_name = 'blobs' AND column_name = 'digest_bucket'"
         )
+        key = await conn.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = 'blobs_pkey'")
         index = await conn.fetchval(
             "SELECT indexdef FROM pg_indexes WHERE indexname = 'blobs_digest_bucket_idx'"
         )
-        return generated, index
+        return generated, nullable, key, index
 
-    generated, index = run_db(relay.database_url, work)
-    assert generated == "NEVER"  # written by the push (relay.store.push.blob_columns)
-    assert index.endswith("(vault_id, digest_bucket)"), index
+    generated, nullable, key, index = run_db(relay.database_url, work)
+    assert (generated, nullable) == ("NEVER", "NO")
+    assert key.endswith("(vault_id, digest_bucket, memory_id)"), key
+    assert index is None

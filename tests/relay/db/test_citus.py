@@ -231,8 +231,9 @@ def test_a_database_with_rows_keeps_them_when_distributed(citus_cluster: CitusCl
                 url,
                 "WITH v AS (INSERT INTO vaults (vault_id, seq) VALUES ('old', 1) RETURNING 1)"
                 " INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext,"
-                " hmac, created_at, created_at_ts, deleted, seq, size_bytes)"
-                " VALUES ('old', 'm', 'd', 1, 'c', 'h', 'x', now(), false, 1, 1) RETURNING 1",
+                " hmac, created_at, created_at_ts, deleted, seq, size_bytes, digest_bucket)"
+                " VALUES ('old', 'm', 'd', 1, 'c', 'h', 'x', now(), false, 1, 1,"
+                " engram_digest_bucket('m')) RETURNING 1",
             )
         )
         placed = citus.distribute(url)
@@ -293,6 +294,42 @@ def test_revision_0012_backfills_a_distributed_database(citus_cluster: CitusClus
         citus_cluster.drop_database("citus_0012")
 
 
+def test_revision_0013_rebuilds_the_key_of_a_distributed_database(
+    citus_cluster: CitusCluster,
+) -> None:
+    # A relay already on Citus at 0012 migrated to 0013: a row without a bucket gets it,
+    # and the distributed table's primary key holds the bucket (PROTOCOL §18).
+    from alembic import command
+
+    from engram_sync.relay.db.migrate import alembic_config
+    from engram_sync.shared_format.digest import bucket_of
+
+    url = citus_cluster.create_database("citus_0013")
+    try:
+        command.upgrade(alembic_config(url), "0012_bucket_prefixes")
+        citus.distribute(url)
+        insert = (
+            "INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,"
+            " created_at, created_at_ts, deleted, seq, size_bytes, digest_bucket)"
+            " VALUES ('x', $1, 'd', 1, 'c', 'h', 'x', now(), false, $2, 1, $3)"
+        )
+        asyncio.run(_fetch(url, "INSERT INTO vaults (vault_id) VALUES ('x') RETURNING 1"))
+        asyncio.run(_fetch(url, insert + " RETURNING 1", "m1", 1, bucket_of("m1")))
+        asyncio.run(_fetch(url, insert + " RETURNING 1", "outside", 2, None))
+        command.upgrade(alembic_config(url), "head")
+        rows = asyncio.run(_fetch(url, "SELECT memory_id, digest_bucket FROM blobs ORDER BY 1"))
+        want = [("m1", bucket_of("m1")), ("outside", bucket_of("outside"))]
+        assert [tuple(r) for r in rows] == want
+        key = asyncio.run(
+            _fetch(url, "SELECT indexdef FROM pg_indexes WHERE indexname = 'blobs_pkey'")
+        )
+        assert key[0]["indexdef"].endswith("(vault_id, digest_bucket, memory_id)")
+        with pytest.raises(asyncpg.UniqueViolationError):  # still one row per memory
+            asyncio.run(_fetch(url, insert + " RETURNING 1", "m1", 3, bucket_of("m1")))
+    finally:
+        citus_cluster.drop_database("citus_0013")
+
+
 @pytest.mark.parametrize(
     ("module", "name", "args"),
     [
@@ -305,10 +342,10 @@ def test_revision_0012_backfills_a_distributed_database(citus_cluster: CitusClus
             id="push-vault",
         ),
         pytest.param("push", "_SEEN_DEVICES", ("vault-a", ["d1"]), id="push-devices"),
-        pytest.param("push", "_READ_KNOWN", ("vault-a", ["d1"], ["m1"]), id="push-known"),
+        pytest.param("push", "_READ_KNOWN", ("vault-a", ["d1"], ["m1"], [7]), id="push-known"),
         pytest.param("digest", "_VAULT", ("vault-a",), id="digest-vault"),
         pytest.param("digest", "_BUCKET_PREFIXES", ("vault-a",), id="digest-buckets-stored"),
-        pytest.param("digest", "_FETCH", ("vault-a", ["m1"]), id="digest-fetch"),
+        pytest.param("digest", "_FETCH", ("vault-a", ["m1"], [7]), id="digest-fetch"),
         pytest.param("digest", "_BUCKETS", ("vault-a", None), id="digest-buckets"),
         pytest.param("digest", "_BUCKETS", ("vault-a", 3), id="digest-bucket"),
         pytest.param("digest", "_LIST", ("vault-a", 3, "", 100), id="digest-list"),

@@ -17,6 +17,7 @@ from engram_sync.relay.db.migrate import (
     head_revision,
     upgrade_to_head,
 )
+from engram_sync.shared_format.digest import bucket_of
 
 VAULT_TABLES = ("vaults", "blobs", "devices", "quotas")
 ALL_TABLES = (*VAULT_TABLES, "api_keys")
@@ -52,7 +53,7 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
         "seq": ("bigint", False, None),
         "received_at": ("timestamp with time zone", False, "now()"),
         "size_bytes": ("integer", False, None),
-        "digest_bucket": ("smallint", True, None),  # 0008_digest: generated, never NULL
+        "digest_bucket": ("smallint", False, None),  # 0008_digest; 0013: in the primary key
     },
     "devices": {
         "vault_id": ("text", False, None),
@@ -87,7 +88,7 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
 
 EXPECTED_PRIMARY_KEYS = {
     "vaults": ["vault_id"],
-    "blobs": ["vault_id", "memory_id"],
+    "blobs": ["vault_id", "digest_bucket", "memory_id"],  # 0013_bucket_in_primary_key
     "devices": ["vault_id", "device_id"],
     "api_keys": ["id"],
     "quotas": ["vault_id"],
@@ -154,7 +155,7 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
 
 def test_head_is_the_generation_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0012_bucket_prefixes"
+    assert head_revision() == "0013_bucket_in_primary_key"
 
 
 def test_generation_is_one_random_row(fresh_database_url: str) -> None:
@@ -211,6 +212,47 @@ def test_vault_counts_are_filled_from_existing_blobs(empty_database_url: str) ->
     upgrade_to_head(url)
     rows = run(fetch(url, "SELECT vault_id, live_blobs, tombstones FROM vaults ORDER BY 1"))
     assert [tuple(r) for r in rows] == [("a", 2, 1), ("b", 0, 1), ("empty", 0, 0)]
+
+
+def test_0013_puts_the_bucket_in_the_primary_key_and_fills_missing_buckets(
+    empty_database_url: str,
+) -> None:
+    """0013 on a relay that holds rows, one of them without a bucket (0010 allowed it):
+    every row gets its bucket, the key is (vault_id, digest_bucket, memory_id), the
+    bucket's own index is gone; the downgrade gives the 0012 key and index back."""
+    url = empty_database_url
+    command.upgrade(alembic_config(url), "0012_bucket_prefixes")
+    blob = (
+        "INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,"
+        " created_at, created_at_ts, deleted, seq, size_bytes, digest_bucket) VALUES ($1, $2,"
+        " 'd', 1, 'c', 'h', 'x', now(), false, $3, 1, {bucket})"
+    )
+
+    async def fill() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("INSERT INTO vaults (vault_id) VALUES ('a')")
+            await conn.execute(blob.format(bucket="engram_digest_bucket($2)"), "a", "m1", 1)
+            await conn.execute(blob.format(bucket="NULL"), "a", "outside", 2)
+        finally:
+            await conn.close()
+
+    run(fill())
+    before = indexdefs(url, "blobs")
+    assert "blobs_digest_bucket_idx" in before
+    upgrade_to_head(url)
+    rows = run(fetch(url, "SELECT memory_id, digest_bucket FROM blobs ORDER BY memory_id"))
+    assert [(r["memory_id"], r["digest_bucket"]) for r in rows] == [
+        ("m1", bucket_of("m1")),
+        ("outside", bucket_of("outside")),  # filled by the upgrade
+    ]
+    after = indexdefs(url, "blobs")
+    assert "blobs_digest_bucket_idx" not in after
+    assert after["blobs_pkey"].endswith("(vault_id, digest_bucket, memory_id)")
+    command.downgrade(alembic_config(url), "0012_bucket_prefixes")
+    again = indexdefs(url, "blobs")
+    assert again["blobs_pkey"].endswith("(vault_id, memory_id)")
+    assert again["blobs_digest_bucket_idx"] == before["blobs_digest_bucket_idx"]
 
 
 def test_upgrade_fresh_database_reaches_head(empty_database_url: str) -> None:
@@ -320,13 +362,17 @@ def test_defaults_and_constraints(fresh_database_url: str) -> None:
             assert (vault["seq"], vault["compacted_through"], vault["bytes_used"]) == (0, 0, 0)
             blob = (
                 "INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext,"
-                " hmac, created_at, created_at_ts, deleted, seq, size_bytes)"
+                " hmac, created_at, created_at_ts, deleted, seq, size_bytes, digest_bucket)"
                 " VALUES ($1, $2, 'd', 1, 'c', 'h', '2026-01-01T00:00:00+00:00',"
-                " '2026-01-01T00:00:00+00:00', false, $3, 1)"
+                " '2026-01-01T00:00:00+00:00', false, $3, 1, engram_digest_bucket($2))"
             )
             await conn.execute(blob, "v", "m1", 1)
             with pytest.raises(asyncpg.UniqueViolationError):
                 await conn.execute(blob, "v", "m2", 1)  # seq unique per vault
+            with pytest.raises(asyncpg.UniqueViolationError):
+                await conn.execute(blob, "v", "m1", 2)  # one row per memory (0013's key)
+            with pytest.raises(asyncpg.NotNullViolationError):  # 0013: every row has its bucket
+                await conn.execute(blob.replace("engram_digest_bucket($2)", "NULL"), "v", "m9", 9)
             with pytest.raises(asyncpg.ForeignKeyViolationError):
                 await conn.execute(blob, "no-such-vault", "m3", 1)
             await conn.execute("INSERT INTO devices (vault_id, device_id) VALUES ('v', 'd')")
