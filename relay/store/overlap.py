@@ -1,10 +1,10 @@
 """CPU work done while the database answers a statement already sent (PROTOCOL §18).
 
-A push's digest work (a SHA-256 or two per blob, about 3 us) is done while the
-database runs the push's own statements rather than before or after them: on one
-connection asyncio would otherwise leave the relay idle while it waits for the
-answer, and the hashing would lengthen every push by its full time (docs/digest.md,
-figure 12)."""
+A push's digest fold (the replaced versions' SHA-256 and the XORs, `relay.store.push.
+_fold_digests`) is done while the database writes the push's blobs rather than before
+or after: on one connection asyncio would otherwise leave the relay idle while it waits
+for the answer, and the hashing would lengthen every push by its full time
+(docs/digest.md, figure 12)."""
 
 from __future__ import annotations
 
