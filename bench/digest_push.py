@@ -82,27 +82,53 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
     ),
     (
         "                digest_bytes(v.digest),\n"
-        "                *apply_changes(v.bucket_prefixes, v.bucket_counts, v.bucket_xors,\n"
-        "                               v.bucket_added),  # PROTOCOL §18, revision 0012\n",
+        "                v.bucket_prefixes, v.bucket_counts,  # PROTOCOL §18, revision 0012\n",
         "",
         1,
     ),
     # no hashing: no bucket, no versions kept to fold, the statements awaited as before
+    ("    hashes = _Hashes(jobs)\n", "", 1),
     (
-        "    hashed = {id(c): _bucket_and_hash(c.blob) for j in jobs for c in j.checked}\n"
-        "    buckets = {c.blob.memory_id: hashed[id(c)][0] for j in jobs for c in j.checked}\n"
-        "    known = await conn.fetchmany(\n"
-        "        _READ_KNOWN,\n"
-        "        [\n"
-        "            (v, sorted(pushers[v]), ids, [buckets[m] for m in ids])\n"
-        "            for v, ids in ((v, sorted(memories[v])) for v in sorted(pushers))\n"
-        "        ],\n"
+        "                    rows, _ = await while_answered(\n"
+        "                        conn.fetch(_LOCK_READ_VAULT, vault_ids[0]), hashes.start\n"
+        "                    )\n",
+        "                    rows = await conn.fetch(_LOCK_READ_VAULT, vault_ids[0])\n",
+        1,
+    ),
+    (
+        "                    existing, _ = await while_answered(\n"
+        "                        conn.fetch(_EXISTING_VAULTS, vault_ids), hashes.start\n"
+        "                    )\n",
+        "                    existing = await conn.fetch(_EXISTING_VAULTS, vault_ids)\n",
+        1,
+    ),
+    (
+        "_decide_and_write(conn, jobs, locked, hashes, limits)",
+        "_decide_and_write(conn, jobs, locked, limits)",
+        1,
+    ),
+    ("    hashes: _Hashes,\n", "", 1),
+    (
+        "    bucket = hashes.bucket\n"
+        "    known, _ = await while_answered(\n"
+        "        conn.fetchmany(\n"
+        "            _READ_KNOWN,\n"
+        "            [\n"
+        "                (v, sorted(pushers[v]), ids, [bucket[m] for m in ids])\n"
+        "                for v, ids in ((v, sorted(memories[v])) for v in sorted(pushers))\n"
+        "            ],\n"
+        "        ),\n"
+        "        hashes.finish,\n"
         "    )\n",
-        "    hashed: dict[int, tuple[int, int]] = {}\n"
         "    known = await conn.fetchmany(\n"
         "        _READ_KNOWN,\n"
         "        [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
         "    )\n",
+        1,
+    ),
+    (
+        "    for job, hashed in zip(jobs, hashes.versions, strict=True):\n",
+        "    for job in jobs:\n        hashed: list[tuple[int, int]] = []\n",
         1,
     ),
     # and the stored versions read and replaced by (vault_id, memory_id), the key before
@@ -122,8 +148,8 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
         "    ON CONFLICT (vault_id, memory_id) DO UPDATE SET\n",
         1,
     ),
-    ("        bucket, version = hashed[id(item)]\n", "        bucket = 0\n", 1),
-    ("        vault.versions.append(_NewVersion(memory_id, bucket, version, replaced))\n", "", 1),
+    ("        bucket, version = hashed[item.index]\n", "        bucket = 0\n", 1),
+    ("        vault.versions.append((memory_id, bucket, version, replaced))\n", "", 1),
     (
         "    await while_answered(\n"
         "        conn.executemany(\n"
@@ -156,14 +182,26 @@ def before_source() -> str:
     # and the fold itself, which nothing calls any more
     without = [
         *_WITHOUT_DIGEST,
-        *((inspect.getsource(f), "", 1) for f in (push._bucket_and_hash, push._fold_digests)),
+        *(
+            (inspect.getsource(f), "", 1)
+            for f in (push._Hashes, push._finished, push._fold_digests)
+        ),
     ]
     for old, new, times in without:
         found = source.count(old)
         if found != times:
             raise RuntimeError(f"relay.store.push changed: {old!r} found {found}, not {times}")
         source = source.replace(old, new)
-    for gone in ("digest_bucket", "version_hash(", "bucket_of(", "while_answered(", "_fold_"):
+    for gone in (
+        "digest_bucket",
+        "version_hash(",
+        "bucket_of(",
+        "bucket_and_state(",
+        "while_answered(",
+        "_fold_",
+        "_Hashes",
+        "hashes.",
+    ):
         code = [line.split("#")[0] for line in source.splitlines() if "import" not in line]
         lines = [line for line in code if gone in line]
         if any(not line.lstrip().startswith(('"', "`")) for line in lines):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import asyncpg
 from msgspec.structs import replace
@@ -31,13 +31,17 @@ from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
 from engram_sync.relay.store.feed import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
 from engram_sync.relay.store.overlap import while_answered
 from engram_sync.shared_format.digest import (
-    bucket_and_version_hash,
+    bucket_and_state,
     bucket_of,
     digest_bytes,
     digest_int,
+    finish_version_hash,
     version_hash,
 )
 from engram_sync.shared_format.wire import SyncBlob
+
+if TYPE_CHECKING:
+    from _hashlib import HASH
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class PushJob:
     """One push request, structurally checked (§6 step 1), waiting for its transaction."""
 
     vault_id: str
-    checked: list[CheckedBlob]
+    checked: list[CheckedBlob]  # in request order: each one's `index` is its place
     bound_device: str | None  # the device a device-bound key may push for (§6 step 5)
 
 
@@ -93,15 +97,13 @@ class _LockedVault:
     quota: Quota
     # PROTOCOL §18: the vault digest as an integer, XORed per accepted blob
     digest: int = 0
-    # PROTOCOL §18 (revision 0012): the stored bucket prefixes and counts, and this
-    # group's changes to them per bucket (XOR of the first 8 bytes, memories added),
-    # applied once per vault by `_write`
+    # PROTOCOL §18 (revision 0012): the bucket prefixes and counts, as stored, then as
+    # `_fold_digests` leaves them for `_write`
     bucket_prefixes: bytes = b""
     bucket_counts: bytes = b""
-    bucket_xors: dict[int, int] = field(default_factory=dict)
-    bucket_added: dict[int, int] = field(default_factory=dict)
     # The group's accepted versions, each with the one it replaced, folded into the
-    # digest and the bucket changes by `_fold_digests` while the blobs are written
+    # digest and the bucket prefixes and counts by `_fold_digests` while the blobs are
+    # written
     versions: list[_NewVersion] = field(default_factory=list)
     # Blobs held per non-revoked device, read on first need (device quota only).
     active_devices: Counter[str] | None = None
@@ -126,13 +128,50 @@ class _Write(NamedTuple):
     bucket: int  # PROTOCOL §18: bucket_of(memory_id), computed once for both its uses
 
 
-class _NewVersion(NamedTuple):
-    """An accepted blob as the digest sees it (PROTOCOL §18), and what it replaced."""
+# An accepted blob as the digest sees it (PROTOCOL §18), and what it replaced: (memory_id,
+# bucket, version_hash of the accepted version, the stored one it replaced). A plain
+# tuple: one is made per blob, at a seventh of a named tuple's cost.
+_NewVersion = tuple[str, int, int, _Stored | None]
 
-    memory_id: str
-    bucket: int
-    hash: int  # version_hash of the accepted version
-    replaced: _Stored | None
+
+class _Hashes:
+    """PROTOCOL §18: each pushed blob's bucket and version hash, per job in the order of
+    its blobs (`CheckedBlob.index`), computed in two halves while the database answers:
+    the buckets (the stored-version read needs them) while the vault rows are locked and
+    read, the rest of the version hashes while the stored versions are read, so neither
+    lengthens the push by its own time (docs/digest.md, figure 12)."""
+
+    def __init__(self, jobs: list[PushJob]) -> None:
+        self._jobs = jobs
+        self._started: list[list[tuple[int, HASH]]] = []
+        self.bucket: dict[str, int] = {}  # memory_id -> its bucket
+        self.versions: list[list[tuple[int, int]]] = []  # per job and blob: (bucket, hash)
+
+    def start(self) -> None:
+        """The buckets (once: a push group that first creates its vaults comes by twice)."""
+        if self._started:
+            return
+        self._started = [
+            [bucket_and_state(c.blob.memory_id) for c in j.checked] for j in self._jobs
+        ]
+        for job, started in zip(self._jobs, self._started, strict=True):
+            for c, (bucket, _) in zip(job.checked, started, strict=True):
+                self.bucket[c.blob.memory_id] = bucket
+
+    def finish(self) -> None:
+        """The version hashes (after `start`; once: it uses the states up)."""
+        if self.versions:
+            return
+        self.versions = [
+            _finished(job, started) for job, started in zip(self._jobs, self._started, strict=True)
+        ]
+
+
+def _finished(job: PushJob, started: list[tuple[int, HASH]]) -> list[tuple[int, int]]:
+    return [
+        (bucket, finish_version_hash(state, b.device_id, b.vector_clock, b.deleted))
+        for b, (bucket, state) in zip((c.blob for c in job.checked), started, strict=True)
+    ]
 
 
 # PROTOCOL §6: each vault's row is locked by its own statement, in vault-id order (sent
@@ -270,6 +309,7 @@ async def push_group(
     a whole is its `PushRefusedError` in its place of the result list.
     """
     vault_ids = sorted({job.vault_id for job in jobs})
+    hashes = _Hashes(jobs)
     async with pool.acquire() as conn:
         while True:
             async with conn.transaction():
@@ -280,17 +320,21 @@ async def push_group(
                 # take the same sequence numbers). So the locks are taken only once every
                 # vault of the group exists.
                 if len(vault_ids) == 1:
-                    rows = await conn.fetch(_LOCK_READ_VAULT, vault_ids[0])
+                    rows, _ = await while_answered(
+                        conn.fetch(_LOCK_READ_VAULT, vault_ids[0]), hashes.start
+                    )
                     locked = _locked(rows, limits.default_quota)
                     missing = [] if locked else vault_ids
                 else:
-                    existing = await conn.fetch(_EXISTING_VAULTS, vault_ids)
+                    existing, _ = await while_answered(
+                        conn.fetch(_EXISTING_VAULTS, vault_ids), hashes.start
+                    )
                     missing = sorted(set(vault_ids) - {r["vault_id"] for r in existing})
                     if not missing:
                         locked = await _lock_vaults(conn, vault_ids, limits.default_quota)
                         missing = [v for v in vault_ids if v not in locked]  # deleted since
                 if not missing:
-                    results = await _decide_and_write(conn, jobs, locked, limits)
+                    results = await _decide_and_write(conn, jobs, locked, hashes, limits)
             if not missing:
                 # PROTOCOL §15: committed now. This process's waiters first, then one NOTIFY
                 # per vault of the group, on the same connection, outside the transaction
@@ -380,6 +424,7 @@ async def _decide_and_write(
     conn: asyncpg.Connection,
     jobs: list[PushJob],
     locked: dict[str, _LockedVault],
+    hashes: _Hashes,
     limits: PushLimits,
 ) -> list[PushResult]:
     pushers: dict[str, set[str]] = {}
@@ -389,17 +434,18 @@ async def _decide_and_write(
         memories.setdefault(j.vault_id, set()).update(c.blob.memory_id for c in j.checked)
     revoked: set[tuple[str, str]] = set()
     stored: dict[tuple[str, str], _Stored] = {}
-    # PROTOCOL §18: each pushed blob's bucket and version hash (by the blob's identity:
-    # the jobs hold every one until the end); the stored versions are read by primary
-    # key, which holds the bucket (revision 0013)
-    hashed = {id(c): _bucket_and_hash(c.blob) for j in jobs for c in j.checked}
-    buckets = {c.blob.memory_id: hashed[id(c)][0] for j in jobs for c in j.checked}
-    known = await conn.fetchmany(
-        _READ_KNOWN,
-        [
-            (v, sorted(pushers[v]), ids, [buckets[m] for m in ids])
-            for v, ids in ((v, sorted(memories[v])) for v in sorted(pushers))
-        ],
+    # PROTOCOL §18: the stored versions are read by primary key, which holds the bucket
+    # (revision 0013); the version hashes meanwhile
+    bucket = hashes.bucket
+    known, _ = await while_answered(
+        conn.fetchmany(
+            _READ_KNOWN,
+            [
+                (v, sorted(pushers[v]), ids, [bucket[m] for m in ids])
+                for v, ids in ((v, sorted(memories[v])) for v in sorted(pushers))
+            ],
+        ),
+        hashes.finish,
     )
     for r in known:
         if r["revoked"]:
@@ -410,7 +456,7 @@ async def _decide_and_write(
             )
     writes: dict[tuple[str, str], _Write] = {}
     results: list[PushResult] = []
-    for job in jobs:
+    for job, hashed in zip(jobs, hashes.versions, strict=True):
         try:
             results.append(await _decide(conn, job, locked[job.vault_id], stored, revoked,
                                          hashed, writes, limits.max_blob_bytes))  # fmt: skip
@@ -432,7 +478,7 @@ async def _decide(
     vault: _LockedVault,
     stored: dict[tuple[str, str], _Stored],
     revoked: set[tuple[str, str]],
-    hashed: dict[int, tuple[int, int]],
+    hashed: list[tuple[int, int]],
     writes: dict[tuple[str, str], _Write],
     max_blob_bytes: int,
 ) -> PushOutcome:
@@ -458,7 +504,7 @@ async def _decide(
         blob = item.blob
         memory_id = blob.memory_id
         key = (job.vault_id, memory_id)
-        bucket, version = hashed[id(item)]
+        bucket, version = hashed[item.index]
         writes[key] = _Write(job.vault_id, item, vault.seq, bucket)  # a later push's wins
         replaced = stored.get(key)
         deleted = blob.deleted
@@ -466,7 +512,7 @@ async def _decide(
                               deleted)  # fmt: skip
         # PROTOCOL §18: the new version in and the replaced one out, hashed by
         # `_fold_digests` while the blobs are written (under the vault lock already held)
-        vault.versions.append(_NewVersion(memory_id, bucket, version, replaced))
+        vault.versions.append((memory_id, bucket, version, replaced))
         if replaced is not None:
             vault.live_blobs -= not replaced.deleted  # the counts of /health and stats
             vault.tombstones -= replaced.deleted
@@ -480,31 +526,27 @@ async def _decide(
     return PushOutcome(plan=plan, cursor=vault.seq)
 
 
-def _bucket_and_hash(blob: SyncBlob) -> tuple[int, int]:
-    return bucket_and_version_hash(blob.memory_id, blob.device_id, blob.vector_clock,
-                                   blob.deleted)  # fmt: skip
-
-
 def _fold_digests(vaults: list[_LockedVault]) -> None:
     """PROTOCOL §18: each vault's accepted versions of the group into its digest (each in,
     the one it replaced out: O(1) a blob) and its buckets' prefixes (the first 8 bytes of
     the same XOR, revision 0012) and counts (a memory new to the vault: one more)."""
     for vault in vaults:
-        xors = vault.bucket_xors
-        added = vault.bucket_added
+        xors: dict[int, int] = {}  # per bucket: the XOR of the changes' first 8 bytes
+        added: dict[int, int] = {}  # per bucket: memories new to the vault
         digest = vault.digest
-        for v in vault.versions:
-            change = v.hash
-            old = v.replaced
+        for memory_id, bucket, change, old in vault.versions:
             if old is None:
-                added[v.bucket] = added.get(v.bucket, 0) + 1
+                added[bucket] = added.get(bucket, 0) + 1
             else:
-                change ^= version_hash(v.memory_id, old.device_id, old.version.vector_clock,
+                change ^= version_hash(memory_id, old.device_id, old.version.vector_clock,
                                        old.deleted)  # fmt: skip
             digest ^= change
-            xors[v.bucket] = xors.get(v.bucket, 0) ^ (change >> PREFIX_SHIFT)
+            xors[bucket] = xors.get(bucket, 0) ^ (change >> PREFIX_SHIFT)
         vault.digest = digest
         vault.versions.clear()
+        vault.bucket_prefixes, vault.bucket_counts = apply_changes(
+            vault.bucket_prefixes, vault.bucket_counts, xors, added
+        )
 
 
 async def _check_quota(
@@ -564,8 +606,7 @@ async def _write(
             (
                 v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones,
                 digest_bytes(v.digest),
-                *apply_changes(v.bucket_prefixes, v.bucket_counts, v.bucket_xors,
-                               v.bucket_added),  # PROTOCOL §18, revision 0012
+                v.bucket_prefixes, v.bucket_counts,  # PROTOCOL §18, revision 0012
             )
             for v in vaults
         ],
