@@ -87,60 +87,32 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
         1,
     ),
     # no hashing: no bucket, no versions kept to fold, the statements awaited as before
-    ("    hashes = _Hashes(jobs)\n", "", 1),
     (
-        "                    rows, _ = await while_answered(\n"
-        "                        conn.fetch(_LOCK_READ_VAULT, vault_ids[0]), hashes.start\n"
-        "                    )\n",
-        "                    rows = await conn.fetch(_LOCK_READ_VAULT, vault_ids[0])\n",
-        1,
-    ),
-    (
-        "                    existing, _ = await while_answered(\n"
-        "                        conn.fetch(_EXISTING_VAULTS, vault_ids), hashes.start\n"
-        "                    )\n",
-        "                    existing = await conn.fetch(_EXISTING_VAULTS, vault_ids)\n",
-        1,
-    ),
-    (
-        "_decide_and_write(conn, jobs, locked, hashes, limits)",
-        "_decide_and_write(conn, jobs, locked, limits)",
-        1,
-    ),
-    ("    hashes: _Hashes,\n", "", 1),
-    (
-        "    bucket = hashes.bucket\n"
-        "    known, _ = await while_answered(\n"
+        "    known, hashes = await while_answered(\n"
         "        conn.fetchmany(\n"
-        "            _READ_KNOWN,\n"
-        "            [\n"
-        "                (v, sorted(pushers[v]), ids, [bucket[m] for m in ids])\n"
-        "                for v, ids in ((v, sorted(memories[v])) for v in sorted(pushers))\n"
-        "            ],\n"
+        "            _READ_KNOWN, [(v, sorted(pushers[v]), sorted(memories[v])) for v in"
+        " sorted(pushers)]\n"
         "        ),\n"
-        "        hashes.finish,\n"
+        "        lambda: _hashes(jobs),\n"
         "    )\n",
         "    known = await conn.fetchmany(\n"
-        "        _READ_KNOWN,\n"
-        "        [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
+        "        _READ_KNOWN, [(v, sorted(pushers[v]), sorted(memories[v])) for v in"
+        " sorted(pushers)]\n"
         "    )\n",
         1,
     ),
     (
-        "    for job, hashed in zip(jobs, hashes.versions, strict=True):\n",
+        "    for job, hashed in zip(jobs, hashes, strict=True):\n",
         "    for job in jobs:\n        hashed: list[tuple[int, int]] = []\n",
         1,
     ),
     # and the stored versions read and replaced by (vault_id, memory_id), the key before
     (
-        "    FROM unnest($3::text[], $4::smallint[]) AS k(id, bucket)\n",
-        "    FROM unnest($3::text[]) AS k(id)\n",
-        1,
-    ),
-    (
-        "        WHERE b.vault_id = $1 AND b.digest_bucket = k.bucket AND b.memory_id = k.id\n"
-        "        LIMIT 1) AS b\n",
-        "        WHERE b.vault_id = $1 AND b.memory_id = k.id LIMIT 1) AS b\n",
+        "        WHERE b.vault_id = $1\n"
+        "            AND b.digest_bucket"
+        " = get_byte(sha256(convert_to(k.id, 'UTF8')), 0)::smallint\n"
+        "            AND b.memory_id = k.id\n",
+        "        WHERE b.vault_id = $1 AND b.memory_id = k.id\n",
         1,
     ),
     (
@@ -184,7 +156,7 @@ def before_source() -> str:
         *_WITHOUT_DIGEST,
         *(
             (inspect.getsource(f), "", 1)
-            for f in (push._Hashes, push._finished, push._fold_digests)
+            for f in (push._hashes, push._bucket_and_hash, push._fold_digests)
         ),
     ]
     for old, new, times in without:
@@ -196,11 +168,10 @@ def before_source() -> str:
         "digest_bucket",
         "version_hash(",
         "bucket_of(",
-        "bucket_and_state(",
         "while_answered(",
         "_fold_",
-        "_Hashes",
-        "hashes.",
+        "_hashes(",
+        "_bucket_and_hash(",
     ):
         code = [line.split("#")[0] for line in source.splitlines() if "import" not in line]
         lines = [line for line in code if gone in line]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import asyncpg
 from msgspec.structs import replace
@@ -31,17 +31,13 @@ from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
 from engram_sync.relay.store.feed import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
 from engram_sync.relay.store.overlap import while_answered
 from engram_sync.shared_format.digest import (
-    bucket_and_state,
+    bucket_and_version_hash,
     bucket_of,
     digest_bytes,
     digest_int,
-    finish_version_hash,
     version_hash,
 )
 from engram_sync.shared_format.wire import SyncBlob
-
-if TYPE_CHECKING:
-    from _hashlib import HASH
 
 
 @dataclass(frozen=True)
@@ -134,44 +130,17 @@ class _Write(NamedTuple):
 _NewVersion = tuple[str, int, int, _Stored | None]
 
 
-class _Hashes:
+def _hashes(jobs: list[PushJob]) -> list[list[tuple[int, int]]]:
     """PROTOCOL §18: each pushed blob's bucket and version hash, per job in the order of
-    its blobs (`CheckedBlob.index`), computed in two halves while the database answers:
-    the buckets (the stored-version read needs them) while the vault rows are locked and
-    read, the rest of the version hashes while the stored versions are read, so neither
-    lengthens the push by its own time (docs/digest.md, figure 12)."""
-
-    def __init__(self, jobs: list[PushJob]) -> None:
-        self._jobs = jobs
-        self._started: list[list[tuple[int, HASH]]] = []
-        self.bucket: dict[str, int] = {}  # memory_id -> its bucket
-        self.versions: list[list[tuple[int, int]]] = []  # per job and blob: (bucket, hash)
-
-    def start(self) -> None:
-        """The buckets (once: a push group that first creates its vaults comes by twice)."""
-        if self._started:
-            return
-        self._started = [
-            [bucket_and_state(c.blob.memory_id) for c in j.checked] for j in self._jobs
-        ]
-        for job, started in zip(self._jobs, self._started, strict=True):
-            for c, (bucket, _) in zip(job.checked, started, strict=True):
-                self.bucket[c.blob.memory_id] = bucket
-
-    def finish(self) -> None:
-        """The version hashes (after `start`; once: it uses the states up)."""
-        if self.versions:
-            return
-        self.versions = [
-            _finished(job, started) for job, started in zip(self._jobs, self._started, strict=True)
-        ]
+    its blobs (`CheckedBlob.index`); computed while the database reads the stored
+    versions (`_READ_KNOWN` computes the buckets it needs itself), so it does not lengthen
+    the push by its own time (docs/digest.md, figure 12)."""
+    return [[_bucket_and_hash(c.blob) for c in job.checked] for job in jobs]
 
 
-def _finished(job: PushJob, started: list[tuple[int, HASH]]) -> list[tuple[int, int]]:
-    return [
-        (bucket, finish_version_hash(state, b.device_id, b.vector_clock, b.deleted))
-        for b, (bucket, state) in zip((c.blob for c in job.checked), started, strict=True)
-    ]
+def _bucket_and_hash(blob: SyncBlob) -> tuple[int, int]:
+    return bucket_and_version_hash(blob.memory_id, blob.device_id, blob.vector_clock,
+                                   blob.deleted)  # fmt: skip
 
 
 # PROTOCOL §6: each vault's row is locked by its own statement, in vault-id order (sent
@@ -208,6 +177,11 @@ _LOCK_READ_VAULT = _VAULT_ROWS + " WHERE v.vault_id = $1 FOR UPDATE OF v"
 # leave; `vault_id = ANY(..) AND memory_id = ANY(..)` read the cross product of a
 # group's vaults and memories, which grows with the vaults: measured 27 -> 172 buffers
 # per read over a 20 s run of 32 devices in a vault each.)
+# The bucket of each id (PROTOCOL §18; the primary key holds it since revision 0013) is
+# computed here, so the push hashes while this statement is answered: the expression of
+# `engram_digest_bucket` written out, since a call of that function in the probe is not
+# inlined and took 3 us a row (4.9 against 3.0 ms for 500 ids; the expression 2.9 ms,
+# as fast as passing the buckets in an array).
 _READ_KNOWN = """
     SELECT $1::text AS vault_id, true AS revoked, k.id, 0::bigint AS clock, 0 AS size,
            k.id AS owner, false AS deleted
@@ -217,10 +191,12 @@ _READ_KNOWN = """
             AND d.revoked_at IS NOT NULL LIMIT 1) AS d
     UNION ALL
     SELECT $1::text, false, k.id, b.vector_clock, b.size_bytes, b.device_id, b.deleted
-    FROM unnest($3::text[], $4::smallint[]) AS k(id, bucket)
+    FROM unnest($3::text[]) AS k(id)
     CROSS JOIN LATERAL (
         SELECT vector_clock, size_bytes, device_id, deleted FROM blobs b
-        WHERE b.vault_id = $1 AND b.digest_bucket = k.bucket AND b.memory_id = k.id
+        WHERE b.vault_id = $1
+            AND b.digest_bucket = get_byte(sha256(convert_to(k.id, 'UTF8')), 0)::smallint
+            AND b.memory_id = k.id
         LIMIT 1) AS b
 """
 
@@ -309,7 +285,6 @@ async def push_group(
     a whole is its `PushRefusedError` in its place of the result list.
     """
     vault_ids = sorted({job.vault_id for job in jobs})
-    hashes = _Hashes(jobs)
     async with pool.acquire() as conn:
         while True:
             async with conn.transaction():
@@ -320,21 +295,17 @@ async def push_group(
                 # take the same sequence numbers). So the locks are taken only once every
                 # vault of the group exists.
                 if len(vault_ids) == 1:
-                    rows, _ = await while_answered(
-                        conn.fetch(_LOCK_READ_VAULT, vault_ids[0]), hashes.start
-                    )
+                    rows = await conn.fetch(_LOCK_READ_VAULT, vault_ids[0])
                     locked = _locked(rows, limits.default_quota)
                     missing = [] if locked else vault_ids
                 else:
-                    existing, _ = await while_answered(
-                        conn.fetch(_EXISTING_VAULTS, vault_ids), hashes.start
-                    )
+                    existing = await conn.fetch(_EXISTING_VAULTS, vault_ids)
                     missing = sorted(set(vault_ids) - {r["vault_id"] for r in existing})
                     if not missing:
                         locked = await _lock_vaults(conn, vault_ids, limits.default_quota)
                         missing = [v for v in vault_ids if v not in locked]  # deleted since
                 if not missing:
-                    results = await _decide_and_write(conn, jobs, locked, hashes, limits)
+                    results = await _decide_and_write(conn, jobs, locked, limits)
             if not missing:
                 # PROTOCOL §15: committed now. This process's waiters first, then one NOTIFY
                 # per vault of the group, on the same connection, outside the transaction
@@ -424,7 +395,6 @@ async def _decide_and_write(
     conn: asyncpg.Connection,
     jobs: list[PushJob],
     locked: dict[str, _LockedVault],
-    hashes: _Hashes,
     limits: PushLimits,
 ) -> list[PushResult]:
     pushers: dict[str, set[str]] = {}
@@ -434,18 +404,12 @@ async def _decide_and_write(
         memories.setdefault(j.vault_id, set()).update(c.blob.memory_id for c in j.checked)
     revoked: set[tuple[str, str]] = set()
     stored: dict[tuple[str, str], _Stored] = {}
-    # PROTOCOL §18: the stored versions are read by primary key, which holds the bucket
-    # (revision 0013); the version hashes meanwhile
-    bucket = hashes.bucket
-    known, _ = await while_answered(
+    # PROTOCOL §18: the buckets and version hashes while the stored versions are read
+    known, hashes = await while_answered(
         conn.fetchmany(
-            _READ_KNOWN,
-            [
-                (v, sorted(pushers[v]), ids, [bucket[m] for m in ids])
-                for v, ids in ((v, sorted(memories[v])) for v in sorted(pushers))
-            ],
+            _READ_KNOWN, [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)]
         ),
-        hashes.finish,
+        lambda: _hashes(jobs),
     )
     for r in known:
         if r["revoked"]:
@@ -456,7 +420,7 @@ async def _decide_and_write(
             )
     writes: dict[tuple[str, str], _Write] = {}
     results: list[PushResult] = []
-    for job, hashed in zip(jobs, hashes.versions, strict=True):
+    for job, hashed in zip(jobs, hashes, strict=True):
         try:
             results.append(await _decide(conn, job, locked[job.vault_id], stored, revoked,
                                          hashed, writes, limits.max_blob_bytes))  # fmt: skip
