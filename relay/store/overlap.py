@@ -1,10 +1,11 @@
 """CPU work done while the database answers a statement already sent (PROTOCOL §18).
 
-A push's digest fold (the replaced versions' SHA-256 and the XORs, `relay.store.push.
-_fold_digests`) is done while the database writes the push's blobs rather than before
-or after: on one connection asyncio would otherwise leave the relay idle while it waits
-for the answer, and the hashing would lengthen every push by its full time
-(docs/digest.md, figure 12)."""
+A push's digest hashing is done while the database answers rather than before or after:
+the buckets and version hashes of the pushed blobs while the stored versions are read
+(`relay.store.push._hashes`), the fold (the replaced versions' SHA-256, the XORs and the
+bucket prefixes, `_fold_digests`) while the blobs are written. On one connection asyncio
+would otherwise leave the relay idle while it waits for the answer, and the hashing
+would lengthen every push by its full time (docs/digest.md, figure 12)."""
 
 from __future__ import annotations
 
