@@ -5,10 +5,10 @@ Two relay processes on two new databases of the run's server, both migrated to h
 
 - `with`: the relay as it is (`engram-relay serve`'s code);
 - `before`: the same relay with `relay.store.push` made from its own source without the
-  digest (`before_source`: no bucket, no version hash, no `digest_bucket` column or
-  array, no vault digest, bucket prefixes or counts read or written), on a database
-  whose `blobs` has no `digest_bucket` column (nor its index) and whose `vaults` has no
-  digest columns: the push and its tables before revisions 0008, 0010 and 0012.
+  digest (`before_source`: no bucket, no version hash, no vault digest, bucket prefixes
+  or counts read or written), on a database whose `vaults` has no digest columns: the
+  push and its tables before revisions 0008 and 0012 (`blobs` is as it was before 0008
+  again since revision 0014).
 
 Each round pushes the same N blobs, batches of 500 over HTTP one after the other like
 figure 2, to a new vault of each relay (the order alternating), then the same memories
@@ -59,11 +59,6 @@ DEVICE: Final = "bench-pusher"
 # every one must be found exactly so often, so a change of push.py that moves one fails
 # the bench (and its quick run in CI) rather than measuring something else.
 _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
-    # the blob upsert without the digest_bucket column and its array
-    (", size_bytes, digest_bucket)", ", size_bytes)", 2),
-    (", u.size_bytes, u.digest_bucket", ", u.size_bytes", 1),
-    (", $11::integer[], $12::smallint[])", ", $11::integer[])", 1),
-    ("        [bucket_of(b.memory_id) for b in blobs] if buckets is None else buckets,\n", "", 1),
     # the vault row without its digest, bucket prefixes and counts
     (' v.tombstones, v.digest,"', ' v.tombstones,"', 1),
     ('    " v.bucket_prefixes, v.bucket_counts,"  # PROTOCOL §18, revision 0012\n', "", 1),
@@ -106,42 +101,20 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
         "    for job in jobs:\n        hashed: list[tuple[int, int]] = []\n",
         1,
     ),
-    # and the stored versions read and replaced by (vault_id, memory_id), the key before
-    (
-        "        WHERE b.vault_id = $1\n"
-        "            AND b.digest_bucket"
-        " = get_byte(sha256(convert_to(k.id, 'UTF8')), 0)::smallint\n"
-        "            AND b.memory_id = k.id\n",
-        "        WHERE b.vault_id = $1 AND b.memory_id = k.id\n",
-        1,
-    ),
-    (
-        "    ON CONFLICT (vault_id, digest_bucket, memory_id) DO UPDATE SET\n",
-        "    ON CONFLICT (vault_id, memory_id) DO UPDATE SET\n",
-        1,
-    ),
-    ("        bucket, version = hashed[item.index]\n", "        bucket = 0\n", 1),
+    ("        bucket, version = hashed[item.index]\n", "", 1),
     ("        vault.versions.append((memory_id, bucket, version, replaced))\n", "", 1),
     (
         "    await while_answered(\n"
-        "        conn.executemany(\n"
-        "            BLOB_UPSERT, [blob_columns(rows[v.vault_id], buckets[v.vault_id]) for v in"
-        " vaults]\n"
-        "        ),\n"
+        "        conn.executemany(BLOB_UPSERT, [blob_columns(rows[v.vault_id]) for v in vaults]),\n"
         "        lambda: _fold_digests(vaults),\n"
         "    )\n",
-        "    await conn.executemany(\n"
-        "        BLOB_UPSERT, [blob_columns(rows[v.vault_id], buckets[v.vault_id]) for v in"
-        " vaults]\n"
-        "    )\n",
+        "    await conn.executemany(BLOB_UPSERT, [blob_columns(rows[v.vault_id]) for v in"
+        " vaults])\n",
         1,
     ),
 ]
-# The before database: the columns of revisions 0008-0012, and the primary key of 0001
-# (revision 0013 put the bucket in it; dropping the column drops that key).
+# The before database: without the vault columns of revisions 0008 and 0012.
 _BEFORE_SCHEMA: Final = (
-    "ALTER TABLE blobs DROP COLUMN digest_bucket",
-    "ALTER TABLE blobs ADD CONSTRAINT blobs_pkey PRIMARY KEY (vault_id, memory_id)",
     "ALTER TABLE vaults DROP COLUMN digest, DROP COLUMN bucket_prefixes, DROP COLUMN bucket_counts",
 )
 

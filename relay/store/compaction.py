@@ -54,13 +54,15 @@ async def compact_vault(
             vault["seq"],
             retention,
         )
-        # One row per bucket of the removed versions (a NULL bucket: rows in no bucket).
+        # One row per bucket of the removed versions (PROTOCOL §18). The function, not
+        # `bucket_of_sql`: Citus allows only IMMUTABLE functions in RETURNING, and
+        # convert_to() is STABLE.
         rows = await conn.fetch(
             f"""
             WITH removed AS (
                 DELETE FROM blobs WHERE vault_id = $1 AND deleted AND seq <= $2
                     AND received_at < now() - $3::interval
-                RETURNING seq, size_bytes, digest_bucket,
+                RETURNING seq, size_bytes, engram_digest_bucket(memory_id) AS digest_bucket,
                     engram_version_hash(memory_id, device_id, vector_clock, deleted) AS v
             )
             SELECT digest_bucket, count(*) AS n, coalesce(max(seq), 0) AS top,
@@ -80,9 +82,8 @@ async def compact_vault(
             for r in rows:
                 hashes = xor_of_words(r)  # the XOR of the removed versions' hashes
                 removed ^= hashes
-                if r["digest_bucket"] is not None:  # PROTOCOL §18, revision 0012
-                    xors[r["digest_bucket"]] = hashes >> PREFIX_SHIFT
-                    gone[r["digest_bucket"]] = -int(r["n"])
+                xors[r["digest_bucket"]] = hashes >> PREFIX_SHIFT  # PROTOCOL §18, 0012
+                gone[r["digest_bucket"]] = -int(r["n"])
             prefixes, counts = apply_changes(
                 vault["bucket_prefixes"], vault["bucket_counts"], xors, gone
             )

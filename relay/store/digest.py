@@ -3,10 +3,11 @@
 The vault's digest is stored (`vaults.digest`, kept by pushes and compaction under the
 vault row lock), and so are the 256 bucket prefixes and counts of `?buckets=1`
 (`vaults.bucket_prefixes`, `vaults.bucket_counts`, revision 0012: one row read); one
-bucket's digest, list and narrowing are computed on request over that bucket's rows only
-(the index `(vault_id, digest_bucket)`), with the version hash of revision 0008_digest in
-SQL. Each answer is one statement, hence one snapshot: the cursor, the
-count and the digest describe the same commit.
+bucket's digest, list and narrowing are computed on request over the vault's rows, each
+row's bucket by `bucket_of_sql` (revision 0014 took the bucket out of `blobs`: it cost
+every push more than figure 12 allows, docs/digest.md "Costs and figures"), with the
+version hash of revision 0008_digest in SQL. Each answer is one statement, hence one
+snapshot: the cursor, the count and the digest describe the same commit.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from engram_sync.shared_format.digest import (
     PREFIX_BYTES,
     SUB_BUCKETS,
     Version,
-    bucket_of,
     digest_int,
 )
 from engram_sync.shared_format.wire import SyncBlob
@@ -35,6 +35,15 @@ XOR_WORDS = ", ".join(
     f" AS w{n}"
     for n in range(4)
 )
+
+
+def bucket_of_sql(memory_id: str) -> str:
+    """PROTOCOL §18: the bucket of the memory id `memory_id` (an SQL expression), as
+    `shared_format.digest.bucket_of` computes it: the body of `engram_digest_bucket`
+    (revision 0008) written out, since a call of that function is not inlined and costs
+    3 us a row against 1 us for the expression."""
+    return f"get_byte(sha256(convert_to({memory_id}, 'UTF8')), 0)"
+
 
 _VAULT = "SELECT seq, live_blobs + tombstones AS n, digest FROM vaults WHERE vault_id = $1"
 # PROTOCOL §18, ours: every bucket's prefix and count, stored (revision 0012)
@@ -51,37 +60,38 @@ _BUCKETS = f"""
 SELECT v.seq, h.digest_bucket, h.n, h.w0, h.w1, h.w2, h.w3
 FROM vaults v LEFT JOIN LATERAL (
     SELECT digest_bucket, count(*) AS n, {XOR_WORDS}
-    FROM (SELECT digest_bucket,
+    FROM (SELECT {bucket_of_sql("b.memory_id")} AS digest_bucket,
                  engram_version_hash(memory_id, device_id, vector_clock, deleted) AS v
-          FROM blobs b WHERE b.vault_id = v.vault_id AND b.vault_id = $1
-              AND ($2::smallint IS NULL OR b.digest_bucket = $2)) x
+          FROM blobs b WHERE b.vault_id = v.vault_id AND b.vault_id = $1) x
+    WHERE $2::smallint IS NULL OR digest_bucket = $2
     GROUP BY digest_bucket
 ) h ON true
 WHERE v.vault_id = $1
 """  # noqa: S608 - constants only
 
-_LIST = """
+_LIST = f"""
 SELECT v.seq, b.memory_id, b.device_id, b.vector_clock, b.deleted
 FROM vaults v LEFT JOIN LATERAL (
     SELECT memory_id, device_id, vector_clock, deleted FROM blobs b
-    WHERE b.vault_id = v.vault_id AND b.vault_id = $1 AND b.digest_bucket = $2
-        AND b.memory_id > $3
+    WHERE b.vault_id = v.vault_id AND b.vault_id = $1 AND b.memory_id > $3
+        AND {bucket_of_sql("b.memory_id")} = $2
     ORDER BY b.memory_id LIMIT $4 + 1
 ) b ON true
 WHERE v.vault_id = $1
-"""
+"""  # noqa: S608 - constants only
 
 # PROTOCOL §18, ours (docs/digest.md): one bucket narrowed by sub-bucket (the second byte
 # of SHA-256(memory_id)) in one statement, so the bucket's count and digest, the
 # sub-buckets that differ from the device's prefixes ($3: 256 x 8 bytes) and the versions
-# listed describe one snapshot. Only the bucket's rows are read (the index
-# (vault_id, digest_bucket)); the header row has a NULL memory_id.
+# listed describe one snapshot. The vault's rows are read, the bucket's kept (a pass over
+# the vault: 0.3-0.7 s for 1,000,000 memories, bench.anti_entropy); the header row has a
+# NULL memory_id.
 _NARROW = f"""
 WITH rows AS MATERIALIZED (
     SELECT b.memory_id, b.device_id, b.vector_clock, b.deleted,
            get_byte(sha256(convert_to(b.memory_id, 'UTF8')), 1) AS sub,
            engram_version_hash(b.memory_id, b.device_id, b.vector_clock, b.deleted) AS v
-    FROM blobs b WHERE b.vault_id = $1 AND b.digest_bucket = $2
+    FROM blobs b WHERE b.vault_id = $1 AND {bucket_of_sql("b.memory_id")} = $2
 ), sums AS (
     SELECT sub, {XOR_WORDS.split(", coalesce")[0]} FROM rows GROUP BY sub
 ), differ AS (
@@ -103,15 +113,11 @@ UNION ALL
  ORDER BY r.memory_id LIMIT $5 + 1)
 """  # noqa: S608 - constants only
 
-# By primary key (revision 0013): each asked memory's (bucket, id) pair
+# By primary key (vault_id, memory_id)
 _FETCH = """
-SELECT b.vault_id, b.memory_id, b.device_id, b.vector_clock, b.ciphertext, b.hmac,
-       b.created_at, b.deleted, b.size_bytes
-FROM unnest($2::text[], $3::smallint[]) AS k(id, bucket)
-CROSS JOIN LATERAL (
-    SELECT * FROM blobs x WHERE x.vault_id = $1 AND x.digest_bucket = k.bucket
-        AND x.memory_id = k.id LIMIT 1) AS b
-ORDER BY b.memory_id
+SELECT vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at, deleted,
+       size_bytes
+FROM blobs WHERE vault_id = $1 AND memory_id = ANY($2::text[]) ORDER BY memory_id
 """
 
 
@@ -253,8 +259,7 @@ async def fetch_current(
 ) -> Fetched:
     """The current blob of each memory asked for (ordered by memory_id), stopping before
     the ciphertext would pass `max_bytes` (at least one blob)."""
-    ids = sorted(set(memory_ids))
-    rows = await pool.fetch(_FETCH, vault_id, ids, [bucket_of(m) for m in ids])
+    rows = await pool.fetch(_FETCH, vault_id, sorted(set(memory_ids)))
     blobs: list[SyncBlob] = []
     used = 0
     for r in rows:

@@ -32,7 +32,6 @@ from engram_sync.relay.store.feed import INLINE_MAX_BLOBS, Commit, announce, enc
 from engram_sync.relay.store.overlap import while_answered
 from engram_sync.shared_format.digest import (
     bucket_and_version_hash,
-    bucket_of,
     digest_bytes,
     digest_int,
     version_hash,
@@ -121,7 +120,6 @@ class _Write(NamedTuple):
     vault_id: str
     item: CheckedBlob
     seq: int
-    bucket: int  # PROTOCOL §18: bucket_of(memory_id), computed once for both its uses
 
 
 # An accepted blob as the digest sees it (PROTOCOL §18), and what it replaced: (memory_id,
@@ -133,8 +131,8 @@ _NewVersion = tuple[str, int, int, _Stored | None]
 def _hashes(jobs: list[PushJob]) -> list[list[tuple[int, int]]]:
     """PROTOCOL §18: each pushed blob's bucket and version hash, per job in the order of
     its blobs (`CheckedBlob.index`); computed while the database reads the stored
-    versions (`_READ_KNOWN` computes the buckets it needs itself), so it does not lengthen
-    the push by its own time (docs/digest.md, figure 12)."""
+    versions, so it does not lengthen the push by its own time (docs/digest.md, figure
+    12)."""
     return [[_bucket_and_hash(c.blob) for c in job.checked] for job in jobs]
 
 
@@ -177,11 +175,6 @@ _LOCK_READ_VAULT = _VAULT_ROWS + " WHERE v.vault_id = $1 FOR UPDATE OF v"
 # leave; `vault_id = ANY(..) AND memory_id = ANY(..)` read the cross product of a
 # group's vaults and memories, which grows with the vaults: measured 27 -> 172 buffers
 # per read over a 20 s run of 32 devices in a vault each.)
-# The bucket of each id (PROTOCOL §18; the primary key holds it since revision 0013) is
-# computed here, so the push hashes while this statement is answered: the expression of
-# `engram_digest_bucket` written out, since a call of that function in the probe is not
-# inlined and took 3 us a row (4.9 against 3.0 ms for 500 ids; the expression 2.9 ms,
-# as fast as passing the buckets in an array).
 _READ_KNOWN = """
     SELECT $1::text AS vault_id, true AS revoked, k.id, 0::bigint AS clock, 0 AS size,
            k.id AS owner, false AS deleted
@@ -194,10 +187,7 @@ _READ_KNOWN = """
     FROM unnest($3::text[]) AS k(id)
     CROSS JOIN LATERAL (
         SELECT vector_clock, size_bytes, device_id, deleted FROM blobs b
-        WHERE b.vault_id = $1
-            AND b.digest_bucket = get_byte(sha256(convert_to(k.id, 'UTF8')), 0)::smallint
-            AND b.memory_id = k.id
-        LIMIT 1) AS b
+        WHERE b.vault_id = $1 AND b.memory_id = k.id LIMIT 1) AS b
 """
 
 # Non-revoked devices holding blobs in a vault, with how many. A device row alone (a label
@@ -218,16 +208,16 @@ _ACTIVE_DEVICES = (
 # statement (bench/ceiling.py).
 BLOB_UPSERT = """
     INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,
-                       created_at, created_at_ts, deleted, seq, size_bytes, digest_bucket)
+                       created_at, created_at_ts, deleted, seq, size_bytes)
     SELECT v.vault_id, u.memory_id, u.device_id, u.vector_clock, u.ciphertext, u.hmac,
-           u.created_at, u.created_at_ts, u.deleted, u.seq, u.size_bytes, u.digest_bucket
+           u.created_at, u.created_at_ts, u.deleted, u.seq, u.size_bytes
     FROM vaults v, unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[],
                           $6::text[], $7::text[], $8::timestamptz[], $9::boolean[],
-                          $10::bigint[], $11::integer[], $12::smallint[])
+                          $10::bigint[], $11::integer[])
         AS u(vault_id, memory_id, device_id, vector_clock, ciphertext, hmac, created_at,
-             created_at_ts, deleted, seq, size_bytes, digest_bucket)
+             created_at_ts, deleted, seq, size_bytes)
     WHERE v.vault_id = ($1::text[])[1] AND u.vault_id = v.vault_id
-    ON CONFLICT (vault_id, digest_bucket, memory_id) DO UPDATE SET
+    ON CONFLICT (vault_id, memory_id) DO UPDATE SET
         device_id = EXCLUDED.device_id, vector_clock = EXCLUDED.vector_clock,
         ciphertext = EXCLUDED.ciphertext, hmac = EXCLUDED.hmac,
         created_at = EXCLUDED.created_at, created_at_ts = EXCLUDED.created_at_ts,
@@ -252,13 +242,10 @@ _SEEN_DEVICES = (
 )
 
 
-def blob_columns(
-    rows: list[tuple[str, CheckedBlob, int]], buckets: list[int] | None = None
-) -> list[list[Any]]:
-    """The twelve arrays of `BLOB_UPSERT` for (vault_id, blob, seq) rows of one vault
+def blob_columns(rows: list[tuple[str, CheckedBlob, int]]) -> list[list[Any]]:
+    """The eleven arrays of `BLOB_UPSERT` for (vault_id, blob, seq) rows of one vault
     (a comprehension per column: 0.18 ms for 500 rows, where appending row by row took
-    0.75 ms). The last is the digest bucket (PROTOCOL §18, revision 0010: computed in
-    Python, not in SQL): `buckets` when the caller has them (the push), else here."""
+    0.75 ms)."""
     blobs = [item.blob for _, item, _ in rows]
     return [
         [vault_id for vault_id, _, _ in rows],
@@ -272,7 +259,6 @@ def blob_columns(
         [b.deleted for b in blobs],
         [seq for _, _, seq in rows],
         [item.size_bytes for _, item, _ in rows],
-        [bucket_of(b.memory_id) for b in blobs] if buckets is None else buckets,
     ]
 
 
@@ -469,7 +455,7 @@ async def _decide(
         memory_id = blob.memory_id
         key = (job.vault_id, memory_id)
         bucket, version = hashed[item.index]
-        writes[key] = _Write(job.vault_id, item, vault.seq, bucket)  # a later push's wins
+        writes[key] = _Write(job.vault_id, item, vault.seq)  # a later push's wins
         replaced = stored.get(key)
         deleted = blob.deleted
         stored[key] = _Stored(StoredVersion(blob.vector_clock, item.size_bytes), blob.device_id,
@@ -549,19 +535,15 @@ async def _write(
     vault-id order, pipelined (three round trips a group), inside the group's transaction
     (on Citus a group over several shards commits with two-phase commit)."""
     rows: dict[str, list[tuple[str, CheckedBlob, int]]] = {v.vault_id: [] for v in vaults}
-    buckets: dict[str, list[int]] = {v.vault_id: [] for v in vaults}
     for w in writes:
-        rows[w.vault_id].append((w.vault_id, w.item, w.seq))
-        buckets[w.vault_id].append(w.bucket)
+        rows[w.vault_id].append(w)
     seen: dict[str, list[str]] = {v.vault_id: [] for v in vaults}
     for vault_id, device_id in devices:
         seen[vault_id].append(device_id)
     # Each statement for every vault of the group in one pipelined round trip; the
     # digest's hashing meanwhile (PROTOCOL §18).
     await while_answered(
-        conn.executemany(
-            BLOB_UPSERT, [blob_columns(rows[v.vault_id], buckets[v.vault_id]) for v in vaults]
-        ),
+        conn.executemany(BLOB_UPSERT, [blob_columns(rows[v.vault_id]) for v in vaults]),
         lambda: _fold_digests(vaults),
     )
     await conn.executemany(

@@ -15,7 +15,7 @@ import pytest
 from bench import digest_push
 from engram_sync.relay.store import push
 
-_DIGEST_AT_WORK = ("digest_bucket", "version_hash(", "bucket_of(", "while_answered(", "_fold_")
+_DIGEST_AT_WORK = ("version_hash(", "while_answered(", "_fold_", "_hashes(", "digest_bytes(")
 
 
 def _code(source: str) -> str:

@@ -88,9 +88,9 @@ def generation(url: str) -> str | None:
 def seed(url: str) -> None:
     blob = (
         "INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext, hmac,"
-        " created_at, created_at_ts, deleted, seq, size_bytes, digest_bucket) VALUES"
+        " created_at, created_at_ts, deleted, seq, size_bytes) VALUES"
         " ('vault-a', '{m}', 'dev-1', {seq}, '{c}', 'hmac', '2026-01-01T00:00:00Z',"
-        " '2026-01-01T00:00:00Z', {deleted}, {seq}, 4, engram_digest_bucket('{m}'))"
+        " '2026-01-01T00:00:00Z', {deleted}, {seq}, 4)"
     )
     sql(
         url,

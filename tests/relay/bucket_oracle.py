@@ -24,23 +24,18 @@ def _version(memory_id: str, device_id: str, clock: int, deleted: bool) -> int:
 
 
 async def oracle(conn: Any, vault_id: str) -> tuple[bytes, list[int]]:
-    """The 256 prefixes and counts computed now from the vault's rows (a row whose
-    digest_bucket is NULL is in no bucket); checked against the relay's grouped SQL."""
+    """The 256 prefixes and counts computed now from the vault's rows, each in the bucket
+    of its memory id (PROTOCOL §18); checked against the relay's grouped SQL."""
     rows = await conn.fetch(
-        "SELECT memory_id, device_id, vector_clock, deleted, digest_bucket FROM blobs"
-        " WHERE vault_id = $1",
+        "SELECT memory_id, device_id, vector_clock, deleted FROM blobs WHERE vault_id = $1",
         vault_id,
     )
     xors = [0] * 256
     counts = [0] * 256
     for r in rows:
-        if r["digest_bucket"] is None:
-            continue
-        assert r["digest_bucket"] == hashlib.sha256(r["memory_id"].encode()).digest()[0]
-        xors[r["digest_bucket"]] ^= _version(
-            r["memory_id"], r["device_id"], r["vector_clock"], r["deleted"]
-        )
-        counts[r["digest_bucket"]] += 1
+        bucket = hashlib.sha256(r["memory_id"].encode()).digest()[0]
+        xors[bucket] ^= _version(r["memory_id"], r["device_id"], r["vector_clock"], r["deleted"])
+        counts[bucket] += 1
     _, found = await bucket_digests(conn, vault_id, None)
     assert {b: (d.count, d.digest) for b, d in found.items()} == {
         b: (counts[b], xors[b]) for b in range(256) if counts[b]

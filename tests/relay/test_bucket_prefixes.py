@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engram_sync.relay.store.compaction import compact_vault
+from engram_sync.relay.store.digest import bucket_of_sql
 from engram_sync.relay.store.push import push_group
 from engram_sync.relay.store.retire import erase_expired, retire
 from tests.conftest import backend_of, takes_backend
@@ -212,7 +213,8 @@ def test_the_backfill_of_revision_0012_matches_the_pushes(database_url: str) -> 
         async with pool.acquire() as conn:
             await conn.execute("INSERT INTO vaults (vault_id) VALUES ($1)", empty)
             pushed = await stored(conn, vault)
-            # (a row without a bucket, which 0012's backfill skips, no longer exists: 0013)
+            # (the rows have no bucket column since revision 0014: the backfill computes
+            # each row's bucket from its id, as the bucket answers do)
             await conn.execute(
                 "UPDATE vaults SET bucket_prefixes = $2, bucket_counts = $3"
                 " WHERE vault_id = ANY($1::text[])",
@@ -221,7 +223,9 @@ def test_the_backfill_of_revision_0012_matches_the_pushes(database_url: str) -> 
                 bytes(1024),
             )
             zeroed = await stored(conn, vault)
-            await conn.execute(MIGRATION.backfill(f"vault_id = '{vault}'"))
+            await conn.execute(
+                MIGRATION.backfill(f"vault_id = '{vault}'", bucket_of_sql("memory_id"))
+            )
             return pushed, zeroed, await stored(conn, vault), await stored(conn, empty)
 
     pushed, zeroed, filled, untouched = run(database_url, work)

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from engram_sync.relay.store.compaction import compact_vault
-from engram_sync.relay.store.digest import narrow
+from engram_sync.relay.store.digest import bucket_of_sql, narrow
 from tests.relay.conftest import Relay
 from tests.relay.support import (
     Sealer,
@@ -54,9 +54,10 @@ def _bucket(memory_id: str) -> int:
 
 def _rows(relay: Relay, vault: str) -> list[asyncpg.Record]:
     async def work(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+        # each row's bucket as the relay's bucket answers compute it (revision 0014)
         return await conn.fetch(
-            "SELECT memory_id, device_id, vector_clock, deleted, digest_bucket FROM blobs"
-            " WHERE vault_id = $1",
+            "SELECT memory_id, device_id, vector_clock, deleted,"
+            f" {bucket_of_sql('memory_id')} AS digest_bucket FROM blobs WHERE vault_id = $1",
             vault,
         )
 
@@ -430,22 +431,21 @@ def test_narrow_bodies_are_capped_and_need_a_key(relay: Relay, http: httpx.Clien
         assert_error(elsewhere.post(f"/v1/vaults/{vault}/digest/narrow", json=body), 403)
 
 
-def test_the_bucket_is_a_plain_column_in_the_primary_key(relay: Relay) -> None:
-    """Revision 0010: written by the push (relay.store.push.blob_columns), not generated;
-    revision 0013: NOT NULL and in the primary key, with no index of its own."""
+def test_blobs_hold_no_bucket(relay: Relay) -> None:
+    """Revision 0014: no bucket column, no bucket index, the key (vault_id, memory_id):
+    the push writes nothing for the buckets but the vault row's prefixes and counts."""
 
-    async def work(conn: asyncpg.Connection) -> tuple[str, str, str, str | None]:
-        generated, nullable = await conn.fetchrow(
-            "SELECT is_generated, is_nullable FROM information_schema.columns"
-            " WHERE table_name = 'blobs' AND column_name = 'digest_bucket'"
+    async def work(conn: asyncpg.Connection) -> tuple[set[str], str, list[str]]:
+        columns = await conn.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'blobs'"
         )
         key = await conn.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = 'blobs_pkey'")
-        index = await conn.fetchval(
-            "SELECT indexdef FROM pg_indexes WHERE indexname = 'blobs_digest_bucket_idx'"
-        )
-        return generated, nullable, key, index
+        indexes = await conn.fetch("SELECT indexdef FROM pg_indexes WHERE tablename = 'blobs'")
+        return {r["column_name"] for r in columns}, key, [r["indexdef"] for r in indexes]
 
-    generated, nullable, key, index = run_db(relay.database_url, work)
-    assert (generated, nullable) == ("NEVER", "NO")
-    assert key.endswith("(vault_id, digest_bucket, memory_id)"), key
-    assert index is None
+    columns, key, indexes = run_db(relay.database_url, work)
+    assert "memory_id" in columns
+    assert "digest_bucket" not in columns
+    assert key.endswith("(vault_id, memory_id)"), key
+    assert indexes
+    assert not any("bucket" in index for index in indexes), indexes

@@ -51,14 +51,17 @@ _FIRST_WORD = (
 )
 
 
-def backfill(vault_filter: str = "true") -> str:
+def backfill(vault_filter: str = "true", bucket: str = "digest_bucket") -> str:
     """The UPDATE setting both columns from the rows of the vaults `vault_filter` (an SQL
-    condition on `vault_id`) picks; a vault without rows keeps its zeros."""
+    condition on `vault_id`) picks; a vault without rows keeps its zeros. `bucket`: each
+    row's bucket, an SQL expression (the column here; computed from the memory id since
+    revision 0014 took the column out, `relay.store.digest.bucket_of_sql`)."""
     return f"""
     WITH per AS (
-        SELECT vault_id, digest_bucket AS bucket, count(*) AS n, {_FIRST_WORD} AS w
-        FROM blobs WHERE digest_bucket IS NOT NULL AND ({vault_filter})
-        GROUP BY vault_id, digest_bucket
+        SELECT vault_id, bucket, count(*) AS n, {_FIRST_WORD} AS w
+        FROM (SELECT *, {bucket} AS bucket FROM blobs WHERE {vault_filter}) b
+        WHERE bucket IS NOT NULL
+        GROUP BY vault_id, bucket
     ), filled AS (
         SELECT p.vault_id,
                string_agg(int8send(coalesce(per.w, 0)), ''::bytea ORDER BY s.bucket) AS prefixes,

@@ -133,7 +133,6 @@ def _one_blob_columns(vault_id: str = "vault-a") -> list[list[object]]:
         [False],
         [1],
         [1],
-        [0],  # digest_bucket (revision 0010: written by the push)
     ]
 
 
@@ -231,9 +230,8 @@ def test_a_database_with_rows_keeps_them_when_distributed(citus_cluster: CitusCl
                 url,
                 "WITH v AS (INSERT INTO vaults (vault_id, seq) VALUES ('old', 1) RETURNING 1)"
                 " INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext,"
-                " hmac, created_at, created_at_ts, deleted, seq, size_bytes, digest_bucket)"
-                " VALUES ('old', 'm', 'd', 1, 'c', 'h', 'x', now(), false, 1, 1,"
-                " engram_digest_bucket('m')) RETURNING 1",
+                " hmac, created_at, created_at_ts, deleted, seq, size_bytes)"
+                " VALUES ('old', 'm', 'd', 1, 'c', 'h', 'x', now(), false, 1, 1) RETURNING 1",
             )
         )
         placed = citus.distribute(url)
@@ -294,11 +292,12 @@ def test_revision_0012_backfills_a_distributed_database(citus_cluster: CitusClus
         citus_cluster.drop_database("citus_0012")
 
 
-def test_revision_0013_rebuilds_the_key_of_a_distributed_database(
+def test_revisions_0013_and_0014_rebuild_the_key_of_a_distributed_database(
     citus_cluster: CitusCluster,
 ) -> None:
     # A relay already on Citus at 0012 migrated to 0013: a row without a bucket gets it,
-    # and the distributed table's primary key holds the bucket (PROTOCOL §18).
+    # and the distributed table's primary key holds the bucket (PROTOCOL §18); then to
+    # 0014: the key is (vault_id, memory_id) again, the column gone, the rows kept.
     from alembic import command
 
     from engram_sync.relay.db.migrate import alembic_config
@@ -316,7 +315,7 @@ def test_revision_0013_rebuilds_the_key_of_a_distributed_database(
         asyncio.run(_fetch(url, "INSERT INTO vaults (vault_id) VALUES ('x') RETURNING 1"))
         asyncio.run(_fetch(url, insert + " RETURNING 1", "m1", 1, bucket_of("m1")))
         asyncio.run(_fetch(url, insert + " RETURNING 1", "outside", 2, None))
-        command.upgrade(alembic_config(url), "head")
+        command.upgrade(alembic_config(url), "0013_bucket_in_primary_key")
         rows = asyncio.run(_fetch(url, "SELECT memory_id, digest_bucket FROM blobs ORDER BY 1"))
         want = [("m1", bucket_of("m1")), ("outside", bucket_of("outside"))]
         assert [tuple(r) for r in rows] == want
@@ -326,6 +325,18 @@ def test_revision_0013_rebuilds_the_key_of_a_distributed_database(
         assert key[0]["indexdef"].endswith("(vault_id, digest_bucket, memory_id)")
         with pytest.raises(asyncpg.UniqueViolationError):  # still one row per memory
             asyncio.run(_fetch(url, insert + " RETURNING 1", "m1", 3, bucket_of("m1")))
+        command.upgrade(alembic_config(url), "head")
+        key = asyncio.run(
+            _fetch(url, "SELECT indexdef FROM pg_indexes WHERE indexname = 'blobs_pkey'")
+        )
+        assert key[0]["indexdef"].endswith("(vault_id, memory_id)")
+        rows = asyncio.run(_fetch(url, "SELECT * FROM blobs ORDER BY memory_id"))
+        assert [r["memory_id"] for r in rows] == ["m1", "outside"]
+        assert "digest_bucket" not in rows[0]
+        unbucketed = insert.replace(", digest_bucket)", ")").replace(", $3)", ")")
+        with pytest.raises(asyncpg.UniqueViolationError):  # one row per memory
+            asyncio.run(_fetch(url, unbucketed + " RETURNING 1", "m1", 3))
+        asyncio.run(_fetch(url, unbucketed + " RETURNING 1", "m2", 3))  # a new one is taken
     finally:
         citus_cluster.drop_database("citus_0013")
 
@@ -345,7 +356,7 @@ def test_revision_0013_rebuilds_the_key_of_a_distributed_database(
         pytest.param("push", "_READ_KNOWN", ("vault-a", ["d1"], ["m1"]), id="push-known"),
         pytest.param("digest", "_VAULT", ("vault-a",), id="digest-vault"),
         pytest.param("digest", "_BUCKET_PREFIXES", ("vault-a",), id="digest-buckets-stored"),
-        pytest.param("digest", "_FETCH", ("vault-a", ["m1"], [7]), id="digest-fetch"),
+        pytest.param("digest", "_FETCH", ("vault-a", ["m1"]), id="digest-fetch"),
         pytest.param("digest", "_BUCKETS", ("vault-a", None), id="digest-buckets"),
         pytest.param("digest", "_BUCKETS", ("vault-a", 3), id="digest-bucket"),
         pytest.param("digest", "_LIST", ("vault-a", 3, "", 100), id="digest-list"),

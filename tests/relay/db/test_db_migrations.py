@@ -53,7 +53,7 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
         "seq": ("bigint", False, None),
         "received_at": ("timestamp with time zone", False, "now()"),
         "size_bytes": ("integer", False, None),
-        "digest_bucket": ("smallint", False, None),  # 0008_digest; 0013: in the primary key
+        # digest_bucket: 0008_digest to 0013 (in the primary key), gone since 0014
     },
     "devices": {
         "vault_id": ("text", False, None),
@@ -88,7 +88,7 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
 
 EXPECTED_PRIMARY_KEYS = {
     "vaults": ["vault_id"],
-    "blobs": ["vault_id", "digest_bucket", "memory_id"],  # 0013_bucket_in_primary_key
+    "blobs": ["vault_id", "memory_id"],  # 0014_bucket_out_of_blobs (0013 had the bucket)
     "devices": ["vault_id", "device_id"],
     "api_keys": ["id"],
     "quotas": ["vault_id"],
@@ -155,7 +155,7 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
 
 def test_head_is_the_generation_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0013_bucket_in_primary_key"
+    assert head_revision() == "0014_bucket_out_of_blobs"
 
 
 def test_generation_is_one_random_row(fresh_database_url: str) -> None:
@@ -240,7 +240,7 @@ def test_0013_puts_the_bucket_in_the_primary_key_and_fills_missing_buckets(
     run(fill())
     before = indexdefs(url, "blobs")
     assert "blobs_digest_bucket_idx" in before
-    upgrade_to_head(url)
+    command.upgrade(alembic_config(url), "0013_bucket_in_primary_key")
     rows = run(fetch(url, "SELECT memory_id, digest_bucket FROM blobs ORDER BY memory_id"))
     assert [(r["memory_id"], r["digest_bucket"]) for r in rows] == [
         ("m1", bucket_of("m1")),
@@ -253,6 +253,52 @@ def test_0013_puts_the_bucket_in_the_primary_key_and_fills_missing_buckets(
     again = indexdefs(url, "blobs")
     assert again["blobs_pkey"].endswith("(vault_id, memory_id)")
     assert again["blobs_digest_bucket_idx"] == before["blobs_digest_bucket_idx"]
+
+
+def test_0014_takes_the_bucket_out_of_blobs_and_the_downgrade_fills_it_again(
+    empty_database_url: str,
+) -> None:
+    """0014 on a relay at 0013 that holds rows: the rows stay, the key is (vault_id,
+    memory_id) and the bucket column is gone; the downgrade gives the column back, each
+    row's bucket filled from its id, in the 0013 key."""
+    url = empty_database_url
+    command.upgrade(alembic_config(url), "0013_bucket_in_primary_key")
+    ids = [f"m{i}" for i in range(20)]
+
+    async def fill() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("INSERT INTO vaults (vault_id) VALUES ('a')")
+            for seq, memory_id in enumerate(ids, start=1):
+                await conn.execute(
+                    "INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock,"
+                    " ciphertext, hmac, created_at, created_at_ts, deleted, seq, size_bytes,"
+                    " digest_bucket) VALUES ('a', $1, 'd', 1, 'c', 'h', 'x', now(), false, $2,"
+                    " 1, engram_digest_bucket($1))",
+                    memory_id,
+                    seq,
+                )
+        finally:
+            await conn.close()
+
+    run(fill())
+    assert indexdefs(url, "blobs")["blobs_pkey"].endswith("(vault_id, digest_bucket, memory_id)")
+    upgrade_to_head(url)
+    assert indexdefs(url, "blobs")["blobs_pkey"].endswith("(vault_id, memory_id)")
+    columns = run(
+        fetch(url, "SELECT column_name FROM information_schema.columns WHERE table_name = $1",
+              "blobs")
+    )  # fmt: skip
+    assert "digest_bucket" not in {r["column_name"] for r in columns}
+    assert "memory_id" in {r["column_name"] for r in columns}
+    rows = run(fetch(url, "SELECT memory_id FROM blobs ORDER BY seq"))
+    assert [r["memory_id"] for r in rows] == ids
+    command.downgrade(alembic_config(url), "0013_bucket_in_primary_key")
+    key = indexdefs(url, "blobs")["blobs_pkey"]
+    assert key.endswith("(vault_id, digest_bucket, memory_id)"), key
+    rows = run(fetch(url, "SELECT memory_id, digest_bucket FROM blobs ORDER BY seq"))
+    assert [(r["memory_id"], r["digest_bucket"]) for r in rows] == [(m, bucket_of(m)) for m in ids]
+    assert len({r["digest_bucket"] for r in rows}) > 1  # not one value for every row
 
 
 def test_upgrade_fresh_database_reaches_head(empty_database_url: str) -> None:
@@ -362,17 +408,15 @@ def test_defaults_and_constraints(fresh_database_url: str) -> None:
             assert (vault["seq"], vault["compacted_through"], vault["bytes_used"]) == (0, 0, 0)
             blob = (
                 "INSERT INTO blobs (vault_id, memory_id, device_id, vector_clock, ciphertext,"
-                " hmac, created_at, created_at_ts, deleted, seq, size_bytes, digest_bucket)"
+                " hmac, created_at, created_at_ts, deleted, seq, size_bytes)"
                 " VALUES ($1, $2, 'd', 1, 'c', 'h', '2026-01-01T00:00:00+00:00',"
-                " '2026-01-01T00:00:00+00:00', false, $3, 1, engram_digest_bucket($2))"
+                " '2026-01-01T00:00:00+00:00', false, $3, 1)"
             )
             await conn.execute(blob, "v", "m1", 1)
             with pytest.raises(asyncpg.UniqueViolationError):
                 await conn.execute(blob, "v", "m2", 1)  # seq unique per vault
             with pytest.raises(asyncpg.UniqueViolationError):
-                await conn.execute(blob, "v", "m1", 2)  # one row per memory (0013's key)
-            with pytest.raises(asyncpg.NotNullViolationError):  # 0013: every row has its bucket
-                await conn.execute(blob.replace("engram_digest_bucket($2)", "NULL"), "v", "m9", 9)
+                await conn.execute(blob, "v", "m1", 2)  # one row per memory
             with pytest.raises(asyncpg.ForeignKeyViolationError):
                 await conn.execute(blob, "no-such-vault", "m3", 1)
             await conn.execute("INSERT INTO devices (vault_id, device_id) VALUES ('v', 'd')")
