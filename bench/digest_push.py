@@ -205,23 +205,23 @@ def _interleaved(
     bodies: dict[str, list[tuple[int, bytes]]],
     vaults: dict[str, str],
     first: int,
-) -> dict[str, float]:
+) -> dict[str, list[float]]:
     """Each batch to both relays, one after the other, the order alternating per batch (the
     checkpoints, autovacuum and the neighbours' load of the machine then fall on both
-    alike); the seconds each relay took in all."""
+    alike); the seconds of each batch, per relay."""
     names = sorted(clients)
-    took = dict.fromkeys(names, 0.0)
+    took: dict[str, list[float]] = {name: [] for name in names}
     for j in range(len(bodies[names[0]])):
         for name in names[(j + first) % 2 :] + names[: (j + first) % 2]:
-            took[name] += push_all(clients[name], vaults[name], bodies[name][j : j + 1])
+            took[name].append(push_all(clients[name], vaults[name], bodies[name][j : j + 1]))
     return took
 
 
 def _round(
     clients: dict[str, httpx.Client], corpus: Corpus, tag: str, blobs: int, first: int
-) -> tuple[dict[str, str], dict[str, dict[str, float]]]:
+) -> tuple[dict[str, str], dict[str, dict[str, float]], dict[str, list[float]]]:
     """A new vault on each relay: its blobs pushed, then replaced; (the vaults, the
-    seconds of each)."""
+    seconds of each, the seconds of each one's batches in the order sent)."""
     vaults = {name: f"digest-push-{name}-{tag}" for name in clients}
     new = _interleaved(
         clients, {n: _bodies(corpus, v, blobs, 0) for n, v in vaults.items()}, vaults, first
@@ -229,10 +229,20 @@ def _round(
     again = _interleaved(
         clients, {n: _bodies(corpus, v, blobs, 1) for n, v in vaults.items()}, vaults, first + 1
     )
-    return vaults, {
-        name: {"new_s": new[name], "replace_s": again[name], "s": new[name] + again[name]}
-        for name in vaults
-    }
+    seconds = {name: {"new_s": sum(new[name]), "replace_s": sum(again[name])} for name in vaults}
+    for part in seconds.values():
+        part["s"] = part["new_s"] + part["replace_s"]
+    return vaults, seconds, {name: new[name] + again[name] for name in vaults}
+
+
+def paired(with_s: list[float], before_s: list[float]) -> dict[str, float]:
+    """Each batch's with / before - 1 (the two pushed back to back): median, quartiles.
+    A checkpoint, autovacuum or a neighbour's burst lands on single batches, and moves a
+    round's sum by several points (the rounds' spread); the median of the pairs is what a
+    push costs more, the quartiles how far single pairs scatter."""
+    ratios = sorted(w / b - 1 for w, b in zip(with_s, before_s, strict=True))
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    return {"median": median, "q1": q1, "q3": q3, "pairs": len(ratios)}
 
 
 def _stored_digest(client: httpx.Client, vault_id: str) -> str:
@@ -252,14 +262,16 @@ def measure_relays(
 ) -> dict[str, Any]:
     """The rounds against the `with` and `before` relays' clients."""
     times: dict[str, list[dict[str, float]]] = {"with": [], "before": []}
+    batches: dict[str, list[float]] = {"with": [], "before": []}
     vaults: dict[str, list[str]] = {"with": [], "before": []}
     for r in range(rounds + 1):  # round 0 warms both up, unmeasured
         size = blobs if r else min(blobs, 4 * BATCH)
-        pushed, took = _round(clients, corpus, f"{r}-{secrets.token_hex(3)}", size, r)
+        pushed, took, each = _round(clients, corpus, f"{r}-{secrets.token_hex(3)}", size, r)
         if r:
             for name in times:
                 vaults[name].append(pushed[name])
                 times[name].append(took[name])
+                batches[name] += each[name]
             ratio = times["with"][-1]["s"] / times["before"][-1]["s"] - 1
             log(f"digest push: round {r}/{rounds}, with / before - 1 = {ratio:+.1%}")
     with_digest = [_stored_digest(clients["with"], v) for v in vaults["with"]]
@@ -286,25 +298,36 @@ def measure_relays(
         "new_overhead": summary(ratios("new_s"), "x"),
         "replace_overhead": summary(ratios("replace_s"), "x"),
         "overhead": summary(ratios("s"), "x"),
+        "batch_overhead": paired(batches["with"], batches["before"]),
         "digest_kept": kept,
         "before_keeps_none": before_keeps_none,
     }
 
 
 def measure(
-    db: BenchDatabase, corpus: Corpus, *, blobs: int, rounds: int, log: Callable[[str], None]
+    db: BenchDatabase,
+    corpus: Corpus,
+    *,
+    blobs: int,
+    rounds: int,
+    log: Callable[[str], None],
+    same: bool = False,
 ) -> dict[str, Any]:
-    """Both relays on new databases of `db`'s server; the rounds; both stopped after."""
+    """Both relays on new databases of `db`'s server; the rounds; both stopped after.
+    `same` (`--a-a`): the `before` relay is the relay as it is too, on a database like
+    the `with` one, so the figures show what the method reads for no difference."""
     from bench.relay_process import RelayProcess
 
     key = "bench-" + secrets.token_urlsafe(24)
     with_url = db.another()
     before_url = db.another()
-    asyncio.run(_before_schema(before_url))
+    if not same:
+        asyncio.run(_before_schema(before_url))
     children = {
         "with": ("-m", "bench.relay_process"),
-        "before": ("-m", "bench.digest_push", "--serve-before"),
-    }
+        "before": ("-m", "bench.relay_process") if same else ("-m", "bench.digest_push",
+                                                              "--serve-before"),
+    }  # fmt: skip
     urls = {"with": with_url, "before": before_url}
     with ExitStack() as stack:
         clients = {}
@@ -331,7 +354,9 @@ def verdict(d: dict[str, Any]) -> str:
         f"(<= {OVERHEAD:.0%}; rounds {', '.join(f'{v:+.1%}' for v in d['overhead']['values'])};"
         f" new {d['new_overhead']['median']:+.1%}, replacements "
         f"{d['replace_overhead']['median']:+.1%}; {d['with_blobs_per_s']:,.0f} against "
-        f"{d['before_blobs_per_s']:,.0f} blobs/s; digest kept: {d['digest_kept']})"
+        f"{d['before_blobs_per_s']:,.0f} blobs/s; digest kept: {d['digest_kept']}; "
+        f"batch pairs: median {d['batch_overhead']['median']:+.1%}, quartiles "
+        f"{d['batch_overhead']['q1']:+.1%}..{d['batch_overhead']['q3']:+.1%})"
     )
 
 
@@ -340,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blobs", type=int, default=50_000, help="blobs a round and relay")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--serve-before", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--a-a", action="store_true", help="the relay against itself: the method's own spread"
+    )
     args = parser.parse_args(argv)
     if args.serve_before:  # the child of the `before` relay
         install_before()
@@ -354,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
 
     corpus = Corpus.make(args.blobs)
     with BenchDatabase() as db:
-        result = measure(db, corpus, blobs=args.blobs, rounds=args.rounds, log=log)
+        result = measure(db, corpus, blobs=args.blobs, rounds=args.rounds, log=log, same=args.a_a)
     print(json.dumps(result, indent=2))
     print(verdict(result))
     return 0
