@@ -325,9 +325,10 @@ def measure(
         asyncio.run(_before_schema(before_url))
     children = {
         "with": ("-m", "bench.relay_process"),
-        "before": ("-m", "bench.relay_process") if same else ("-m", "bench.digest_push",
-                                                              "--serve-before"),
-    }  # fmt: skip
+        "before": ("-m", "bench.relay_process")
+        if same
+        else ("-m", "bench.digest_push", "--serve-before"),
+    }
     urls = {"with": with_url, "before": before_url}
     with ExitStack() as stack:
         clients = {}
