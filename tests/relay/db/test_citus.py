@@ -61,6 +61,28 @@ async def _fetch(url: str, sql: str, *args: object) -> list[asyncpg.Record]:
         await conn.close()
 
 
+def _shard_options(url: str, table: str) -> set[str]:
+    """The storage parameters of each of the table's shards, as one set per shard joined
+    by ';' (the workers' own `pg_class`)."""
+    rows = asyncio.run(
+        _fetch(
+            url,
+            "SELECT result FROM run_command_on_shards($1::regclass,"
+            " $$SELECT array_to_string(reloptions, ',') FROM pg_class"
+            " WHERE oid = '%s'::regclass$$)",
+            table,
+        )
+    )
+    return {r["result"] for r in rows}
+
+
+def test_shards_of_vaults_keep_their_rows_on_their_page(migrated_url: str) -> None:
+    # Revisions 0012 (toast_tuple_target) and 0015 (fillfactor) on a database distributed
+    # at head: every shard of `vaults` has both, `blobs` neither.
+    assert _shard_options(migrated_url, "vaults") == {"toast_tuple_target=8160,fillfactor=50"}
+    assert _shard_options(migrated_url, "blobs") == {""}
+
+
 def _placements(url: str) -> dict[str, citus.Placement]:
     engine = create_engine(to_sqlalchemy_url(url), poolclass=NullPool)
     try:
@@ -337,6 +359,8 @@ def test_revisions_0013_and_0014_rebuild_the_key_of_a_distributed_database(
         with pytest.raises(asyncpg.UniqueViolationError):  # one row per memory
             asyncio.run(_fetch(url, unbucketed + " RETURNING 1", "m1", 3))
         asyncio.run(_fetch(url, unbucketed + " RETURNING 1", "m2", 3))  # a new one is taken
+        # 0015 on the distributed table reaches its shards
+        assert _shard_options(url, "vaults") == {"toast_tuple_target=8160,fillfactor=50"}
     finally:
         citus_cluster.drop_database("citus_0013")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 from typing import Any
 
 import asyncpg
@@ -17,6 +18,7 @@ from engram_sync.relay.db.migrate import (
     head_revision,
     upgrade_to_head,
 )
+from engram_sync.relay.store.push import _UPDATE_VAULT
 from engram_sync.shared_format.digest import bucket_of
 
 VAULT_TABLES = ("vaults", "blobs", "devices", "quotas")
@@ -155,7 +157,7 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
 
 def test_head_is_the_generation_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0014_bucket_out_of_blobs"
+    assert head_revision() == "0015_vaults_fillfactor"
 
 
 def test_generation_is_one_random_row(fresh_database_url: str) -> None:
@@ -299,6 +301,46 @@ def test_0014_takes_the_bucket_out_of_blobs_and_the_downgrade_fills_it_again(
     rows = run(fetch(url, "SELECT memory_id, digest_bucket FROM blobs ORDER BY seq"))
     assert [(r["memory_id"], r["digest_bucket"]) for r in rows] == [(m, bucket_of(m)) for m in ids]
     assert len({r["digest_bucket"] for r in rows}) > 1  # not one value for every row
+
+
+def _pages_grown_by_pushes(url: str, vault_id: str, pushes: int) -> int:
+    """Pages `vaults` grows by over `pushes` updates of one vault's row by the push's own
+    statement, each its own transaction, with new random bucket prefixes as a push
+    writes them (incompressible, like real ones)."""
+
+    async def go() -> int:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("INSERT INTO vaults (vault_id) VALUES ($1)", vault_id)
+            size = "SELECT pg_relation_size('vaults') / current_setting('block_size')::int"
+            before = await conn.fetchval(size)
+            for n in range(1, pushes + 1):
+                await conn.execute(
+                    _UPDATE_VAULT, vault_id, n, n, n, 0, secrets.token_bytes(32),
+                    secrets.token_bytes(2048), bytes(1024),
+                )  # fmt: skip
+            grown: int = await conn.fetchval(size) - before
+            return grown
+        finally:
+            await conn.close()
+
+    return int(run(go()))
+
+
+def test_0015_keeps_a_busy_vault_row_on_its_page(empty_database_url: str) -> None:
+    """Revision 0015 (fillfactor 50): 300 pushes to one vault leave `vaults` as large as it
+    was (each update a HOT one, its page pruned in time); at 0014 the same pushes grew it
+    by a page every second push. The downgrade resets the parameter."""
+    url = empty_database_url
+    command.upgrade(alembic_config(url), "0014_bucket_out_of_blobs")
+    assert _pages_grown_by_pushes(url, "at-0014", 300) >= 100
+    upgrade_to_head(url)
+    options = "SELECT reloptions FROM pg_class WHERE relname = 'vaults'"
+    assert "fillfactor=50" in run(fetch(url, options))[0]["reloptions"]
+    assert _pages_grown_by_pushes(url, "at-0015", 300) <= 1
+    command.downgrade(alembic_config(url), "0014_bucket_out_of_blobs")
+    # and 0012's toast_tuple_target stays
+    assert run(fetch(url, options))[0]["reloptions"] == ["toast_tuple_target=8160"]
 
 
 def test_upgrade_fresh_database_reaches_head(empty_database_url: str) -> None:
