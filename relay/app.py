@@ -40,6 +40,7 @@ from engram_sync.relay.routes import (
 from engram_sync.relay.routes.digest import digest as digest_route
 from engram_sync.relay.routes.digest import fetch as fetch_route
 from engram_sync.relay.routes.digest import narrow as narrow_route
+from engram_sync.relay.scan_gate import ScanGate
 from engram_sync.relay.state import RelayState
 from engram_sync.relay.store.meta import read_generation
 from engram_sync.relay.store.push import (
@@ -175,6 +176,7 @@ def create_app(config: RelayConfig) -> Litestar:
     state = RelayState(config=config, metrics=RelayMetrics())
     state.static_keys = {k.key_hash: k.principal for k in config.static_keys}
     hub = state.hub = ChangeHub(max_waiters=config.events_max_streams)
+    state.scans = ScanGate(config.scan_max_running, config.scan_max_waiting, config.scan_timeout_s)
     limits = PushLimits(
         config.max_blob_bytes,
         Quota(config.quota_devices, config.quota_bytes),

@@ -31,6 +31,12 @@ DEFAULT_HEALTH_REFRESH_S: Final = 10.0
 # event streams and waiting long-polls one process holds (more get 503 `busy`).
 DEFAULT_EVENTS_PING_S: Final = 15.0
 DEFAULT_EVENTS_MAX_STREAMS: Final = 10_000
+# PROTOCOL §18 (relay.scan_gate): the statements that pass over a whole vault (one
+# bucket's digest, list, narrowing) that run at once per process, that wait, and each
+# one's statement timeout in seconds.
+DEFAULT_SCAN_MAX_RUNNING: Final = 2
+DEFAULT_SCAN_MAX_WAITING: Final = 8
+DEFAULT_SCAN_TIMEOUT_S: Final = 20.0
 # PROTOCOL §15: the live change feed. "on": event stream, long-poll and NOTIFY/LISTEN;
 # "long-poll": no event stream (for a proxy that buffers streams); "off": none of it
 # (no NOTIFY after commits, no LISTEN connection, pull ignores `wait`, /v1/info lists
@@ -65,6 +71,9 @@ class RelayConfig:
     events_ping_s: float = DEFAULT_EVENTS_PING_S  # PROTOCOL §15 (relay.routes.events)
     events_max_streams: int = DEFAULT_EVENTS_MAX_STREAMS
     live_feed: str = "on"  # one of LIVE_FEED_MODES (ENGRAM_RELAY_LIVE_FEED)
+    scan_max_running: int = DEFAULT_SCAN_MAX_RUNNING  # ENGRAM_RELAY_SCAN_MAX_RUNNING
+    scan_max_waiting: int = DEFAULT_SCAN_MAX_WAITING  # ENGRAM_RELAY_SCAN_MAX_WAITING
+    scan_timeout_s: float = DEFAULT_SCAN_TIMEOUT_S  # ENGRAM_RELAY_SCAN_TIMEOUT_S
     # ENGRAM_RELAY_LISTEN_DATABASE_URL: where the process's one LISTEN connection goes
     # (PROTOCOL §15), when `database_url` is a transaction pooler (PgBouncer), through
     # which a LISTEN does not survive; None: `database_url` (deploy/SCALING.md §2).
@@ -89,6 +98,12 @@ class RelayConfig:
             raise ValueError("ENGRAM_RELAY_EVENTS_PING_S must be > 0 and <= 3600 seconds")
         if self.events_max_streams < 1:
             raise ValueError("ENGRAM_RELAY_EVENTS_MAX_STREAMS must be >= 1")
+        if self.scan_max_running < 1:
+            raise ValueError("ENGRAM_RELAY_SCAN_MAX_RUNNING must be >= 1")
+        if self.scan_max_waiting < 0:
+            raise ValueError("ENGRAM_RELAY_SCAN_MAX_WAITING must be >= 0")
+        if not 0.001 <= self.scan_timeout_s <= 3600:
+            raise ValueError("ENGRAM_RELAY_SCAN_TIMEOUT_S must be >= 0.001 and <= 3600 seconds")
         if self.live_feed not in LIVE_FEED_MODES:
             raise ValueError(
                 f"ENGRAM_RELAY_LIVE_FEED must be one of {', '.join(LIVE_FEED_MODES)}, "
@@ -178,6 +193,12 @@ def config_from_env(
         "events_max_streams": _env_int(
             source, "ENGRAM_RELAY_EVENTS_MAX_STREAMS", DEFAULT_EVENTS_MAX_STREAMS
         ),
+        "scan_max_running": _env_int(
+            source, "ENGRAM_RELAY_SCAN_MAX_RUNNING", DEFAULT_SCAN_MAX_RUNNING
+        ),
+        "scan_max_waiting": _env_int(
+            source, "ENGRAM_RELAY_SCAN_MAX_WAITING", DEFAULT_SCAN_MAX_WAITING
+        ),
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return RelayConfig(
@@ -186,6 +207,7 @@ def config_from_env(
         metrics_token=source.get("ENGRAM_RELAY_METRICS_TOKEN", "").strip() or None,
         trusted_proxies=parse_trusted_proxies(source.get(ENV_TRUSTED_PROXIES, "")),
         events_ping_s=_env_float(source, "ENGRAM_RELAY_EVENTS_PING_S", DEFAULT_EVENTS_PING_S),
+        scan_timeout_s=_env_float(source, "ENGRAM_RELAY_SCAN_TIMEOUT_S", DEFAULT_SCAN_TIMEOUT_S),
         health_refresh_secs=_env_float(
             source, "ENGRAM_RELAY_HEALTH_REFRESH_S", DEFAULT_HEALTH_REFRESH_S
         ),

@@ -20,6 +20,7 @@ from engram_sync.relay.keys import Principal
 from engram_sync.relay.metrics import RelayMetrics
 from engram_sync.relay.push_groups import PushGroups
 from engram_sync.relay.ratelimit import RateLimiter
+from engram_sync.relay.scan_gate import ScanGate
 
 
 @dataclass
@@ -46,6 +47,7 @@ class RelayState:
     static_keys: dict[bytes, Principal] = field(default_factory=dict)
     push_groups: PushGroups | None = None
     hub: ChangeHub | None = None  # PROTOCOL §15: the live change feed (relay.feed)
+    scans: ScanGate | None = None  # PROTOCOL §18: whole-vault scans (relay.scan_gate)
     # PROTOCOL §17: read at startup, refreshed with the health counters (relay.app);
     # sent in /v1/info and every push and pull answer without a query of its own.
     generation: str | UnsetType = UNSET
@@ -61,6 +63,12 @@ class RelayState:
         if self.hub is None:
             raise RuntimeError("the change hub is not set up")
         return self.hub
+
+    def require_scans(self) -> ScanGate:
+        """The scan gate; only None before the app was built."""
+        if self.scans is None:
+            raise RuntimeError("the scan gate is not set up")
+        return self.scans
 
     def require_push_groups(self) -> PushGroups:
         """The push lanes; only None before the app was built."""

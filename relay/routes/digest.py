@@ -81,13 +81,17 @@ async def digest(
             counts=stored.counts,
         )
     assert bucket is not None
-    seq, found = await store.bucket_digests(pool, vault_id, bucket)
-    mine = found.get(bucket)
-    answer_count = mine.count if mine else 0
-    answer_digest = digest_text(mine.digest if mine else 0)
-    if not list_:
-        return DigestAnswer(cursor=seq, count=answer_count, digest=answer_digest, bucket=bucket)
-    page = await store.bucket_list(pool, vault_id, bucket, after, limit or MAX_LIST_PAGE)
+    scans = state.require_scans()  # passes over the whole vault: bounded (relay.scan_gate)
+    async with scans.admit():
+        seq, found = await store.bucket_digests(scans.reader(pool), vault_id, bucket)
+        mine = found.get(bucket)
+        answer_count = mine.count if mine else 0
+        answer_digest = digest_text(mine.digest if mine else 0)
+        if not list_:
+            return DigestAnswer(cursor=seq, count=answer_count, digest=answer_digest, bucket=bucket)
+        page = await store.bucket_list(
+            scans.reader(pool), vault_id, bucket, after, limit or MAX_LIST_PAGE
+        )
     return DigestAnswer(
         cursor=seq,
         count=answer_count,
@@ -121,9 +125,12 @@ async def narrow(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> Na
             f"subs must be standard base64 of exactly {SUB_BUCKETS} x {PREFIX_BYTES} bytes",
             code="invalid_request", field="subs",
         )  # fmt: skip
-    found = await store.narrow(
-        state.require_pool(), vault_id, data.bucket, prefixes, data.after, MAX_NARROW_PAGE
-    )
+    scans = state.require_scans()  # a pass over the whole vault: bounded (relay.scan_gate)
+    async with scans.admit():
+        found = await store.narrow(
+            scans.reader(state.require_pool()),
+            vault_id, data.bucket, prefixes, data.after, MAX_NARROW_PAGE,
+        )  # fmt: skip
     return NarrowAnswer(
         cursor=found.bucket.cursor,
         count=found.bucket.count,

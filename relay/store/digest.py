@@ -13,6 +13,7 @@ snapshot: the cursor, the count and the digest describe the same commit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import asyncpg
 
@@ -169,6 +170,15 @@ class Fetched:
     missing: list[str] = field(default_factory=list)
 
 
+class Reader(Protocol):
+    """Where a scan's statement runs: an asyncpg pool or connection, or the relay's
+    `scan_gate.BoundedReader` (its statement timeout)."""
+
+    async def fetch(self, query: str, *args: object) -> list[asyncpg.Record]:
+        """The rows of `query` with its arguments."""
+        ...
+
+
 def xor_of_words(row: asyncpg.Record) -> int:
     """The 256-bit XOR a row's `XOR_WORDS` columns hold."""
     raw = b"".join(int(row[f"w{n}"]).to_bytes(8, "big", signed=True) for n in range(4))
@@ -198,11 +208,11 @@ async def stored_buckets(pool: asyncpg.Pool, vault_id: str) -> StoredBuckets:
 
 
 async def bucket_digests(
-    pool: asyncpg.Pool, vault_id: str, bucket: int | None
+    db: Reader, vault_id: str, bucket: int | None
 ) -> tuple[int, dict[int, DigestState]]:
     """(vault sequence, bucket -> its digest) for one bucket or for all (empty ones left
     out), computed now over the rows of the bucket(s)."""
-    rows = await pool.fetch(_BUCKETS, vault_id, bucket)
+    rows = await db.fetch(_BUCKETS, vault_id, bucket)
     if not rows:
         return 0, {}
     seq = int(rows[0]["seq"])
@@ -215,11 +225,9 @@ async def bucket_digests(
     return seq, found
 
 
-async def bucket_list(
-    pool: asyncpg.Pool, vault_id: str, bucket: int, after: str, limit: int
-) -> BucketList:
+async def bucket_list(db: Reader, vault_id: str, bucket: int, after: str, limit: int) -> BucketList:
     """At most `limit` versions of one bucket with memory_id > `after`."""
-    rows = await pool.fetch(_LIST, vault_id, bucket, after, limit)
+    rows = await db.fetch(_LIST, vault_id, bucket, after, limit)
     if not rows:
         return BucketList(0, [], False)
     versions = [
@@ -231,12 +239,12 @@ async def bucket_list(
 
 
 async def narrow(
-    pool: asyncpg.Pool, vault_id: str, bucket: int, prefixes: bytes, after: str, limit: int
+    db: Reader, vault_id: str, bucket: int, prefixes: bytes, after: str, limit: int
 ) -> Narrowed:
     """The sub-buckets of `bucket` whose digests' first 8 bytes differ from `prefixes`
     (256 x 8 bytes), and at most `limit` of their versions with memory_id > `after`."""
     assert len(prefixes) == SUB_BUCKETS * PREFIX_BYTES
-    rows = await pool.fetch(_NARROW, vault_id, bucket, prefixes, after, limit)
+    rows = await db.fetch(_NARROW, vault_id, bucket, prefixes, after, limit)
     if not rows:  # no such vault: it holds nothing, so every non-zero prefix differs
         subs = [
             s
