@@ -97,6 +97,12 @@ def bad_request(message: str, code: str = "bad_request", **extra: Any) -> RelayE
     return RelayError(400, code, message, extra=extra)
 
 
+def busy(message: str, retry_after_s: int) -> RelayError:
+    """503 `busy` with Retry-After: refused at a per-process cap before any work was done,
+    so a device may send the request again as it was (the client's `NOT_PROCESSED`)."""
+    return RelayError(503, "busy", message, headers={"Retry-After": str(retry_after_s)})
+
+
 def quota_exceeded(detail: str, limit: int, used: int) -> RelayError:
     """402 with the exact body of PROTOCOL §5 (`used` is the projected value)."""
     return RelayError(

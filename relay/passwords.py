@@ -27,7 +27,7 @@ from typing import Final, TypeVar
 from argon2 import PasswordHasher, Type
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
-from engram_sync.relay.errors import RelayError
+from engram_sync.relay.errors import RelayError, busy
 
 T = TypeVar("T")
 
@@ -119,11 +119,9 @@ def reset_peak() -> None:
 
 
 def _busy() -> RelayError:
-    return RelayError(
-        503,
-        "busy",
+    return busy(
         "the relay is checking too many passwords at once; retry in a moment",
-        headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+        BUSY_RETRY_AFTER_S,
     )
 
 

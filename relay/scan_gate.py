@@ -24,7 +24,7 @@ from typing import Final
 
 import asyncpg
 
-from engram_sync.relay.errors import RelayError
+from engram_sync.relay.errors import RelayError, busy
 
 BUSY_RETRY_AFTER_S: Final = 1
 TIMEOUT_RETRY_AFTER_S: Final = 5
@@ -32,7 +32,8 @@ TIMEOUT_RETRY_AFTER_S: Final = 5
 
 @dataclass
 class ScanStats:
-    """What the gate did, for metrics and tests."""
+    """What the gate did (read by the tests; no metric of its own: the request counter
+    counts the 503s by route)."""
 
     admitted: int = 0  # running plus waiting now
     refused_busy: int = 0
@@ -92,12 +93,10 @@ class ScanGate:
 
     def _busy(self) -> RelayError:
         self.stats.refused_busy += 1
-        return RelayError(
-            503,
-            "busy",
+        return busy(
             "the relay is answering as many whole-vault digest requests as it may "
             "(ENGRAM_RELAY_SCAN_MAX_RUNNING, ENGRAM_RELAY_SCAN_MAX_WAITING); retry in a moment",
-            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+            BUSY_RETRY_AFTER_S,
         )
 
 

@@ -82,16 +82,15 @@ async def digest(
         )
     assert bucket is not None
     scans = state.require_scans()  # passes over the whole vault: bounded (relay.scan_gate)
+    reader = scans.reader(pool)
     async with scans.admit():
-        seq, found = await store.bucket_digests(scans.reader(pool), vault_id, bucket)
+        seq, found = await store.bucket_digests(reader, vault_id, bucket)
         mine = found.get(bucket)
         answer_count = mine.count if mine else 0
         answer_digest = digest_text(mine.digest if mine else 0)
         if not list_:
             return DigestAnswer(cursor=seq, count=answer_count, digest=answer_digest, bucket=bucket)
-        page = await store.bucket_list(
-            scans.reader(pool), vault_id, bucket, after, limit or MAX_LIST_PAGE
-        )
+        page = await store.bucket_list(reader, vault_id, bucket, after, limit or MAX_LIST_PAGE)
     return DigestAnswer(
         cursor=seq,
         count=answer_count,

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 from litestar import Request
 
-from engram_sync.relay.errors import RelayError
+from engram_sync.relay.errors import RelayError, busy
 from engram_sync.relay.feed import ChangeHub, HubFullError, VaultWatch
 from engram_sync.relay.keys import hash_key
 from engram_sync.relay.state import RelayState
@@ -58,12 +58,10 @@ def join(hub: ChangeHub, vault_id: str) -> VaultWatch:
     try:
         return hub.join(vault_id)
     except HubFullError:
-        raise RelayError(
-            503,
-            "busy",
+        raise busy(
             "this relay holds as many event streams and long-polls as it may "
             "(ENGRAM_RELAY_EVENTS_MAX_STREAMS); retry later, or pull on a timer",
-            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+            BUSY_RETRY_AFTER_S,
         ) from None
 
 
