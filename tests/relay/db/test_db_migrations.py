@@ -41,6 +41,9 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
         # 0012_bucket_prefixes (PROTOCOL §18): ?buckets=1 stored
         "bucket_prefixes": ("bytea", False, "decode(repeat('00'::text, 2048), 'hex'::text)"),
         "bucket_counts": ("bytea", False, "decode(repeat('00'::text, 1024), 'hex'::text)"),
+        # 0016 (PROTOCOL §19): the re-keying device's successor statement, opaque to the relay
+        "successor_statement": ("text", True, None),
+        "successor_stated_at": ("text", True, None),
     },
     "blobs": {
         "vault_id": ("text", False, None),
@@ -157,7 +160,7 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
 
 def test_head_is_the_generation_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0015_vaults_fillfactor"
+    assert head_revision() == "0016_roles_and_successor"
 
 
 def test_generation_is_one_random_row(fresh_database_url: str) -> None:
