@@ -18,8 +18,8 @@ DEFAULT_RETENTION_DAYS: Final = 30  # PROTOCOL §12
 DEFAULT_RETIRE_GRACE_DAYS: Final = 30  # PROTOCOL §19: pulls of a retired vault, then erasure
 DEFAULT_RATE: Final = 100  # PROTOCOL §5: requests/second per key
 DEFAULT_PUSH_LANES: Final = 1  # concurrent push transactions per process (relay.push_groups)
-# PROTOCOL §7, §9, §11 (issue 14 item 5): a pull page stops adding blobs once its ciphertext
-# passes this many base64 characters (always at least one blob), so one pull of a vault of
+# PROTOCOL §7, §9, §11 (issue 14 item 5): a cursor pull page holds at most this many base64
+# characters of ciphertext (at least one blob; relay.store.sync), so one pull of a vault of
 # large blobs cannot make the relay hold 1000 of them. Well below the client's 32 MiB
 # page budget (client._sync.relay_client.PULL_PAGE_BUDGET_BYTES) even with one maximal blob over.
 DEFAULT_MAX_PAGE_BYTES: Final = 8 * 1024 * 1024
