@@ -186,3 +186,17 @@ def test_a_payload_not_ours_is_ignored_and_the_change_still_wakes() -> None:
         assert (watch.seq, listener.ignored_commits) == (0, 1)
         listener._on_change(None, 0, "engram_vault_changes", "victim 3")
         assert watch.seq == 3
+
+
+def test_the_change_and_revocation_payloads_of_hostile_ids_reach_only_their_vault() -> None:
+    # `<vault_id> <seq>` is read from the right, `<vault_id>` whole: a vault named after
+    # the victim moves or re-checks its own watch, never the victim's
+    hub = ChangeHub(max_waiters=4)
+    listener = FeedListener("postgresql://unused@localhost/db", hub)
+    hostile = "victim 99"
+    with hub.watch("victim") as victim, hub.watch(hostile) as other:
+        listener._on_change(None, 0, "engram_vault_changes", f"{hostile} 5")
+        assert (victim.seq, other.seq) == (0, 5)
+        listener._on_revocation(None, 0, "engram_vault_revocations", hostile)
+        listener._on_revocation(None, 0, "engram_vault_revocations", "victim ")
+        assert (victim.epoch, other.epoch) == (0, 1)
