@@ -26,7 +26,13 @@ from msgspec.structs import replace as struct_replace
 
 from engram_sync.relay.feed import ChangeHub
 from engram_sync.relay.feed_listener import FeedListener
-from engram_sync.relay.store.feed import Commit, commit_payload, parse_commit
+from engram_sync.relay.store.feed import (
+    MAX_NOTIFY_PAYLOAD,
+    Commit,
+    commit_payload,
+    encode_blobs,
+    parse_commit,
+)
 from engram_sync.shared_format.wire import SyncBlob
 from tests.relay.conftest import ADMIN_KEY, Relay, base_config
 from tests.relay.sse import Message, messages, next_event
@@ -146,6 +152,22 @@ def test_the_commit_payload_round_trips_any_vault_id(vault: str) -> None:
     assert payload is not None
     assert payload.endswith("}")  # an older relay's reader wants a trailing "]": refused
     assert parse_commit(payload) == commit
+
+
+def test_a_long_quoted_vault_id_still_fits_notify_or_the_commit_carries_nothing() -> None:
+    # JSON escapes each quote: a 256-character id of quotes takes 512 bytes per mention;
+    # small blobs still travel, 8 blobs of 700 ciphertext characters (a commit small enough
+    # to carry, INLINE_MAX_*) no longer fit 7,900 bytes and the devices pull (as before)
+    vault = '"' * 256
+    small = _carried(vault, 0, [_blob(vault, n, f"m{n}") for n in range(1, 9)])
+    payload = commit_payload(small)
+    assert payload is not None
+    assert len(payload.encode()) <= MAX_NOTIFY_PAYLOAD
+    assert parse_commit(payload) == small
+    sealer = Sealer(vault)
+    sized = [struct_replace(sealer.sized(f"m{n}", 1, 700), seq=n) for n in range(1, 9)]
+    assert encode_blobs(sized) is not None
+    assert commit_payload(_carried(vault, 0, sized)) is None
 
 
 def test_the_payload_reader_refuses_what_is_not_one_commit_of_one_vault() -> None:
