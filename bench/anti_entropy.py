@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, cast
 import asyncpg
 import httpx
 
-from bench import ceiling, digest_push
+from bench import ceiling, digest_push, scan_fairness
 from bench.corpus import Corpus
 from bench.stats import summary
 from engram_sync.client._sync.anti_entropy import AntiEntropy
@@ -298,7 +298,7 @@ def measure(run: Run) -> dict[str, Any]:
     (20,000 quick); the push rounds of the run's size (at most 50,000 blobs: 6 rounds; 2
     quick)."""
     with run.monitor.phase("digest_cost"):
-        return measure_parts(
+        parts = measure_parts(
             run.loop,
             run.conn,
             (run.relay.url, run.relay.key),
@@ -310,6 +310,8 @@ def measure(run: Run) -> dict[str, Any]:
             rounds=QUICK_ROUNDS if run.s.quick else ROUNDS,
             log=run.log,
         )
+    parts["scan_fairness"] = scan_fairness.measure(run)  # issue 31: the repair path, flooded
+    return parts
 
 
 def verdicts(d: dict[str, Any]) -> list[str]:
@@ -322,6 +324,7 @@ def verdicts(d: dict[str, Any]) -> list[str]:
         f"{'PASS' if wire <= FIND_BYTES else 'FAIL'}: {wire:,.0f} bytes on the wire both ways "
         f"(<= {FIND_BYTES:,}; JSON bodies alone {d['json_bytes']['median']:,.0f})",
         digest_push.verdict(d["push"]),
+        *([scan_fairness.verdict(d["scan_fairness"])] if "scan_fairness" in d else []),
     ]
 
 

@@ -11,6 +11,7 @@ PADDING_OVERHEAD_LIMIT: Final = 0.03  # issue 16: PADMÉ padding's storage cost 
 FIND_ROUND_TRIPS: Final = 3.0  # issue 16: one divergent memory found in <= 3 round trips
 FIND_BYTES: Final = 16 * 1024.0  # and <= 16 KB transferred, both directions
 DIGEST_PUSH_OVERHEAD: Final = 0.02  # push throughput with the digest within 2% of without
+SCAN_FAIR_ANSWERED: Final = 0.95  # issue 31: bucket digests answered during a narrow flood
 IMPORT_RATE_LIMIT: Final = 10_000.0  # issue 17: memories/s imported from JSONL
 REKEY_SECONDS_LIMIT: Final = 60.0  # issue 16: 100,000 memories re-keyed (scaled to M)
 REKEY_FULL_MEMORIES: Final = 100_000
@@ -238,7 +239,23 @@ def digest_targets(digest: dict[str, Any]) -> list[Target]:
             extra_ok=digest["push_digest_kept"],
             detail="digest kept" if digest["push_digest_kept"] else "digest NOT as pushed",
         ),
+        scan_fairness_target(digest["scan_fairness"]),
     ]
+
+
+def scan_fairness_target(fair: dict[str, Any]) -> Target:
+    """Issue 31 (bench.scan_fairness): a vault's bucket digests (its repair path) answered
+    during another key's flood of concurrent narrowings of a large vault."""
+    return Target(
+        "digest_scan_fairness",
+        f"share of a vault's {fair['victim_asks']} bucket digests answered 200 during "
+        f"{fair['flooders']} concurrent narrowings of another key's {fair['flood_rows']:,}-row"
+        " vault",
+        fair["victim_answered"],
+        SCAN_FAIR_ANSWERED,
+        ">=",
+        detail=f"(victim {fair['victim_statuses']}, flood {fair['flood_statuses']})",
+    )
 
 
 def pull_memory_target(pulls: dict[str, Any]) -> Target:

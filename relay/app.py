@@ -176,7 +176,7 @@ def create_app(config: RelayConfig) -> Litestar:
     state = RelayState(config=config, metrics=RelayMetrics())
     state.static_keys = {k.key_hash: k.principal for k in config.static_keys}
     hub = state.hub = ChangeHub(max_waiters=config.events_max_streams)
-    state.scans = ScanGate(config.scan_max_running, config.scan_max_waiting, config.scan_timeout_s)
+    state.scans = ScanGate(config.scan_limits, config.scan_timeout_s)
     limits = PushLimits(
         config.max_blob_bytes,
         Quota(config.quota_devices, config.quota_bytes),

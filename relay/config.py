@@ -10,6 +10,15 @@ from typing import Final
 from engram_sync.relay.client_address import ENV_TRUSTED_PROXIES, Network, parse_trusted_proxies
 from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.relay.keys import StaticKey, parse_static_keys
+from engram_sync.relay.scan_admission import (
+    DEFAULT_PER_CLIENT,
+    DEFAULT_VAULT_RUNNING,
+    DEFAULT_VAULT_WAITING,
+    ENV_PER_CLIENT,
+    ENV_VAULT_RUNNING,
+    ENV_VAULT_WAITING,
+    ScanLimits,
+)
 
 DEFAULT_PORT: Final = 8788
 DEFAULT_MAX_BLOB_BYTES: Final = 1_048_576  # PROTOCOL §6 step 2: base64 characters of ciphertext
@@ -18,8 +27,8 @@ DEFAULT_RETENTION_DAYS: Final = 30  # PROTOCOL §12
 DEFAULT_RETIRE_GRACE_DAYS: Final = 30  # PROTOCOL §19: pulls of a retired vault, then erasure
 DEFAULT_RATE: Final = 100  # PROTOCOL §5: requests/second per key
 DEFAULT_PUSH_LANES: Final = 1  # concurrent push transactions per process (relay.push_groups)
-# PROTOCOL §7, §9, §11 (issue 14 item 5): a pull page stops adding blobs once its ciphertext
-# passes this many base64 characters (always at least one blob), so one pull of a vault of
+# PROTOCOL §7, §9, §11 (issue 14 item 5): a cursor pull page holds at most this many base64
+# characters of ciphertext (at least one blob; relay.store.sync), so one pull of a vault of
 # large blobs cannot make the relay hold 1000 of them. Well below the client's 32 MiB
 # page budget (client._sync.relay_client.PULL_PAGE_BUDGET_BYTES) even with one maximal blob over.
 DEFAULT_MAX_PAGE_BYTES: Final = 8 * 1024 * 1024
@@ -74,6 +83,10 @@ class RelayConfig:
     scan_max_running: int = DEFAULT_SCAN_MAX_RUNNING  # ENGRAM_RELAY_SCAN_MAX_RUNNING
     scan_max_waiting: int = DEFAULT_SCAN_MAX_WAITING  # ENGRAM_RELAY_SCAN_MAX_WAITING
     scan_timeout_s: float = DEFAULT_SCAN_TIMEOUT_S  # ENGRAM_RELAY_SCAN_TIMEOUT_S
+    # per vault and per client (key, account, address): relay.scan_admission
+    scan_vault_running: int = DEFAULT_VAULT_RUNNING  # ENGRAM_RELAY_SCAN_VAULT_RUNNING
+    scan_vault_waiting: int = DEFAULT_VAULT_WAITING  # ENGRAM_RELAY_SCAN_VAULT_WAITING
+    scan_max_per_client: int = DEFAULT_PER_CLIENT  # ENGRAM_RELAY_SCAN_MAX_PER_CLIENT
     # ENGRAM_RELAY_LISTEN_DATABASE_URL: where the process's one LISTEN connection goes
     # (PROTOCOL §15), when `database_url` is a transaction pooler (PgBouncer), through
     # which a LISTEN does not survive; None: `database_url` (deploy/SCALING.md §2).
@@ -98,10 +111,9 @@ class RelayConfig:
             raise ValueError("ENGRAM_RELAY_EVENTS_PING_S must be > 0 and <= 3600 seconds")
         if self.events_max_streams < 1:
             raise ValueError("ENGRAM_RELAY_EVENTS_MAX_STREAMS must be >= 1")
-        if self.scan_max_running < 1:
-            raise ValueError("ENGRAM_RELAY_SCAN_MAX_RUNNING must be >= 1")
-        if self.scan_max_waiting < 0:
-            raise ValueError("ENGRAM_RELAY_SCAN_MAX_WAITING must be >= 0")
+        scan_problem = self.scan_limits.problem()
+        if scan_problem:
+            raise ValueError(scan_problem)
         if not 0.001 <= self.scan_timeout_s <= 3600:
             raise ValueError("ENGRAM_RELAY_SCAN_TIMEOUT_S must be >= 0.001 and <= 3600 seconds")
         if self.live_feed not in LIVE_FEED_MODES:
@@ -124,6 +136,17 @@ class RelayConfig:
             )
         if self.max_body_bytes < self.max_blob_bytes + 4096:
             raise ValueError("max_body_bytes must leave room for at least one maximal blob")
+
+    @property
+    def scan_limits(self) -> ScanLimits:
+        """The bounds of whole-vault scans (relay.scan_admission)."""
+        return ScanLimits(
+            self.scan_max_running,
+            self.scan_max_waiting,
+            self.scan_vault_running,
+            self.scan_vault_waiting,
+            self.scan_max_per_client,
+        )
 
     @property
     def listen_url(self) -> str:
@@ -199,6 +222,9 @@ def config_from_env(
         "scan_max_waiting": _env_int(
             source, "ENGRAM_RELAY_SCAN_MAX_WAITING", DEFAULT_SCAN_MAX_WAITING
         ),
+        "scan_vault_running": _env_int(source, ENV_VAULT_RUNNING, DEFAULT_VAULT_RUNNING),
+        "scan_vault_waiting": _env_int(source, ENV_VAULT_WAITING, DEFAULT_VAULT_WAITING),
+        "scan_max_per_client": _env_int(source, ENV_PER_CLIENT, DEFAULT_PER_CLIENT),
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return RelayConfig(

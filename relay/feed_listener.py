@@ -1,7 +1,8 @@
 """The one LISTEN connection of a relay process (PROTOCOL §15).
 
 It listens on `engram_vault_changes` ('<vault_id> <seq>', from every process's pushes),
-`engram_vault_commits` (a small commit's blobs, just before its change: relay.store.feed)
+`engram_vault_commits` (a small commit's blobs as JSON, just before its change:
+relay.store.feed; a payload not ours is ignored, the change that follows still wakes)
 and `engram_vault_revocations` ('<vault_id>'), and hands them to the process's
 `ChangeHub`. Its own connection, not a pooled one (a pooled connection must never keep
 a LISTEN: relay.db.pool), tagged `application_name=engram-relay-listen <pid>` (the
@@ -54,6 +55,7 @@ class FeedListener:
         self._probe_every_s = probe_every_s
         self._task: asyncio.Task[None] | None = None
         self.connections = 0  # connections made so far (the first one included)
+        self.ignored_commits = 0  # COMMITS payloads that were not ours (logged)
 
     def start(self) -> None:
         """Connect in the background (a database down at start-up is retried too)."""
@@ -134,7 +136,16 @@ class FeedListener:
     def _on_commit(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         commit = parse_commit(payload)
         if commit is None:
-            log.warning("commit notification with a bad payload ignored")
+            # Not ours: an older relay's space-separated payload during a rolling upgrade
+            # (docs/live-feed.md "Channels and payloads"), or malformed. Harmless: the
+            # vault's `engram_vault_changes` follows in the same statement and wakes its
+            # waiters, whose devices pull. Logged once, then every 1,000th.
+            self.ignored_commits += 1
+            if self.ignored_commits % 1000 == 1:
+                log.warning(
+                    "commit notification with a payload not ours ignored",
+                    extra={"ignored": self.ignored_commits},
+                )
             return
         self._hub.publish_commits((commit,))
 

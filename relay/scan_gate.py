@@ -7,8 +7,11 @@ key holder asking for them in a loop would otherwise cost the database one vault
 request, bounded only by the per-key rate. So, per relay process (docs/digest.md
 "Bounded scans"):
 
-- at most `running` of them run at once and at most `waiting` more wait, each for at most
-  the time bound; past that a request is answered 503 `busy` at once, with Retry-After;
+- a scan runs or waits only while the process, its vault and each of its clients (key,
+  account, address) have room (`relay.scan_admission`, the decision: per vault at most 1
+  runs and 2 wait, per client 4 places, per process 2 and 8; waiters served round robin
+  across vaults), each waiting for at most the time bound; past that a request is
+  answered 503 `busy` at once, with Retry-After;
 - each runs under PostgreSQL's `statement_timeout` (`SET LOCAL`, so the database itself
   stops it, even when this process is gone); one that passes it is answered 503
   `scan_timeout` with Retry-After. Nothing was changed: the statements only read.
@@ -25,6 +28,16 @@ from typing import Final
 import asyncpg
 
 from engram_sync.relay.errors import RelayError, busy
+from engram_sync.relay.scan_admission import (
+    ENV_PER_CLIENT,
+    ENV_VAULT_RUNNING,
+    ENV_VAULT_WAITING,
+    Refusal,
+    ScanClaim,
+    ScanLimits,
+    ScanQueue,
+    Ticket,
+)
 
 BUSY_RETRY_AFTER_S: Final = 1
 TIMEOUT_RETRY_AFTER_S: Final = 5
@@ -43,11 +56,12 @@ class ScanStats:
 class ScanGate:
     """Per-process admission of whole-vault scans, and their statement timeout."""
 
-    def __init__(self, running: int, waiting: int, timeout_s: float) -> None:
-        if running < 1 or waiting < 0 or not 0 < timeout_s <= 3600:
-            raise ValueError("a scan gate needs running >= 1, waiting >= 0, 0 < timeout <= 3600")
-        self._slots = asyncio.Semaphore(running)
-        self._capacity = running + waiting
+    def __init__(self, limits: ScanLimits, timeout_s: float) -> None:
+        problem = limits.problem()
+        if problem or not 0 < timeout_s <= 3600:
+            raise ValueError(problem or "a scan gate needs 0 < timeout <= 3600")
+        self._queue = ScanQueue(limits)
+        self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self.timeout_s = timeout_s
         self.stats = ScanStats()
 
@@ -60,20 +74,23 @@ class ScanGate:
         """What a scan reads through: `pool` under this gate's statement timeout."""
         return BoundedReader(pool, self.timeout_ms)
 
+    def vault_places(self, vault_id: str) -> tuple[int, int]:
+        """(running, waiting) scans of `vault_id` now (for the tests)."""
+        return self._queue.vault_places(vault_id)
+
     @contextlib.asynccontextmanager
-    async def admit(self) -> AsyncIterator[None]:
-        """A place to run one scan; 503 `busy` when the process holds its cap, or when no
-        slot freed up within the time bound; 503 `scan_timeout` when the database stopped
-        the statement (asyncpg's QueryCanceledError inside the block)."""
-        if self.stats.admitted >= self._capacity:
-            raise self._busy()
+    async def admit(self, claim: ScanClaim) -> AsyncIterator[None]:
+        """A place to run one scan of `claim`; 503 `busy` when a bound of the process, the
+        vault or a client is reached (relay.scan_admission), or when no place freed up
+        within the time bound; 503 `scan_timeout` when the database stopped the statement
+        (asyncpg's QueryCanceledError inside the block)."""
+        ticket = self._queue.offer(claim)
+        if isinstance(ticket, Refusal):
+            raise self._busy(ticket)
         self.stats.admitted += 1
         try:
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    await self._slots.acquire()
-            except TimeoutError:
-                raise self._busy() from None
+            if not ticket.running:
+                await self._wait(ticket)
             try:
                 yield
             except asyncpg.QueryCanceledError:
@@ -87,17 +104,45 @@ class ScanGate:
                     headers={"Retry-After": str(TIMEOUT_RETRY_AFTER_S)},
                 ) from None
             finally:
-                self._slots.release()
+                self._finish(ticket)
         finally:
             self.stats.admitted -= 1
 
-    def _busy(self) -> RelayError:
+    async def _wait(self, ticket: Ticket) -> None:
+        """Until `ticket` runs; 503 `busy` past the time bound (its place given back)."""
+        waiter = self._waiters[ticket] = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await waiter
+        except BaseException as exc:  # the time bound, or the request went away
+            self._waiters.pop(ticket, None)
+            if ticket.running:  # it was let in as it gave up: pass the place on
+                self._finish(ticket)
+            else:
+                self._queue.withdraw(ticket)
+            if isinstance(exc, TimeoutError):
+                raise self._busy(Refusal.PROCESS) from None
+            raise
+
+    def _finish(self, ticket: Ticket) -> None:
+        for started in self._queue.finish(ticket):
+            waiter = self._waiters.pop(started)
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _busy(self, refusal: Refusal) -> RelayError:
         self.stats.refused_busy += 1
-        return busy(
-            "the relay is answering as many whole-vault digest requests as it may "
-            "(ENGRAM_RELAY_SCAN_MAX_RUNNING, ENGRAM_RELAY_SCAN_MAX_WAITING); retry in a moment",
-            BUSY_RETRY_AFTER_S,
-        )
+        return busy(_BUSY[refusal], BUSY_RETRY_AFTER_S)
+
+
+_BUSY: Final = {
+    Refusal.PROCESS: "the relay is answering as many whole-vault digest requests as it may "
+    "(ENGRAM_RELAY_SCAN_MAX_RUNNING, ENGRAM_RELAY_SCAN_MAX_WAITING); retry in a moment",
+    Refusal.VAULT: "this vault has as many whole-vault digest requests running and waiting "
+    f"as it may ({ENV_VAULT_RUNNING}, {ENV_VAULT_WAITING}); retry in a moment",
+    Refusal.CLIENT: "this key, account or client address has as many whole-vault digest "
+    f"requests running and waiting as it may ({ENV_PER_CLIENT}); retry in a moment",
+}
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,11 @@ from litestar.params import FromPath, QueryParameter
 
 from engram_sync.relay.bodies import BODY_OPT, decode_body
 from engram_sync.relay.errors import bad_request
+from engram_sync.relay.keys import Principal
+from engram_sync.relay.routes.account_support import client_ip
 from engram_sync.relay.routes.ids import require_id
 from engram_sync.relay.routes.retire import authorize_until_erased
+from engram_sync.relay.scan_admission import ScanClaim
 from engram_sync.relay.state import relay_state
 from engram_sync.relay.store import digest as store
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
@@ -44,6 +47,12 @@ from engram_sync.shared_format.digest import (
 Flag = Annotated[int, QueryParameter(ge=0, le=1)]
 
 
+def scan_claim(request: Request[Any, Any, Any], vault_id: str, principal: Principal) -> ScanClaim:
+    """A whole-vault scan's claim (PROTOCOL §18; relay.scan_admission): its vault, key,
+    account and client address (X-Forwarded-For believed only from trusted proxies)."""
+    return ScanClaim.of(vault_id, principal.key_id, principal.account_id, client_ip(request))
+
+
 @get("/v1/vaults/{vault_id:str}/digest", tags=["sync"])
 async def digest(
     request: Request[Any, Any, Any],
@@ -56,7 +65,7 @@ async def digest(
 ) -> DigestAnswer:
     """The vault's digest, one bucket's, one bucket's list, or every bucket's (§18)."""
     state = relay_state(request)
-    await authorize_until_erased(request, require_id(vault_id, "vault_id"))  # PROTOCOL §19
+    principal = await authorize_until_erased(request, require_id(vault_id, "vault_id"))  # §19
     pool = state.require_pool()
     if list_ and bucket is None:
         raise bad_request("list=1 needs bucket=B (0..255)", code="invalid_request", field="list")
@@ -83,7 +92,7 @@ async def digest(
     assert bucket is not None
     scans = state.require_scans()  # passes over the whole vault: bounded (relay.scan_gate)
     reader = scans.reader(pool)
-    async with scans.admit():
+    async with scans.admit(scan_claim(request, vault_id, principal)):
         seq, found = await store.bucket_digests(reader, vault_id, bucket)
         mine = found.get(bucket)
         answer_count = mine.count if mine else 0
@@ -113,7 +122,7 @@ async def narrow(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> Na
     8 bytes of each of its 256 sub-bucket digests, the versions of the sub-buckets whose
     digests differ, a page at a time. Auth as pull; one statement, one snapshot."""
     state = relay_state(request)
-    await authorize_until_erased(request, require_id(vault_id, "vault_id"))  # PROTOCOL §19
+    principal = await authorize_until_erased(request, require_id(vault_id, "vault_id"))  # §19
     data = await decode_body(request, NarrowRequest)
     try:
         prefixes = b64decode_std(data.subs)
@@ -125,7 +134,7 @@ async def narrow(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> Na
             code="invalid_request", field="subs",
         )  # fmt: skip
     scans = state.require_scans()  # a pass over the whole vault: bounded (relay.scan_gate)
-    async with scans.admit():
+    async with scans.admit(scan_claim(request, vault_id, principal)):
         found = await store.narrow(
             scans.reader(state.require_pool()),
             vault_id, data.bucket, prefixes, data.after, MAX_NARROW_PAGE,

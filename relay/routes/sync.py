@@ -100,8 +100,9 @@ async def pull(
     """Legacy `since` mode (§7) or the commit-ordered `cursor` mode (§9).
 
     `limit` defaults to 1000 and is capped at 1000; `limit=0` means the default,
-    so it can never answer an empty page that claims `has_more` forever. A page also
-    stops once its ciphertext passes `max_page_bytes` (at least one blob; §11).
+    so it can never answer an empty page that claims `has_more` forever. A cursor
+    page's ciphertext also stays within `max_page_bytes` (at least one blob; a legacy
+    page may pass it by its last blob: relay.store.sync).
     `origin` (additive, docs/pull-origin.md): the cursor this pull began at, against
     which the compaction horizon is checked. `wait=S` (0 < S <= 60, cursor mode only):
     with nothing beyond the cursor, hold the answer until a commit or S seconds (§15).

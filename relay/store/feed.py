@@ -2,8 +2,8 @@
 
 `CHANGES` carries '<vault_id> <seq>' once per vault per commit, sent after the data
 transaction committed (never inside it). `COMMITS` (ours, docs/live-feed.md "Blobs in the
-event") carries '<vault_id> <after> <seq> <blobs JSON>' for a small commit, just before its
-`CHANGES`, so every process can hand the blobs to its `blobs=1` streams without a query.
+event") carries a small commit's JSON object `{"vault_id","after","seq","blobs"}` just before
+its `CHANGES`, so every process can hand the blobs to its `blobs=1` streams without a query.
 `REVOCATIONS` (our addition, docs/live-feed.md) carries '<vault_id>' after a device of
 that vault was revoked, so streams of the vault end without any query while they are idle.
 """
@@ -59,25 +59,62 @@ def encode_blobs(written: Sequence[SyncBlob]) -> bytes | None:
     return msgspec.json.encode(written)
 
 
+class _CommitNote(msgspec.Struct, frozen=True):
+    """The COMMITS payload (docs/live-feed.md "Channels and payloads"): a JSON object, so
+    no vault id (which may hold spaces, brackets, quotes: relay.ids) can be read as another
+    field; it ends with `}`, which an older relay's reader (space-separated fields, the
+    last a JSON array) refuses instead of misreading."""
+
+    vault_id: str
+    after: int
+    seq: int
+    blobs: msgspec.Raw
+
+
+class _ReadNote(msgspec.Struct, frozen=True):
+    """The same payload as read back: the blobs validated against the wire type."""
+
+    vault_id: str
+    after: int
+    seq: int
+    blobs: list[SyncBlob]
+
+
+_NOTE_ENCODER: Final = msgspec.json.Encoder()
+_NOTE_DECODER: Final = msgspec.json.Decoder(_ReadNote)
+
+
 def commit_payload(commit: Commit) -> str | None:
-    """The COMMITS payload of a commit, or None when it has no blobs or would not fit."""
+    """The COMMITS payload of a commit, or None when it has no blobs or would not fit
+    PostgreSQL's NOTIFY payload (the devices then pull, as for a large commit)."""
     if commit.blobs is None:
         return None
-    payload = f"{commit.vault_id} {commit.after} {commit.seq} {commit.blobs.decode()}"
-    return payload if len(payload.encode()) <= MAX_NOTIFY_PAYLOAD else None
+    note = _CommitNote(commit.vault_id, commit.after, commit.seq, msgspec.Raw(commit.blobs))
+    payload = _NOTE_ENCODER.encode(note)
+    return payload.decode() if len(payload) <= MAX_NOTIFY_PAYLOAD else None
 
 
 def parse_commit(payload: str) -> Commit | None:
-    """A COMMITS payload back into its commit (None: not one of ours)."""
-    parts = payload.split(" ", 3)
-    if len(parts) != 4:
+    """A COMMITS payload back into its commit, or None when it is not one of ours (an older
+    relay's payload during a rolling upgrade, or anything malformed). The blobs are decoded
+    as `SyncBlob`s and encoded again, never passed on as the bytes received: each must be
+    of the commit's vault, with a `seq` in (`after`, `seq`], in ascending order."""
+    try:
+        note = _NOTE_DECODER.decode(payload)
+    except msgspec.DecodeError:
         return None
-    vault_id, after, seq, blobs = parts
-    if not (after.isdigit() and seq.isdigit() and blobs.startswith("[") and blobs.endswith("]")):
+    if not note.vault_id or not 0 <= note.after < note.seq or not note.blobs:
         return None
-    if not vault_id or int(after) >= int(seq):
+    if len(note.blobs) > INLINE_MAX_BLOBS:
         return None
-    return Commit(vault_id, int(after), int(seq), blobs.encode())
+    at = note.after
+    for blob in note.blobs:
+        if blob.vault_id != note.vault_id or not isinstance(blob.seq, int):
+            return None
+        if not at < blob.seq <= note.seq:
+            return None
+        at = blob.seq
+    return Commit(note.vault_id, note.after, note.seq, msgspec.json.encode(note.blobs))
 
 
 async def announce(conn: asyncpg.Connection | asyncpg.Pool, commits: Sequence[Commit]) -> None:

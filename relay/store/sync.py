@@ -13,27 +13,45 @@ from engram_sync.relay.store.retire import Retirement, retirement
 from engram_sync.shared_format.wire import SyncBlob
 
 # Both pull modes cap a page by count and by bytes (PROTOCOL §7, §9, §11; issue 14 item
-# 5): of the limit+1 rows in keyset order ($3), a row is on the page while the ciphertext
-# before it stays below the byte budget ($4; `size_bytes` is the ciphertext's length, so
-# the sum detoasts nothing). The first row past the budget comes with a NULL ciphertext
-# and only says `has_more`; rows after it are not sent. So the relay holds at most the
-# budget plus one blob (the row past the limit comes whole only when the page is below
-# the budget), never 1000 large blobs.
+# 5; `max_page_bytes` in /v1/info): of the limit+1 rows in keyset order ($3), rows go on
+# the page while their ciphertext stays within the byte budget ($4; `size_bytes` is the
+# ciphertext's length, so the sum detoasts nothing), and the first row always does. The
+# first row off the page comes with a NULL ciphertext and only says `has_more`; rows after
+# it are not sent.
+# - Cursor mode (§9, every device of ours): a row is on the page while the ciphertext up
+#   to and including it is within the budget, so a page never passes the budget, except a
+#   page of one blob that alone is larger (an operator may set the budget below
+#   ENGRAM_RELAY_MAX_BLOB_BYTES). Before issue 31 a page ended with the blob that crossed
+#   the budget (9.4 MB pages for an 8.4 MB cap).
+# - Legacy `since` mode (§7): a row is on the page while the ciphertext before it is below
+#   the budget, and the first two rows always are, so a page may pass the budget by its
+#   last blob. A `since` reader asks again from its last blob's instant and gets that blob
+#   again, so a page must hold the blob after it too, whatever the sizes, or the reader
+#   would never move on (before issue 31 a blob as large as the budget stopped it there).
+# Either way the relay holds at most the budget plus two blobs, never 1000 large blobs.
 
 
-def _byte_capped(rows: str, order: str) -> str:
-    """`rows` (keyset order `order`, limit+1) cut at the byte budget $4 as described above:
-    the one window both pull modes share. Only constants of this module go in."""
+def _byte_capped(rows: str, order: str, *, within: bool) -> str:
+    """`rows` (keyset order `order`, limit+1) cut at the byte budget $4 as described above
+    (`within`: the cursor mode's rule): the one window both pull modes share. Only
+    constants of this module go in."""
+    if within:
+        on_page, kept = (
+            "n = 1 OR before + size_bytes <= $4::bigint",
+            "n <= 2 OR before <= $4::bigint",
+        )
+    else:
+        on_page, kept = "n <= 2 OR before < $4::bigint", "n <= 3 OR before - previous < $4::bigint"
     return f"""
     SELECT vault_id, memory_id, device_id, vector_clock, hmac, created_at, deleted, seq,
-           CASE WHEN before < $4::bigint THEN ciphertext END AS ciphertext
+           CASE WHEN {on_page} THEN ciphertext END AS ciphertext
     FROM (
         SELECT b.*, sum(size_bytes) OVER w - size_bytes AS before,
-               lag(size_bytes, 1, 0) OVER w AS previous
+               lag(size_bytes, 1, 0) OVER w AS previous, row_number() OVER w AS n
         FROM ({rows}) b
         WINDOW w AS (ORDER BY {order} ROWS UNBOUNDED PRECEDING)
     ) capped
-    WHERE before - previous < $4::bigint
+    WHERE {kept}
     """  # noqa: S608 - constants
 
 
@@ -58,12 +76,12 @@ _SINCE_ROWS = (
 PULL_PAGE = f"""
 SELECT v.seq AS head, v.compacted_through AS horizon, v.retired_at, v.successor,
        v.erase_after, v.erase_after <= now() AS erased, p.*
-FROM vaults v LEFT JOIN ({_byte_capped(_CURSOR_ROWS, "seq")}) p ON true
+FROM vaults v LEFT JOIN ({_byte_capped(_CURSOR_ROWS, "seq", within=True)}) p ON true
 WHERE v.vault_id = $1
 ORDER BY p.seq
 """  # noqa: S608 - constants
 
-_PULL_SINCE = f"""{_byte_capped(_SINCE_ROWS, "created_at_ts, seq")}
+_PULL_SINCE = f"""{_byte_capped(_SINCE_ROWS, "created_at_ts, seq", within=False)}
 ORDER BY created_at_ts, seq
 """
 
@@ -113,7 +131,7 @@ async def pull_by_cursor(
     origin: int | None = None,
 ) -> Page:
     """Blobs with seq > cursor in seq order (PROTOCOL §9), at most `limit` of them and
-    stopping once their ciphertext passes `max_bytes` (at least one blob).
+    their ciphertext within `max_bytes` (at least one blob: `_byte_capped`).
 
     `origin` is the cursor the device began this pull at (an additive parameter,
     docs/pull-origin.md). The compaction horizon is checked against it: a pull that began

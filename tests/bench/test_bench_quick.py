@@ -46,6 +46,7 @@ TARGETS = {
     "digest_find_round_trips",
     "digest_find_bytes",
     "digest_push_overhead",
+    "digest_scan_fairness",
     "jsonl_import_rate",
     "rekey_seconds",
     "rekey_write_refused",
