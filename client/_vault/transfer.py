@@ -40,6 +40,7 @@ from engram_sync.client._vault.store import (
     named_rows,
     new_memory_id,
 )
+from engram_sync.shared_format.ids import check_id
 from engram_sync.shared_format.plaintext import (
     LINK_TYPES,
     SOURCES,
@@ -56,7 +57,6 @@ from engram_sync.shared_format.vault.content_hash import normalized_hash
 DEFAULT_BATCH: Final = 20_000  # memories per import transaction (bench figure 11)
 IMPORT_CACHE_KIB: Final = -262144  # PRAGMA cache_size during an import: 256 MiB (negative = KiB)
 _TAG_TEXTS_KEPT: Final = 10_000  # distinct tag lists whose JSON an import keeps
-MAX_ID_CHARS: Final = 256  # PROTOCOL §6 check 1: a longer id would make every push a 400
 DEFAULT_EMBEDDING_MODEL: Final = "all-MiniLM-L6-v2"
 
 
@@ -195,8 +195,9 @@ def memory_from_fields(line: ImportFields, where: str, now: str) -> ImportMemory
     if not line.content.strip():
         raise ValueError("content is empty")
     memory_id = line.id if line.id is not None else new_memory_id()
-    if not memory_id or len(memory_id) > MAX_ID_CHARS:
-        raise ValueError(f"id must be 1 to {MAX_ID_CHARS} characters")
+    problem = check_id(memory_id, "id")  # PROTOCOL §6 step 1: the relay's own rule
+    if problem:
+        raise ValueError(f"{problem}: no relay accepts it")
     created_at = line.created_at or now
     canonical_created = _canonical(created_at, "created_at")  # kept as written, but checked
     if line.modified_at is None or line.modified_at == created_at:
@@ -252,8 +253,11 @@ def parse_jsonl_line(raw: bytes, where: str, now: str) -> ImportItem | None:
         maybe = b'"deleted"' in raw or b"\\u" in raw
         probe = _decode_probe(raw) if maybe else _NOT_DELETED
         if probe.deleted is True:
-            if not isinstance(probe.id, str) or not probe.id or len(probe.id) > MAX_ID_CHARS:
-                return Invalid(where, "a deletion needs an id of 1 to 256 characters")
+            if not isinstance(probe.id, str):
+                return Invalid(where, "a deletion needs an id")
+            problem = check_id(probe.id, "id")  # PROTOCOL §6 step 1
+            if problem:
+                return Invalid(where, f"{problem}: no relay accepts it")
             stamp = probe.deleted_at if isinstance(probe.deleted_at, str) else now
             return ImportTombstone(probe.id, _canonical(stamp, "deleted_at"), where)
         return memory_from_fields(_decode_line(raw), where, now)
