@@ -13,7 +13,7 @@ from typing import IO, Annotated, Final
 import typer
 
 from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
-from engram_sync.client._vault.notes import markdown_files, note_items
+from engram_sync.client._vault.notes import NoteFiles, markdown_files, note_items
 from engram_sync.client._vault.transfer import (
     DEFAULT_BATCH,
     Importer,
@@ -159,22 +159,23 @@ def _import_path(importer: Importer, source: str, split_headings: bool) -> Impor
     if not path.exists():
         raise CliError(f"no such file or folder: {path}")
     if path.is_dir() or path.suffix.lower() in MARKDOWN_SUFFIXES:
-        files = markdown_files(path)
-        if not files:
-            raise CliError(f"no Markdown notes (*.md) under {path}")
-        with _bar(len(files), "notes") as advance:
-            return importer.feed_all(_notes(files, path, split_headings, advance))
+        notes = markdown_files(path)
+        if not notes.files:
+            skipped = f" ({len(notes.skipped)} skipped: links are not followed)"
+            raise CliError(
+                f"no Markdown notes (*.md) under {path}{skipped if notes.skipped else ''}"
+            )
+        with _bar(len(notes.files), "notes") as advance:
+            return importer.feed_all(_notes(notes, split_headings, advance))
     with path.open("rb") as handle, _bar(path.stat().st_size, "importing") as advance:
         return importer.feed_all(jsonl_items(_bytes_counted(handle, advance)))
 
 
-def _notes(
-    files: list[Path], root: Path, split_headings: bool, advance: Advance
-) -> Iterator[ImportItem]:
-    base = root if root.is_dir() else root.parent
-    for path in files:
-        label = str(path.relative_to(base))
-        yield from note_items(path, split_headings=split_headings, label=label)
+def _notes(notes: NoteFiles, split_headings: bool, advance: Advance) -> Iterator[ImportItem]:
+    yield from notes.skipped  # issue 31: links not followed, named in the summary
+    for relative in notes.files:
+        label = str(relative)
+        yield from note_items(notes.root, relative, split_headings=split_headings, label=label)
         advance(1)
 
 

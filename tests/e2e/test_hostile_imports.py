@@ -1,0 +1,149 @@
+"""Import files are hostile input, and an export may land in a shared folder (issue 31):
+through the real `engram-sync` executable on real SQLCipher vaults, each attack next to
+its honest case.
+
+- ids the relay refuses (control characters) are invalid lines, from JSONL and from
+  another vault, never memories that block every push (finding 6);
+- a Markdown folder's symbolic links, to files or folders, are not followed, and are
+  named in the summary (finding 5);
+- `export -o FILE` never writes through a file or link someone else put at a fixed temp
+  name, and lands 0600 (finding 10);
+- a JSONL line past the cap is an invalid line, read in bounded pieces (finding 11).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from engram_sync.shared_format.vault import open_vault
+from tests.e2e.test_import_export_cli import PASSPHRASE, cli, ok
+
+
+def _contents(vault: Path) -> dict[str, str]:
+    with open_vault(vault, PASSPHRASE) as opened:
+        return dict(opened.conn.execute("SELECT id, content FROM engrams"))
+
+
+# --- finding 6: ids the relay refuses are invalid lines ---------------------------------------
+
+
+def test_jsonl_ids_with_control_characters_are_invalid_lines(tmp_path: Path) -> None:
+    vault = tmp_path / "v"
+    ok(cli(vault, "init"))
+    lines = [
+        {"id": "mem_good", "content": "an honest memory"},
+        {"id": "mem_bad\x07bell", "content": "a bell in the id"},
+        {"id": "mem_bad\nnewline", "content": "a newline in the id"},
+        {"deleted": True, "id": "mem_gone\x00"},
+        {"deleted": True, "id": "mem_gone_honestly"},
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    result = cli(vault, "import", "-", "--json", stdin=text)
+    summary = json.loads(ok(result))
+    assert (summary["added"], summary["deletions"]) == (1, 1)
+    assert [i["where"] for i in summary["invalid"]] == ["line 2", "line 3", "line 4"]
+    assert all("control characters" in i["reason"] for i in summary["invalid"])
+    assert _contents(vault) == {"mem_good": "an honest memory"}
+
+
+def test_from_vault_rows_with_bad_ids_are_reported_not_imported(tmp_path: Path) -> None:
+    source, target = tmp_path / "source", tmp_path / "target"
+    ok(cli(source, "init"))
+    ok(cli(target, "init"))
+    ok(cli(source, "add", "an honest memory"))
+    with open_vault(source, PASSPHRASE) as opened:  # as another tool would write it
+        opened.conn.execute(
+            "INSERT INTO engrams (id, layer, content, context, created_at, tags, modified_at)"
+            " VALUES ('mem_bad\x1b[31m', 'episodic', 'an escape in the id', '{}',"
+            " '2026-05-05T05:05:05.000000+00:00', '[]', '2026-05-05T05:05:05.000000+00:00')"
+        )
+    result = cli(target, "import", "--from-vault", str(source), "--json",
+                 env={"ENGRAM_SOURCE_PASSPHRASE": PASSPHRASE})  # fmt: skip
+    summary = json.loads(ok(result))
+    assert summary["added"] == 1
+    assert len(summary["invalid"]) == 1
+    assert "control characters" in summary["invalid"][0]["reason"]
+    assert list(_contents(target).values()) == ["an honest memory"]
+
+
+# --- finding 5: a notes folder's links are not followed ---------------------------------------
+
+SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- not for the team"
+
+
+def _notes_folder(tmp_path: Path) -> Path:
+    """notes/ with two honest notes, a link to a private key, a link to a folder outside, a
+    link to a note inside, and a FIFO named like a note."""
+    ssh = tmp_path / "home" / ".ssh"
+    ssh.mkdir(parents=True)
+    (ssh / "id_ed25519").write_text(SECRET + "\n", encoding="utf-8")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "other.md").write_text("a note outside the folder\n", encoding="utf-8")
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "honest.md").write_text("an honest note\n", encoding="utf-8")
+    (notes / "sub" / "inner.md").write_text("an inner note\n", encoding="utf-8")
+    (notes / "leak.md").symlink_to(ssh / "id_ed25519")
+    (notes / "elsewhere").symlink_to(outside, target_is_directory=True)
+    (notes / "sub" / "again.md").symlink_to(notes / "honest.md")
+    os.mkfifo(notes / "pipe.md")
+    return notes
+
+
+def test_a_notes_folder_follows_no_symbolic_link(tmp_path: Path) -> None:
+    vault = tmp_path / "v"
+    ok(cli(vault, "init"))
+    notes = _notes_folder(tmp_path)
+    result = cli(vault, "import", str(notes))
+    out = ok(result)
+    assert "added 2" in out
+    assert "4 invalid" in out
+    shown = result.stderr
+    for name in ("leak.md", "elsewhere", "sub/again.md"):
+        assert f"invalid: {name}: a symbolic link: not followed" in shown, shown
+    assert "invalid: pipe.md: not a regular file" in shown
+    contents = _contents(vault).values()
+    assert sorted(contents) == ["an honest note", "an inner note"]  # the honest case
+    assert not any("PRIVATE KEY" in text or "outside" in text for text in contents)
+
+    as_json = json.loads(ok(cli(vault, "import", str(notes), "--json", "--dry-run")))
+    assert {i["where"] for i in as_json["invalid"]} == {
+        "elsewhere", "leak.md", "pipe.md", "sub/again.md"
+    }  # fmt: skip
+
+
+def test_a_folder_of_nothing_but_links_says_so(tmp_path: Path) -> None:
+    vault = tmp_path / "v"
+    ok(cli(vault, "init"))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (tmp_path / "key").write_text(SECRET, encoding="utf-8")
+    (notes / "leak.md").symlink_to(tmp_path / "key")
+    refused = cli(vault, "import", str(notes))
+    assert refused.returncode == 1
+    assert "1 skipped: links are not followed" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert _contents(vault) == {}
+
+
+def test_a_folder_swapped_for_a_link_after_the_listing_is_not_read(tmp_path: Path) -> None:
+    # an internal test: the race between listing and reading cannot be driven through the CLI
+    from engram_sync.client._vault.notes import LINK_SKIPPED, markdown_files, note_items
+    from engram_sync.client._vault.transfer import ImportMemory, Invalid
+
+    notes = _notes_folder(tmp_path)
+    listed = markdown_files(notes)
+    assert Path("sub/inner.md") in listed.files
+    (notes / "sub" / "inner.md").unlink()
+    (notes / "sub" / "again.md").unlink()
+    (notes / "sub").rmdir()
+    (notes / "sub").symlink_to(tmp_path / "home" / ".ssh", target_is_directory=True)
+    (tmp_path / "home" / ".ssh" / "inner.md").write_text(SECRET, encoding="utf-8")
+    items = list(note_items(listed.root, Path("sub/inner.md"), split_headings=False, label="x"))
+    assert items == [Invalid("x", LINK_SKIPPED)]
+    honest = list(note_items(listed.root, Path("honest.md"), split_headings=False, label="h"))
+    assert isinstance(honest[0], ImportMemory)
+    assert honest[0].memory.content == "an honest note"
