@@ -12,6 +12,7 @@ from typing import IO, Annotated, Final
 
 import typer
 
+from engram_sync.client._atomic import atomic_text_file
 from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
 from engram_sync.client._vault.notes import NoteFiles, markdown_files, note_items
 from engram_sync.client._vault.transfer import (
@@ -65,7 +66,7 @@ def export_command(
             count = _write_lines(sys.stdout, lines)
             sys.stdout.flush()
         else:
-            with _private_file(output) as handle:
+            with atomic_text_file(output) as handle:  # 0600: it holds the memories in clear
                 count = _write_lines(handle, lines)
             err.print(f"exported {count} line(s) to {output}")
 
@@ -77,23 +78,6 @@ def _write_lines(handle: IO[str], lines: Iterable[str]) -> int:
         handle.write("\n")
         count += 1
     return count
-
-
-@contextmanager
-def _private_file(path: Path) -> Iterator[IO[str]]:
-    """`path` written 0600 (it holds the memories in clear), replaced only when complete."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def import_command(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 from engram_sync.shared_format.vault import open_vault
@@ -147,3 +148,50 @@ def test_a_folder_swapped_for_a_link_after_the_listing_is_not_read(tmp_path: Pat
     honest = list(note_items(listed.root, Path("honest.md"), split_headings=False, label="h"))
     assert isinstance(honest[0], ImportMemory)
     assert honest[0].memory.content == "an honest note"
+
+
+# --- finding 10: export -o FILE in a shared folder --------------------------------------------
+
+
+def _shared_export_folder(tmp_path: Path) -> tuple[Path, Path]:
+    vault = tmp_path / "v"
+    ok(cli(vault, "init"))
+    ok(cli(vault, "add", "a memory in clear text"))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # a sticky, world-writable folder, as /tmp
+    return vault, shared
+
+
+def _landed(path: Path) -> None:
+    """The honest result: the export itself, a regular file, 0600."""
+    assert not path.is_symlink()
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert json.loads(path.read_text(encoding="utf-8"))["content"] == "a memory in clear text"
+
+
+def test_export_never_writes_into_a_temp_file_someone_else_made(tmp_path: Path) -> None:
+    vault, shared = _shared_export_folder(tmp_path)
+    planted = shared / ".out.jsonl.tmp"  # another user's file at the old fixed temp name,
+    planted.write_text("planted\n", encoding="utf-8")
+    planted.chmod(0o666)
+    with planted.open(encoding="utf-8") as watcher:  # ... which they keep open to read
+        assert "exported 1 line(s)" in ok_err(cli(vault, "export", "-o", str(shared / "out.jsonl")))
+        assert watcher.read() == "planted\n"  # not truncated, nothing written into it
+    _landed(shared / "out.jsonl")
+    assert {p.name for p in shared.iterdir()} == {"out.jsonl", ".out.jsonl.tmp"}
+
+
+def test_export_never_writes_through_a_link_at_its_temp_name(tmp_path: Path) -> None:
+    vault, shared = _shared_export_folder(tmp_path)
+    loot = shared / "loot"  # a file the other user can read
+    loot.write_text("loot\n", encoding="utf-8")
+    (shared / ".out.jsonl.tmp").symlink_to(loot)
+    ok(cli(vault, "export", "-o", str(shared / "out.jsonl")))
+    assert loot.read_text(encoding="utf-8") == "loot\n"  # not written through the link
+    _landed(shared / "out.jsonl")
+
+
+def ok_err(result: subprocess.CompletedProcess[str]) -> str:
+    ok(result)
+    return result.stderr
