@@ -17,9 +17,12 @@ from engram_sync.client._cli.support import CliError, err, open_session, out, pr
 from engram_sync.client._vault.notes import NoteFiles, markdown_files, note_items
 from engram_sync.client._vault.transfer import (
     DEFAULT_BATCH,
+    MAX_LINE_BYTES,
     Importer,
     ImportItem,
     ImportSummary,
+    LineTooLong,
+    bounded_lines,
     export_lines,
     jsonl_items,
     vault_items,
@@ -116,6 +119,15 @@ def import_command(
         int, typer.Option("--batch", help="Memories per transaction.", min=1, metavar="N")
     ] = DEFAULT_BATCH,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    max_line_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-line-bytes",
+            help="JSONL: a longer line is reported invalid and skipped, never read whole.",
+            min=1,
+            metavar="N",
+        ),
+    ] = MAX_LINE_BYTES,
 ) -> None:
     """Import memories; duplicates (same id, or same content hash) are skipped.
 
@@ -131,14 +143,17 @@ def import_command(
             summary = _import_vault(importer, from_vault.expanduser(), session.path)
         else:
             assert source is not None
-            summary = _import_path(importer, source, split_headings)
+            summary = _import_path(importer, source, split_headings, max_line_bytes)
     _report(summary, dry_run, json_out)
 
 
-def _import_path(importer: Importer, source: str, split_headings: bool) -> ImportSummary:
+def _import_path(
+    importer: Importer, source: str, split_headings: bool, max_line: int
+) -> ImportSummary:
     if source == "-":
+        lines = bounded_lines(sys.stdin.buffer, max_line)  # issue 31: no line read whole
         with _bar(None, "importing") as advance:
-            return importer.feed_all(_counted(jsonl_items(sys.stdin.buffer), advance))
+            return importer.feed_all(_counted(jsonl_items(lines), advance))
     path = Path(source).expanduser()
     if not path.exists():
         raise CliError(f"no such file or folder: {path}")
@@ -152,7 +167,7 @@ def _import_path(importer: Importer, source: str, split_headings: bool) -> Impor
         with _bar(len(notes.files), "notes") as advance:
             return importer.feed_all(_notes(notes, split_headings, advance))
     with path.open("rb") as handle, _bar(path.stat().st_size, "importing") as advance:
-        return importer.feed_all(jsonl_items(_bytes_counted(handle, advance)))
+        return importer.feed_all(jsonl_items(_bytes_counted(handle, max_line, advance)))
 
 
 def _notes(notes: NoteFiles, split_headings: bool, advance: Advance) -> Iterator[ImportItem]:
@@ -206,10 +221,12 @@ def _counted(items: Iterator[ImportItem], advance: Advance) -> Iterator[ImportIt
     advance(count)
 
 
-def _bytes_counted(handle: IO[bytes], advance: Advance) -> Iterator[bytes]:
+def _bytes_counted(
+    handle: IO[bytes], max_line: int, advance: Advance
+) -> Iterator[bytes | LineTooLong]:
     size = 0
-    for number, line in enumerate(handle, start=1):
-        size += len(line)
+    for number, line in enumerate(bounded_lines(handle, max_line), start=1):
+        size += line.size if isinstance(line, LineTooLong) else len(line)
         if number % PROGRESS_EVERY == 0:
             advance(size)
             size = 0

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import IO, Any, Final
 
 import msgspec
 
@@ -58,6 +58,12 @@ DEFAULT_BATCH: Final = 20_000  # memories per import transaction (bench figure 1
 IMPORT_CACHE_KIB: Final = -262144  # PRAGMA cache_size during an import: 256 MiB (negative = KiB)
 _TAG_TEXTS_KEPT: Final = 10_000  # distinct tag lists whose JSON an import keeps
 DEFAULT_EMBEDDING_MODEL: Final = "all-MiniLM-L6-v2"
+# issue 31: a JSONL line longer than this is an invalid line, never read whole (one 150 MB
+# line took 1.29 GB to read and gave a memory no relay accepts: a blob's ciphertext is at
+# most about 1 MiB, PROTOCOL §6 step 2, and an export line of such a memory with a
+# 384-value embedding is far below 16 MiB)
+MAX_LINE_BYTES: Final = 16 * 1024 * 1024
+_SKIP_CHUNK: Final = 1024 * 1024  # bytes read at a time past a line that is too long
 
 
 # --- export ----------------------------------------------------------------------------------
@@ -267,10 +273,41 @@ def parse_jsonl_line(raw: bytes, where: str, now: str) -> ImportItem | None:
         return Invalid(where, "JSON nested too deeply")
 
 
-def jsonl_items(lines: Iterable[bytes], first_line: int = 1) -> Iterator[ImportItem]:
+@dataclass(frozen=True)
+class LineTooLong:
+    """A line longer than the cap, read past without keeping it."""
+
+    size: int  # its bytes, the newline not counted
+    limit: int
+
+
+def bounded_lines(handle: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[bytes | LineTooLong]:
+    """The lines of `handle` (newline kept), each read holding at most `limit` + 1 bytes: a
+    longer line is read past in chunks of 1 MiB and comes as a LineTooLong (issue 31)."""
+    while True:
+        line = handle.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        size, rest = len(line), line
+        while rest and not rest.endswith(b"\n"):
+            rest = handle.readline(_SKIP_CHUNK)
+            size += len(rest)
+        yield LineTooLong(size - rest.endswith(b"\n"), limit)
+
+
+def jsonl_items(lines: Iterable[bytes | LineTooLong], first_line: int = 1) -> Iterator[ImportItem]:
     """Import items of JSONL input, numbered from `first_line`."""
     now = utc_now_rfc3339()
     for number, raw in enumerate(lines, start=first_line):
+        if isinstance(raw, LineTooLong):
+            yield Invalid(
+                f"line {number}",
+                f"{raw.size} bytes, longer than the {raw.limit} a line may have: skipped",
+            )
+            continue
         item = parse_jsonl_line(raw, f"line {number}", now)
         if item is not None:
             yield item

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from engram_sync.shared_format.vault import open_vault
-from tests.e2e.test_import_export_cli import PASSPHRASE, cli, ok
+from tests.e2e.test_import_export_cli import EXE, PASSPHRASE, cli, ok
 
 
 def _contents(vault: Path) -> dict[str, str]:
@@ -195,3 +195,72 @@ def test_export_never_writes_through_a_link_at_its_temp_name(tmp_path: Path) -> 
 def ok_err(result: subprocess.CompletedProcess[str]) -> str:
     ok(result)
     return result.stderr
+
+
+# --- finding 11: a JSONL line is never read whole ---------------------------------------------
+
+
+def test_a_line_past_the_cap_is_an_invalid_line_and_the_rest_imports(tmp_path: Path) -> None:
+    vault = tmp_path / "v"
+    ok(cli(vault, "init"))
+    cap = 1000
+
+    def line(text: str, size: int) -> bytes:
+        """A valid JSONL memory of exactly `size` bytes, the newline not counted."""
+        head = json.dumps({"content": text + " "}).encode()[:-2]
+        return head + b"x" * (size - len(head) - 2) + b'"}'
+
+    at_cap, past_cap = line("exactly at the cap", cap), line("one byte too long", cap + 1)
+    assert (len(at_cap), len(past_cap)) == (cap, cap + 1)
+    source = tmp_path / "lines.jsonl"
+    source.write_bytes(
+        b'{"content": "first"}\n' + past_cap + b"\n" + at_cap + b"\n" + b'{"content": "fourth"}\n'
+        + line("last, too long, without a newline", 5 * cap)
+    )  # fmt: skip
+    for args in ([str(source)], ["-"]):
+        stdin = source.read_text(encoding="utf-8") if args == ["-"] else None
+        result = cli(vault, "import", *args, "--max-line-bytes", str(cap), "--json",
+                     "--dry-run", stdin=stdin)  # fmt: skip
+        summary = json.loads(ok(result))
+        assert summary["added"] == 3  # first, the line at the cap, fourth: the honest case
+        assert [(i["where"], i["reason"]) for i in summary["invalid"]] == [
+            ("line 2", f"{cap + 1} bytes, longer than the {cap} a line may have: skipped"),
+            ("line 5", f"{5 * cap} bytes, longer than the {cap} a line may have: skipped"),
+        ]
+
+
+def _peak_rss_kib(vault: Path, *args: str, stdin: Path) -> tuple[int, str]:
+    """Run the CLI and return its own peak resident size (KiB) and its stdout."""
+    env = dict(os.environ, ENGRAM_PASSPHRASE=PASSPHRASE)
+    env.pop("ENGRAM_VAULT", None)
+    with stdin.open("rb") as feed:
+        child = subprocess.Popen(
+            [EXE, "--vault", str(vault), *args], stdin=feed, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        assert child.stdout is not None
+        out = child.stdout.read().decode()
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+    assert child.returncode == 0, out
+    return usage.ru_maxrss, out
+
+
+def test_a_huge_line_is_read_in_bounded_pieces_with_the_default_cap(tmp_path: Path) -> None:
+    vault = tmp_path / "v"
+    ok(cli(vault, "init"))
+    small = tmp_path / "small.jsonl"
+    small.write_text('{"content": "a small memory"}\n', encoding="utf-8")
+    huge = tmp_path / "huge.jsonl"
+    with huge.open("wb") as handle:  # 64 MiB of one JSON line, then an honest one
+        handle.write(b'{"content": "')
+        for _ in range(64):
+            handle.write(b"x" * (1024 * 1024))
+        handle.write(b'"}\n{"content": "after the huge line"}\n')
+    baseline, _ = _peak_rss_kib(vault, "import", "-", "--dry-run", "--json", stdin=small)
+    peak, out = _peak_rss_kib(vault, "import", "-", "--dry-run", "--json", stdin=huge)
+    summary = json.loads(out)
+    assert summary["added"] == 1
+    assert [i["where"] for i in summary["invalid"]] == ["line 1"]
+    # the cap (16 MiB) and a chunk, not the line (64 MiB): well under 48 MiB above a small run
+    assert peak - baseline < 48 * 1024, (baseline, peak)
