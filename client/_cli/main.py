@@ -486,8 +486,9 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")
         if key == "skipped_blobs":
             out.print(f"skipped_blobs: {len(value)}")
             for s in value[-10:]:
-                out.print(
-                    f"  {s['memory_id']} from {s['device_id']} @{s['vector_clock']}: {s['reason']}",
+                out.print(  # ids as the relay sent them: escaped (issue 31)
+                    f"  {shown_id(s['memory_id'])} from {shown_id(s['device_id'])}"
+                    f" @{s['vector_clock']}: {s['reason']}",
                     markup=False,
                 )
         else:

@@ -499,6 +499,9 @@ class Syncer:
         """Verify → decrypt → decode → LWW → apply (PROTOCOL §3, §4, §8). True if verified."""
         if blob.vault_id != self.vault_id:
             return self._skip(blob, "blob names another vault", report)
+        refusal = id_refusal(blob.memory_id)
+        if refusal is not None:  # PROTOCOL §6 step 1: no honest relay holds it (issue 31)
+            return self._skip(blob, refusal.reason, report)
         try:
             text = self.cipher.open(blob)
             decoded = decode_plaintext(text, expected_id=blob.memory_id)

@@ -6,18 +6,33 @@ import checked ids, or by another tool writing engrams.db): `engram-sync sync` t
 the real CLI and the real relay process pushes every other memory, names the refused one
 in one line, keeps it in the vault, exits 3, and the next sync is not wedged. Behind the
 lying proxy, a relay with a stricter rule than ours (a 400 `invalid_blob` naming a blob by
-its index) gets the same treatment: that blob is kept local, the rest pushed.
+its index) gets the same treatment: that blob is kept local, the rest pushed; and a
+pulled blob with such an id (a lying relay and a key holder) is skipped, never applied,
+and `status` shows its id escaped.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import uuid
 from pathlib import Path
+from typing import Any
 
+import msgspec
+
+from engram_sync.client._vault import store
+from engram_sync.shared_format.blob import BlobCipher
+from engram_sync.shared_format.padding import pad_plaintext
+from engram_sync.shared_format.plaintext import encode_memory
 from engram_sync.shared_format.vault import open_vault
+from tests.e2e.conftest import DeviceHandle
+from tests.e2e.helpers import add, contents
 from tests.e2e.hostile.conftest import Scene
 from tests.e2e.hostile.proxy import Answer, Exchange
-from tests.e2e.test_import_export_cli import PASSPHRASE, cli, ok
+from tests.e2e.hostile.test_forged_pages import inject
+from tests.e2e.test_import_export_cli import EXE, PASSPHRASE, cli, ok
 from tests.relay.conftest import ADMIN_KEY
 
 BAD_ID = "mem_bad\x07id"  # a BEL: the relay refuses control characters in ids
@@ -154,3 +169,51 @@ def test_a_blob_a_stricter_relay_refuses_by_index_is_kept_and_the_rest_pushed(
     # the relay takes it after all (the rule was once): the next sync pushes it
     again = json.loads(ok(cli(alpha, "sync", "--json")))
     assert (again["pushed"], again["unpushable"]) == (1, [])
+
+
+def _sealed(scene: Scene, handle: DeviceHandle, memory_id: str, content: str) -> dict[str, Any]:
+    """A blob that verifies under the vault's keys (a key holder made it), for any id."""
+    with handle.open() as session:
+        cipher = BlobCipher(session.keys)
+        (shape,) = store.list_memories(session.vault.conn)
+    memory = msgspec.structs.replace(shape, id=memory_id, content=content)
+    blob = cipher.seal(
+        pad_plaintext(encode_memory(memory)),
+        vault_id=scene.vault_id, memory_id=memory_id, device_id=str(uuid.uuid4()),
+        vector_clock=7, deleted=False,
+    )  # fmt: skip
+    return msgspec.to_builtins(blob)  # type: ignore[no-any-return]
+
+
+def _status(handle: DeviceHandle, *args: str) -> str:
+    env = dict(os.environ, ENGRAM_PASSPHRASE=handle.passphrase)
+    env.pop("ENGRAM_VAULT", None)
+    result = subprocess.run(
+        [EXE, "--vault", str(handle.path), "status", *args],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    return ok(result)
+
+
+def test_a_pulled_blob_with_a_bad_id_is_skipped_and_shown_escaped(scene: Scene) -> None:
+    alpha = scene.device("alpha")
+    add(alpha, "a memory to copy the shape of")
+    alpha.restart()
+    evil = "mem_evil\x1b[2J"
+    honest, forged = (
+        _sealed(scene, alpha, "mem_honest_injected", "an honest injected memory"),
+        _sealed(scene, alpha, evil, "a memory whose id no relay accepts"),
+    )
+    scene.proxy.on("GET", r"/pull$", inject(honest, forged), times=1)
+    report = alpha.sync()
+    alpha.restart()
+    assert (report.applied, report.invalid) == (1, 1)  # the honest one applies
+    assert set(contents(alpha).values()) == {
+        "a memory to copy the shape of", "an honest injected memory"
+    }  # fmt: skip
+    status = _status(alpha)
+    assert "'mem_evil\\x1b[2J'" in status
+    assert "\x1b" not in status
+    skipped = json.loads(_status(alpha, "--json"))["skipped_blobs"]
+    assert [s["memory_id"] for s in skipped] == [evil]
+    assert "control characters" in skipped[0]["reason"]
