@@ -227,22 +227,26 @@ def markdown_files(named: Path) -> NoteFiles:
     return notes
 
 
-def _walk(notes: NoteFiles, relative: Path) -> None:
-    try:
-        with os.scandir(notes.root / relative) as listing:
-            entries = list(listing)
-    except OSError as exc:
-        notes.skipped.append(Invalid(str(relative), f"cannot list: {exc.strerror or exc}"))
-        return
-    for entry in entries:
-        path = relative / entry.name
-        if entry.is_symlink():
-            if entry.name.endswith(".md") or entry.is_dir():  # is_dir: where it points
-                notes.skipped.append(Invalid(str(path), LINK_SKIPPED))
-        elif entry.is_dir(follow_symlinks=False):
-            _walk(notes, path)
-        elif entry.name.endswith(".md"):
-            if entry.is_file(follow_symlinks=False):
-                notes.files.append(path)
-            else:
-                notes.skipped.append(Invalid(str(path), NOT_A_FILE))
+def _walk(notes: NoteFiles, top: Path) -> None:
+    # a stack, not recursion: a folder nested thousands deep is hostile input too
+    pending = [top]
+    while pending:
+        relative = pending.pop()
+        try:
+            with os.scandir(notes.root / relative) as listing:
+                entries = list(listing)
+        except OSError as exc:
+            notes.skipped.append(Invalid(str(relative), f"cannot list: {exc.strerror or exc}"))
+            continue
+        for entry in entries:
+            path = relative / entry.name
+            if entry.is_symlink():
+                if entry.name.endswith(".md") or entry.is_dir():  # is_dir: where it points
+                    notes.skipped.append(Invalid(str(path), LINK_SKIPPED))
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append(path)
+            elif entry.name.endswith(".md"):
+                if entry.is_file(follow_symlinks=False):
+                    notes.files.append(path)
+                else:
+                    notes.skipped.append(Invalid(str(path), NOT_A_FILE))

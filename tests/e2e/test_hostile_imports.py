@@ -264,3 +264,24 @@ def test_a_huge_line_is_read_in_bounded_pieces_with_the_default_cap(tmp_path: Pa
     assert [i["where"] for i in summary["invalid"]] == ["line 1"]
     # the cap (16 MiB) and a chunk, not the line (64 MiB): well under 48 MiB above a small run
     assert peak - baseline < 48 * 1024, (baseline, peak)
+
+
+def test_a_folder_nested_1200_deep_imports_without_recursion(tmp_path: Path) -> None:
+    vault = tmp_path / "v"
+    ok(cli(vault, "init"))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "top.md").write_text("the top note\n", encoding="utf-8")
+    fd = os.open(notes, os.O_RDONLY)
+    try:  # 1,200 levels: past Python's default recursion limit (paths relative to a fd)
+        for _ in range(1200):
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        with os.fdopen(os.open("deep.md", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), "w") as f:
+            f.write("the deepest note\n")
+    finally:
+        os.close(fd)
+    summary = json.loads(ok(cli(vault, "import", str(notes), "--json")))
+    assert summary["added"] == 2, summary
