@@ -13,6 +13,7 @@ its honest case.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -266,15 +267,14 @@ def test_a_huge_line_is_read_in_bounded_pieces_with_the_default_cap(tmp_path: Pa
     assert peak - baseline < 48 * 1024, (baseline, peak)
 
 
-def test_a_folder_nested_1200_deep_imports_without_recursion(tmp_path: Path) -> None:
-    vault = tmp_path / "v"
-    ok(cli(vault, "init"))
-    notes = tmp_path / "notes"
-    notes.mkdir()
-    (notes / "top.md").write_text("the top note\n", encoding="utf-8")
+DEPTH = 1200  # past Python's default recursion limit
+
+
+def _deep_folder(notes: Path) -> None:
+    """notes/d/d/.../d/deep.md, DEPTH levels, made with paths relative to a descriptor."""
     fd = os.open(notes, os.O_RDONLY)
-    try:  # 1,200 levels: past Python's default recursion limit (paths relative to a fd)
-        for _ in range(1200):
+    try:
+        for _ in range(DEPTH):
             os.mkdir("d", dir_fd=fd)
             inner = os.open("d", os.O_RDONLY, dir_fd=fd)
             os.close(fd)
@@ -283,5 +283,38 @@ def test_a_folder_nested_1200_deep_imports_without_recursion(tmp_path: Path) -> 
             f.write("the deepest note\n")
     finally:
         os.close(fd)
-    summary = json.loads(ok(cli(vault, "import", str(notes), "--json")))
+
+
+def _remove_deep_folder(notes: Path) -> None:
+    """Undo `_deep_folder` without recursion (shutil.rmtree, and so pytest's clean-up of old
+    temporary folders, recurses once per level and would fail on it)."""
+    fds = [os.open(notes, os.O_RDONLY)]
+    try:
+        while True:
+            try:
+                fds.append(os.open("d", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fds[-1]))
+            except FileNotFoundError:
+                break
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink("deep.md", dir_fd=fds[-1])
+        while len(fds) > 1:
+            os.close(fds.pop())
+            os.rmdir("d", dir_fd=fds[-1])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_a_folder_nested_1200_deep_imports_without_recursion(tmp_path: Path) -> None:
+    vault = tmp_path / "v"
+    ok(cli(vault, "init"))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "top.md").write_text("the top note\n", encoding="utf-8")
+    _deep_folder(notes)
+    try:
+        summary = json.loads(ok(cli(vault, "import", str(notes), "--json")))
+    finally:
+        _remove_deep_folder(notes)
     assert summary["added"] == 2, summary
+    assert not (notes / "d").exists()
