@@ -1,27 +1,32 @@
-"""Crash-safe small JSON files: write a temp file, fsync it, rename, fsync the directory."""
+"""Crash-safe files: write a temp file of its own, fsync it, rename, fsync the directory."""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
-def write_json_atomic(path: Path, payload: Any, mode: int = 0o600) -> None:
-    """Replace `path` with `payload` as JSON so a crash leaves the old or the new file.
+@contextmanager
+def atomic_text_file(path: Path, mode: int = 0o600) -> Iterator[IO[str]]:
+    """A text handle whose content replaces `path` once the block ends without an error
+    (a crash or an error leaves the old file, or none).
 
-    The temp file has a name of its own per write, so two writers never rename each
-    other's file away (the last rename wins; client._sync.lock keeps syncs apart).
+    The temp file is made by mkstemp in `path`'s directory (O_CREAT|O_EXCL, a random
+    name, 0600 from the start), so it is never a file or link someone else put there
+    first (issue 31), and two writers never rename each other's file away (the last
+    rename wins; client._sync.lock keeps syncs apart).
     """
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     tmp = Path(name)
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, sort_keys=True, ensure_ascii=False)
-            handle.write("\n")
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -33,6 +38,13 @@ def write_json_atomic(path: Path, payload: Any, mode: int = 0o600) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def write_json_atomic(path: Path, payload: Any, mode: int = 0o600) -> None:
+    """Replace `path` with `payload` as JSON so a crash leaves the old or the new file."""
+    with atomic_text_file(path, mode) as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True, ensure_ascii=False)
+        handle.write("\n")
 
 
 def read_json(path: Path) -> Any:

@@ -9,6 +9,8 @@ from typing import Any, Final
 
 import msgspec
 
+from engram_sync.shared_format.ids import check_id
+
 BODY_EXCERPT_CHARS: Final = 200
 
 
@@ -72,6 +74,17 @@ class ResyncRequiredError(RelayError):
     def __init__(self, message: str, *, horizon: int | None = None) -> None:
         super().__init__(409, "resync_required", message)
         self.horizon = horizon
+
+
+class InvalidBlobError(RelayError):
+    """400 `invalid_blob`: the relay refused a whole push for one structurally invalid blob
+    (PROTOCOL §6 step 1), nothing written; `index` is that blob's place in the batch (None
+    when the answer did not say), `reason` the relay's words."""
+
+    def __init__(self, message: str, *, index: int | None, reason: str) -> None:
+        super().__init__(400, "invalid_blob", message)
+        self.index = index
+        self.reason = reason
 
 
 class RateLimitedError(RelayError):
@@ -157,15 +170,10 @@ def _quota_error(inner: dict[str, Any]) -> QuotaExceededError:
     return QuotaExceededError(one_line(message), detail=detail, limit=limit or 0, used=used or 0)
 
 
-MAX_VAULT_ID_CHARS: Final = 256  # PROTOCOL §6 step 1
-
-
 def vault_id_hint(value: Any) -> str | None:
-    """A vault id a relay named (a successor, PROTOCOL §19) if it could be one: text of
-    1..256 characters without control characters; None for anything else."""
-    if not isinstance(value, str) or not value or len(value) > MAX_VAULT_ID_CHARS:
-        return None
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+    """A vault id a relay named (a successor, PROTOCOL §19) if it could be one: text the
+    id rule of §6 step 1 accepts (shared_format.ids); None for anything else."""
+    if not isinstance(value, str) or check_id(value, "vault id") is not None:
         return None
     return value
 
@@ -205,6 +213,13 @@ def relay_error(status: int, body: bytes, *, retry_after: float | None = None) -
     if status == 409 and code == "resync_required":
         horizon = _int(parsed.get("horizon")) if parsed is not None else None
         return ResyncRequiredError(message, horizon=horizon)
+    if status == 400 and code == "invalid_blob" and parsed is not None:
+        reason = parsed.get("reason")
+        return InvalidBlobError(
+            message,
+            index=_int(parsed.get("index")),
+            reason=one_line(reason)[:BODY_EXCERPT_CHARS] if isinstance(reason, str) else message,
+        )
     if status == 429:
         return RateLimitedError(code, message, retry_after=retry_after)
     if status == 410 and code == "vault_retired":

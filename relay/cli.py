@@ -24,12 +24,12 @@ from engram_sync.relay.connections import limits_from_env
 from engram_sync.relay.db.citus import CitusError
 from engram_sync.relay.db.failures import DatabaseFailureError
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.ids import check_id
 from engram_sync.relay.logs import configure_logging
 from engram_sync.relay.runtime import database, default_relay_dir, save_admin_key
 from engram_sync.relay.serving import PortInUseError, export_for_workers, open_listeners, serve_app
 from engram_sync.relay.store import devices
 from engram_sync.relay.store import keys as key_store
+from engram_sync.shared_format.ids import check_id
 from engram_sync.shared_format.wire import DeviceEntry
 
 log = logging.getLogger("engram_sync.relay.cli")

@@ -13,8 +13,8 @@ from typing import TypeVar
 import asyncpg
 
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.ids import check_id
 from engram_sync.relay.runtime import database
+from engram_sync.shared_format.ids import check_id
 
 T = TypeVar("T")
 

@@ -13,10 +13,10 @@ from datetime import datetime
 from typing import NamedTuple
 
 from engram_sync.relay.domain_errors import BatchTooLargeError, EmptyBatchError, InvalidBlobError
-from engram_sync.relay.ids import check_id
 from engram_sync.relay.instants import parse_storable
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std
 from engram_sync.shared_format.blob import HMAC_LEN, MIN_CIPHERTEXT_BYTES
+from engram_sync.shared_format.ids import check_id
 from engram_sync.shared_format.wire import SyncBlob
 
 

@@ -68,7 +68,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("module", "line", "contract"),
     [
-        ("shared_format/b64.py", "import engram_sync.relay.ids", PURE),
+        ("shared_format/b64.py", "import engram_sync.relay.instants", PURE),
         ("shared_format/b64.py", "from engram_sync.client._sync import config", PURE),
         ("shared_format/wire.py", "import httpx", PURE),
         ("shared_format/vault/schema.py", "import asyncpg", PURE),
@@ -77,12 +77,12 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("shared_format/kdf.py", "import psycopg", PURE),
         ("shared_format/kdf.py", "import uvicorn", PURE),
         ("shared_format/kdf.py", "import alembic", PURE),
-        ("relay/ids.py", "import engram_sync.client._sync.config", INDEPENDENT),
-        ("client/_sync/config.py", "from engram_sync.relay import ids", INDEPENDENT),
+        ("relay/instants.py", "import engram_sync.client._sync.config", INDEPENDENT),
+        ("client/_sync/config.py", "from engram_sync.relay import instants", INDEPENDENT),
         ("relay/store/sync.py", "import litestar", HTTP_FREE),
         ("relay/push_groups.py", "from engram_sync.relay.routes import ids", HTTP_FREE),
-        # indirect: relay.store.push -> relay.push_rules -> relay.ids -> relay.errors
-        ("relay/ids.py", "from engram_sync.relay.errors import bad_request", HTTP_FREE),
+        # indirect: relay.store.push -> relay.push_rules -> relay.instants -> relay.errors
+        ("relay/instants.py", "from engram_sync.relay.errors import bad_request", HTTP_FREE),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(

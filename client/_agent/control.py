@@ -29,7 +29,7 @@ from engram_sync.client._agent.messages import (
     read_reply,
     send,
 )
-from engram_sync.client._agent.paths import socket_path
+from engram_sync.client._agent.paths import ensure_agent_dir, socket_path
 from engram_sync.client._agent.peer import peer_allowed
 
 CONNECT_TIMEOUT_S: Final = 0.5
@@ -107,8 +107,10 @@ def _agent_env() -> dict[str, str]:
 def start_agent(idle_timeout_s: float) -> None:
     """Start the detached agent unless one is running; returns once it listens.
 
-    AgentStartError when it does not say `ready` (or `running`) in time.
+    AgentStartError when it does not say `ready` (or `running`) in time; AgentDirError,
+    before anything starts, when its directory is not safe (someone else's, a link).
     """
+    ensure_agent_dir()  # the agent checks it too, but only this process can say why
     process = subprocess.Popen(  # noqa: S603 - our own interpreter and module, fixed argv
         [sys.executable, "-m", AGENT_MODULE, "--timeout", repr(idle_timeout_s)],
         stdin=subprocess.DEVNULL,

@@ -72,19 +72,41 @@ def socket_path() -> Path:
     return agent_dir() / SOCKET_NAME
 
 
+_WHAT_TO_DO: Final = (
+    "remove it (as its owner or root), or set XDG_RUNTIME_DIR to a directory of your own"
+)
+
+
+def agent_dir_problem(directory: Path, info: os.stat_result, uid: int) -> str | None:
+    """Why the agent must not use `directory` (its lstat `info`), as one line saying
+    what to do; None when it is a directory of user `uid`."""
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        return (
+            f"the key agent's directory {directory} is not a directory (a link or a file): "
+            f"refusing to use it; {_WHAT_TO_DO}"
+        )
+    if info.st_uid != uid:
+        return (
+            f"the key agent's directory {directory} belongs to another user "
+            f"(uid {info.st_uid}): refusing to use it; {_WHAT_TO_DO}"
+        )
+    return None
+
+
 def ensure_agent_dir() -> Path:
     """Make the agent's directory 0700 (or check the one there) and return it.
 
-    AgentDirError when it exists but is a link, not a directory, or another user's.
+    AgentDirError when it exists but is a link, not a directory, or another user's
+    (`agent_dir_problem`). `engram-sync unlock` calls it before it starts the agent, so
+    the person reads why (issue 31); the agent calls it again before it listens.
     """
     directory = agent_dir()
     with contextlib.suppress(FileExistsError):
         directory.mkdir(mode=DIR_MODE)
     info = directory.lstat()
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise AgentDirError(f"{directory} is not a directory: refusing to run the agent there")
-    if info.st_uid != os.getuid():
-        raise AgentDirError(f"{directory} belongs to another user: refusing to use it")
+    problem = agent_dir_problem(directory, info, os.getuid())
+    if problem is not None:
+        raise AgentDirError(problem)
     if stat.S_IMODE(info.st_mode) != DIR_MODE:
         os.chmod(directory, DIR_MODE)
     return directory

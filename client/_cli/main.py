@@ -48,6 +48,7 @@ from engram_sync.client._errors import (
 from engram_sync.client._session import NotLinkedError, VaultSession
 from engram_sync.client._sync.config import DEFAULT_INTERVAL_SECS, load_sync_config
 from engram_sync.client._sync.device import ClockExhaustedError
+from engram_sync.client._sync.unpushable import shown_id
 from engram_sync.client._vault import conflicts as conflict_ops
 from engram_sync.client._vault.store import add_memory as store_add
 from engram_sync.client._vault.store import (
@@ -324,6 +325,7 @@ def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] 
             report = _run_sync(session, show_progress=not json_out and err.is_terminal)
     if json_out:
         print_json(_report_dict(report))
+        _exit_if_unpushable(report)
         return
     parts = [f"pulled {report.pulled} (applied {report.applied}), pushed {report.pushed}"]
     notice = _repair_notice(report)
@@ -336,6 +338,27 @@ def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] 
     if report.oversized:
         parts.append(f"{len(report.oversized)} memory(ies) too large to sync")
     out.print(", ".join(parts), markup=False)
+    for refused in report.unpushable[:SHOWN_UNPUSHABLE]:
+        err.print(
+            f"not pushed: memory {shown_id(refused.memory_id)}: {refused.reason}; it stays in "
+            "this vault only (add its content again with `engram-sync add`, then delete it)",
+            markup=False,
+        )
+    if len(report.unpushable) > SHOWN_UNPUSHABLE:
+        err.print(f"  ... and {len(report.unpushable) - SHOWN_UNPUSHABLE} more not pushed")
+    _exit_if_unpushable(report)
+
+
+#: issue 31: the memories a sync names as not pushed (one line each); the rest are counted
+SHOWN_UNPUSHABLE: Final = 20
+#: the exit status of a sync that ran but kept memories local the relay refuses (issue 31)
+EXIT_UNPUSHABLE: Final = 3
+
+
+def _exit_if_unpushable(report: SyncReport) -> None:
+    """A sync that pushed everything else but set memories aside ends with its own status."""
+    if report.unpushable:
+        raise typer.Exit(EXIT_UNPUSHABLE)
 
 
 @app.command()
@@ -463,8 +486,9 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")
         if key == "skipped_blobs":
             out.print(f"skipped_blobs: {len(value)}")
             for s in value[-10:]:
-                out.print(
-                    f"  {s['memory_id']} from {s['device_id']} @{s['vector_clock']}: {s['reason']}",
+                out.print(  # ids as the relay sent them: escaped (issue 31)
+                    f"  {shown_id(s['memory_id'])} from {shown_id(s['device_id'])}"
+                    f" @{s['vector_clock']}: {s['reason']}",
                     markup=False,
                 )
         else:

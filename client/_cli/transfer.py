@@ -12,13 +12,17 @@ from typing import IO, Annotated, Final
 
 import typer
 
+from engram_sync.client._atomic import atomic_text_file
 from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
-from engram_sync.client._vault.notes import markdown_files, note_items
+from engram_sync.client._vault.notes import NoteFiles, markdown_files, note_items
 from engram_sync.client._vault.transfer import (
     DEFAULT_BATCH,
+    MAX_LINE_BYTES,
     Importer,
     ImportItem,
     ImportSummary,
+    LineTooLong,
+    bounded_lines,
     export_lines,
     jsonl_items,
     vault_items,
@@ -65,7 +69,7 @@ def export_command(
             count = _write_lines(sys.stdout, lines)
             sys.stdout.flush()
         else:
-            with _private_file(output) as handle:
+            with atomic_text_file(output) as handle:  # 0600: it holds the memories in clear
                 count = _write_lines(handle, lines)
             err.print(f"exported {count} line(s) to {output}")
 
@@ -77,23 +81,6 @@ def _write_lines(handle: IO[str], lines: Iterable[str]) -> int:
         handle.write("\n")
         count += 1
     return count
-
-
-@contextmanager
-def _private_file(path: Path) -> Iterator[IO[str]]:
-    """`path` written 0600 (it holds the memories in clear), replaced only when complete."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def import_command(
@@ -132,6 +119,15 @@ def import_command(
         int, typer.Option("--batch", help="Memories per transaction.", min=1, metavar="N")
     ] = DEFAULT_BATCH,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    max_line_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-line-bytes",
+            help="JSONL: a longer line is reported invalid and skipped, never read whole.",
+            min=1,
+            metavar="N",
+        ),
+    ] = MAX_LINE_BYTES,
 ) -> None:
     """Import memories; duplicates (same id, or same content hash) are skipped.
 
@@ -147,34 +143,38 @@ def import_command(
             summary = _import_vault(importer, from_vault.expanduser(), session.path)
         else:
             assert source is not None
-            summary = _import_path(importer, source, split_headings)
+            summary = _import_path(importer, source, split_headings, max_line_bytes)
     _report(summary, dry_run, json_out)
 
 
-def _import_path(importer: Importer, source: str, split_headings: bool) -> ImportSummary:
+def _import_path(
+    importer: Importer, source: str, split_headings: bool, max_line: int
+) -> ImportSummary:
     if source == "-":
+        lines = bounded_lines(sys.stdin.buffer, max_line)  # issue 31: no line read whole
         with _bar(None, "importing") as advance:
-            return importer.feed_all(_counted(jsonl_items(sys.stdin.buffer), advance))
+            return importer.feed_all(_counted(jsonl_items(lines), advance))
     path = Path(source).expanduser()
     if not path.exists():
         raise CliError(f"no such file or folder: {path}")
     if path.is_dir() or path.suffix.lower() in MARKDOWN_SUFFIXES:
-        files = markdown_files(path)
-        if not files:
-            raise CliError(f"no Markdown notes (*.md) under {path}")
-        with _bar(len(files), "notes") as advance:
-            return importer.feed_all(_notes(files, path, split_headings, advance))
+        notes = markdown_files(path)
+        if not notes.files:
+            skipped = f" ({len(notes.skipped)} skipped: links are not followed)"
+            raise CliError(
+                f"no Markdown notes (*.md) under {path}{skipped if notes.skipped else ''}"
+            )
+        with _bar(len(notes.files), "notes") as advance:
+            return importer.feed_all(_notes(notes, split_headings, advance))
     with path.open("rb") as handle, _bar(path.stat().st_size, "importing") as advance:
-        return importer.feed_all(jsonl_items(_bytes_counted(handle, advance)))
+        return importer.feed_all(jsonl_items(_bytes_counted(handle, max_line, advance)))
 
 
-def _notes(
-    files: list[Path], root: Path, split_headings: bool, advance: Advance
-) -> Iterator[ImportItem]:
-    base = root if root.is_dir() else root.parent
-    for path in files:
-        label = str(path.relative_to(base))
-        yield from note_items(path, split_headings=split_headings, label=label)
+def _notes(notes: NoteFiles, split_headings: bool, advance: Advance) -> Iterator[ImportItem]:
+    yield from notes.skipped  # issue 31: links not followed, named in the summary
+    for relative in notes.files:
+        label = str(relative)
+        yield from note_items(notes.root, relative, split_headings=split_headings, label=label)
         advance(1)
 
 
@@ -221,10 +221,12 @@ def _counted(items: Iterator[ImportItem], advance: Advance) -> Iterator[ImportIt
     advance(count)
 
 
-def _bytes_counted(handle: IO[bytes], advance: Advance) -> Iterator[bytes]:
+def _bytes_counted(
+    handle: IO[bytes], max_line: int, advance: Advance
+) -> Iterator[bytes | LineTooLong]:
     size = 0
-    for number, line in enumerate(handle, start=1):
-        size += len(line)
+    for number, line in enumerate(bounded_lines(handle, max_line), start=1):
+        size += line.size if isinstance(line, LineTooLong) else len(line)
         if number % PROGRESS_EVERY == 0:
             advance(size)
             size = 0

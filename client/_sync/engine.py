@@ -20,6 +20,7 @@ from msgspec import UnsetType
 from engram_sync.client._errors import (
     AnswerTooLargeError,
     DeviceRevokedError,
+    InvalidBlobError,
     RelayMisbehavedError,
     ResyncRequiredError,
     SyncError,
@@ -33,6 +34,7 @@ from engram_sync.client._sync.own_pushes import OwnSkip, own_commit_end, refuted
 from engram_sync.client._sync.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
 from engram_sync.client._sync.retirement import note_retired, retired_error
 from engram_sync.client._sync.state import SkippedBlob, SyncState
+from engram_sync.client._sync.unpushable import Unpushable, id_refusal, refused_index
 from engram_sync.client._vault.keys import key_source
 from engram_sync.client._vault.store import (
     KnownVersion,
@@ -100,6 +102,9 @@ class SyncReport:
     repushed: int = 0  # versions the relay lacked, queued again by a reconcile
     cursor: int = 0
     oversized: list[str] = field(default_factory=list)
+    # issue 31 (client._sync.unpushable): memories kept local because the relay refuses
+    # their blob as structurally invalid (PROTOCOL §6 step 1), e.g. an id it refuses
+    unpushable: list[Unpushable] = field(default_factory=list)
     # PROTOCOL §18: the anti-entropy check at the end of the sync (None: the relay does not
     # offer the digest, or the sync was told not to check)
     digest: DigestReport | None = None
@@ -494,6 +499,9 @@ class Syncer:
         """Verify → decrypt → decode → LWW → apply (PROTOCOL §3, §4, §8). True if verified."""
         if blob.vault_id != self.vault_id:
             return self._skip(blob, "blob names another vault", report)
+        refusal = id_refusal(blob.memory_id)
+        if refusal is not None:  # PROTOCOL §6 step 1: no honest relay holds it (issue 31)
+            return self._skip(blob, refusal.reason, report)
         try:
             text = self.cipher.open(blob)
             decoded = decode_plaintext(text, expected_id=blob.memory_id)
@@ -623,6 +631,10 @@ class Syncer:
     def _push_rows(self, rows: list[sqlite3.Row], report: SyncReport) -> None:
         items: list[tuple[str, str, str | None]] = []  # (id, plaintext, modified_at)
         for row in rows:
+            refusal = id_refusal(row["id"])  # PROTOCOL §6 step 1: the batch would be a 400
+            if refusal is not None:
+                self._set_aside(refusal, report)
+                continue
             text = encode_memory(row_to_plaintext(self.vault.conn, row))
             if _ciphertext_chars(padded_size(text)) > self._blob_limit():  # PROTOCOL §16
                 if row["id"] not in report.oversized:
@@ -632,10 +644,19 @@ class Syncer:
         self._push_batch(items, deleted=False, report=report)
 
     def _push_tombstones(self, tombs: list[PendingTombstone], report: SyncReport) -> None:
-        items: list[tuple[str, str, str | None]] = [
-            (t.memory_id, tombstone_plaintext(t.memory_id), t.deleted_at) for t in tombs
-        ]
+        items: list[tuple[str, str, str | None]] = []
+        for t in tombs:
+            refusal = id_refusal(t.memory_id)  # PROTOCOL §6 step 1, as for rows
+            if refusal is not None:
+                self._set_aside(refusal, report)
+                continue
+            items.append((t.memory_id, tombstone_plaintext(t.memory_id), t.deleted_at))
         self._push_batch(items, deleted=True, report=report)
+
+    @staticmethod
+    def _set_aside(refusal: Unpushable, report: SyncReport) -> None:
+        if all(u.memory_id != refusal.memory_id for u in report.unpushable):
+            report.unpushable.append(refusal)
 
     def _push_batch(
         self, items: list[tuple[str, str, str | None]], *, deleted: bool, report: SyncReport
@@ -654,7 +675,22 @@ class Syncer:
             )
             for (memory_id, text, _), clock in zip(items, clocks, strict=True)
         ]
-        response = self.relay.push(self.vault_id, blobs)
+        items = list(items)
+        while True:
+            try:
+                response = self.relay.push(self.vault_id, blobs)
+                break
+            except InvalidBlobError as exc:
+                # PROTOCOL §6 step 1: nothing was written; the blob named is kept local and
+                # reported, the others go again with the clocks they have (issue 31)
+                index = refused_index(exc.index, len(blobs))
+                if index is None:
+                    raise
+                refused = Unpushable(items[index][0], f"the relay refused it: {exc.reason}")
+                self._set_aside(refused, report)
+                del items[index], blobs[index], clocks[index]
+                if not items:
+                    return
         if self._push_shows_restore(response):
             self.state.full_pull = True  # PROTOCOL §17: the next pull re-pulls and repairs
             self.state.save()

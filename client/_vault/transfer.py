@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import IO, Any, Final
 
 import msgspec
 
@@ -40,6 +40,7 @@ from engram_sync.client._vault.store import (
     named_rows,
     new_memory_id,
 )
+from engram_sync.shared_format.ids import check_id
 from engram_sync.shared_format.plaintext import (
     LINK_TYPES,
     SOURCES,
@@ -56,8 +57,13 @@ from engram_sync.shared_format.vault.content_hash import normalized_hash
 DEFAULT_BATCH: Final = 20_000  # memories per import transaction (bench figure 11)
 IMPORT_CACHE_KIB: Final = -262144  # PRAGMA cache_size during an import: 256 MiB (negative = KiB)
 _TAG_TEXTS_KEPT: Final = 10_000  # distinct tag lists whose JSON an import keeps
-MAX_ID_CHARS: Final = 256  # PROTOCOL §6 check 1: a longer id would make every push a 400
 DEFAULT_EMBEDDING_MODEL: Final = "all-MiniLM-L6-v2"
+# issue 31: a JSONL line longer than this is an invalid line, never read whole (one 150 MB
+# line took 1.29 GB to read and gave a memory no relay accepts: a blob's ciphertext is at
+# most about 1 MiB, PROTOCOL §6 step 2, and an export line of such a memory with a
+# 384-value embedding is far below 16 MiB)
+MAX_LINE_BYTES: Final = 16 * 1024 * 1024
+_SKIP_CHUNK: Final = 1024 * 1024  # bytes read at a time past a line that is too long
 
 
 # --- export ----------------------------------------------------------------------------------
@@ -195,8 +201,9 @@ def memory_from_fields(line: ImportFields, where: str, now: str) -> ImportMemory
     if not line.content.strip():
         raise ValueError("content is empty")
     memory_id = line.id if line.id is not None else new_memory_id()
-    if not memory_id or len(memory_id) > MAX_ID_CHARS:
-        raise ValueError(f"id must be 1 to {MAX_ID_CHARS} characters")
+    problem = check_id(memory_id, "id")  # PROTOCOL §6 step 1: the relay's own rule
+    if problem:
+        raise ValueError(f"{problem}: no relay accepts it")
     created_at = line.created_at or now
     canonical_created = _canonical(created_at, "created_at")  # kept as written, but checked
     if line.modified_at is None or line.modified_at == created_at:
@@ -252,8 +259,11 @@ def parse_jsonl_line(raw: bytes, where: str, now: str) -> ImportItem | None:
         maybe = b'"deleted"' in raw or b"\\u" in raw
         probe = _decode_probe(raw) if maybe else _NOT_DELETED
         if probe.deleted is True:
-            if not isinstance(probe.id, str) or not probe.id or len(probe.id) > MAX_ID_CHARS:
-                return Invalid(where, "a deletion needs an id of 1 to 256 characters")
+            if not isinstance(probe.id, str):
+                return Invalid(where, "a deletion needs an id")
+            problem = check_id(probe.id, "id")  # PROTOCOL §6 step 1
+            if problem:
+                return Invalid(where, f"{problem}: no relay accepts it")
             stamp = probe.deleted_at if isinstance(probe.deleted_at, str) else now
             return ImportTombstone(probe.id, _canonical(stamp, "deleted_at"), where)
         return memory_from_fields(_decode_line(raw), where, now)
@@ -263,10 +273,41 @@ def parse_jsonl_line(raw: bytes, where: str, now: str) -> ImportItem | None:
         return Invalid(where, "JSON nested too deeply")
 
 
-def jsonl_items(lines: Iterable[bytes], first_line: int = 1) -> Iterator[ImportItem]:
+@dataclass(frozen=True)
+class LineTooLong:
+    """A line longer than the cap, read past without keeping it."""
+
+    size: int  # its bytes, the newline not counted
+    limit: int
+
+
+def bounded_lines(handle: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[bytes | LineTooLong]:
+    """The lines of `handle` (newline kept), each read holding at most `limit` + 1 bytes: a
+    longer line is read past in chunks of 1 MiB and comes as a LineTooLong (issue 31)."""
+    while True:
+        line = handle.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        size, rest = len(line), line
+        while rest and not rest.endswith(b"\n"):
+            rest = handle.readline(_SKIP_CHUNK)
+            size += len(rest)
+        yield LineTooLong(size - rest.endswith(b"\n"), limit)
+
+
+def jsonl_items(lines: Iterable[bytes | LineTooLong], first_line: int = 1) -> Iterator[ImportItem]:
     """Import items of JSONL input, numbered from `first_line`."""
     now = utc_now_rfc3339()
     for number, raw in enumerate(lines, start=first_line):
+        if isinstance(raw, LineTooLong):
+            yield Invalid(
+                f"line {number}",
+                f"{raw.size} bytes, longer than the {raw.limit} a line may have: skipped",
+            )
+            continue
         item = parse_jsonl_line(raw, f"line {number}", now)
         if item is not None:
             yield item

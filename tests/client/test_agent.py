@@ -215,8 +215,28 @@ def test_an_unsafe_agent_directory_is_refused(user: Env) -> None:
     (user.runtime / "engram-sync").symlink_to(target)
     refused = user.cli("unlock", passphrase=PASSPHRASE, vault=vault)
     assert refused.returncode == 1
-    assert "did not start" in refused.stderr
+    assert "is not a directory (a link or a file): refusing to use it" in refused.stderr
     assert not any(target.iterdir())
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a directory another uid owns needs root")
+def test_a_squatted_agent_directory_says_whose_it_is_and_what_to_do(user: Env) -> None:
+    # issue 31: another user made the agent's directory first (a shared runtime directory)
+    vault = new_vault(user)
+    squatted = user.runtime / "engram-sync"
+    squatted.mkdir(mode=0o777)
+    os.chown(squatted, 65534, 65534)
+    refused = user.cli("unlock", passphrase=PASSPHRASE, vault=vault)
+    assert refused.returncode == 1
+    (line,) = refused.stderr.splitlines()  # one line, no traceback
+    assert f"{squatted} belongs to another user (uid 65534): refusing to use it" in line
+    assert "set XDG_RUNTIME_DIR to a directory of your own" in line
+    assert not any(squatted.iterdir())  # no socket or lock made in it
+    assert agent_pid() is None
+    # the honest case: once it is gone, unlock makes its own and works
+    squatted.rmdir()
+    ok(user.cli("unlock", passphrase=PASSPHRASE, vault=vault))
+    assert squatted.stat().st_uid == os.getuid()
 
 
 def test_idle_timeout_ends_the_agent(user: Env) -> None:
