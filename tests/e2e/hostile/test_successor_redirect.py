@@ -23,8 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engram_sync.client._accounts import account
 from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.client._sync.successor import (
+    UnprovenSuccessorError,
+    join_with_account,
+    join_with_handoff,
+)
 from engram_sync.shared_format.b64 import b64encode_std
 from engram_sync.shared_format.successor_statement import make_statement
 from tests.e2e.conftest import DeviceHandle
@@ -191,6 +198,12 @@ def test_a_relay_named_successor_without_a_statement_of_p_is_not_followed(
         answer = http.post(f"/v1/vaults/{p}/retire", json={"successor": t})
     assert answer.status_code == 200, answer.text
     _assert_refused(_sync(alice), alice)
+    with alice.device.open() as session:  # the library checks it first too (not only the CLI)
+        with pytest.raises(UnprovenSuccessorError, match=f"vault {p} was replaced by vault {t}"):
+            join_with_account(session, PASSWORD)
+        with pytest.raises(UnprovenSuccessorError):
+            join_with_handoff(session)
+    alice.device.restart()
 
     # nothing for T was minted or fetched by the account, nothing of P reached T
     asked = scene.proxy.log[before:]
