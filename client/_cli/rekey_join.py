@@ -28,7 +28,7 @@ from engram_sync.client._sync.successor import (
     join_with_passphrase,
     successor_hint,
     successor_proved,
-    unproven_message,
+    unproven_what,
 )
 from engram_sync.shared_format.errors import WrongPassphraseError
 
@@ -133,7 +133,7 @@ def _check_before_password(session: VaultSession, named: str | None) -> str | No
     hint = successor_hint(session)
     if named is not None or hint is None or successor_proved(session, hint):
         return named
-    if not _confirm(unproven_message(session.config.vault_id or "?", hint)):
+    if not _confirm(unproven_what(session.config.vault_id or "?", hint)):
         raise UnprovenSuccessorError(session.config.vault_id or "?", hint)
     return hint
 

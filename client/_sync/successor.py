@@ -153,7 +153,7 @@ def _require_proof(
                 f"{successor}: nothing was switched; check the vault id"
             )
         return proved
-    asked = confirm is not None and confirm(unproven_message(old, successor))
+    asked = confirm is not None and confirm(unproven_what(old, successor))
     if not may_follow(proved, successor, named=None, confirmed=asked):
         raise UnprovenSuccessorError(old, successor)
     return False

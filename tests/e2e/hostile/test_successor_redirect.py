@@ -15,6 +15,7 @@ P's key, is followed through the same machinery.
 from __future__ import annotations
 
 import os
+import pty
 import secrets
 import subprocess
 import sys
@@ -109,6 +110,26 @@ def _sync(alice: Alice, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _sync_on_a_terminal(alice: Alice, answer: str) -> tuple[int, str]:
+    """`sync` with stdin on a pseudo-terminal, answering the question with `answer`."""
+    master, replica = pty.openpty()
+    env = dict(
+        os.environ,
+        ENGRAM_PASSPHRASE=LAPTOP,
+        ENGRAM_ACCOUNT_PASSWORD=PASSWORD,
+        HOME=str(alice.device.path.parent / "home"),
+    )
+    with subprocess.Popen(
+        [EXE, "--vault", str(alice.device.path), "sync"], env=env, stdin=replica,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    ) as proc:  # fmt: skip
+        os.close(replica)
+        os.write(master, answer.encode() + b"\n")
+        said, _ = proc.communicate(timeout=180)
+    os.close(master)
+    return proc.returncode, said
+
+
 def _lie_on_pull(scene: Scene, old: str, said: dict[str, Any]) -> None:
     def retired(value: dict[str, Any]) -> None:
         value["retired"] = {"erase_after": ERASE, **said}
@@ -198,6 +219,11 @@ def test_a_relay_named_successor_without_a_statement_of_p_is_not_followed(
         answer = http.post(f"/v1/vaults/{p}/retire", json={"successor": t})
     assert answer.status_code == 200, answer.text
     _assert_refused(_sync(alice), alice)
+    code, said = _sync_on_a_terminal(alice, "n")  # a person on a terminal is asked
+    assert code == 1, said
+    assert f"warning: the relay says vault {p} was replaced by vault {t}" in said
+    assert "Switch this device to it anyway?" in said
+    assert "Traceback" not in said
     with alice.device.open() as session:  # the library checks it first too (not only the CLI)
         with pytest.raises(UnprovenSuccessorError, match=f"vault {p} was replaced by vault {t}"):
             join_with_account(session, PASSWORD)
