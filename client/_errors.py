@@ -51,11 +51,22 @@ class VaultRetiredError(RelayError):
     """410 `vault_retired`: the vault was re-keyed and retired (PROTOCOL §19); pushes to it are
     refused from then on. `successor` is the relay's hint of the vault that replaced it (None
     when it named none, or named something that is not a vault id): only a hint, the device
-    switches to it only with a key it obtained itself (client._sync.retirement)."""
+    switches to it only with a key it obtained itself (client._sync.retirement), and only
+    once `statement` (with `stated_at`, the successor statement of §19's last bullet)
+    verifies under the old vault's hmac key (client._sync.successor)."""
 
-    def __init__(self, message: str, *, successor: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        successor: str | None = None,
+        statement: str | None = None,
+        stated_at: str | None = None,
+    ) -> None:
         super().__init__(410, "vault_retired", message)
         self.successor = successor
+        self.statement = statement
+        self.stated_at = stated_at
 
 
 class QuotaExceededError(RelayError):
@@ -178,6 +189,17 @@ def vault_id_hint(value: Any) -> str | None:
     return value
 
 
+MAX_STATEMENT_CHARS: Final = 128  # PROTOCOL §19: base64 of a 32-byte MAC is 44
+
+
+def statement_hint(value: Any) -> str | None:
+    """A successor statement or its `stated_at` as a relay sent it (PROTOCOL §19), if it
+    is short text; None for anything else. Only checked for validity by the follower."""
+    if not isinstance(value, str) or not value or len(value) > MAX_STATEMENT_CHARS:
+        return None
+    return value
+
+
 def _parsed(body: bytes) -> dict[str, Any] | None:
     try:
         value = msgspec.json.decode(body)
@@ -223,6 +245,11 @@ def relay_error(status: int, body: bytes, *, retry_after: float | None = None) -
     if status == 429:
         return RateLimitedError(code, message, retry_after=retry_after)
     if status == 410 and code == "vault_retired":
-        successor = vault_id_hint(parsed.get("successor")) if parsed is not None else None
-        return VaultRetiredError(message, successor=successor)
+        said = parsed if parsed is not None else {}
+        return VaultRetiredError(
+            message,
+            successor=vault_id_hint(said.get("successor")),
+            statement=statement_hint(said.get("statement")),  # PROTOCOL §19
+            stated_at=statement_hint(said.get("stated_at")),
+        )
     return RelayError(status, code, message)

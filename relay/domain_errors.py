@@ -99,12 +99,21 @@ class ResyncRequiredError(DomainError):
 class VaultRetiredError(PushRefusedError):
     """PROTOCOL §19: the vault was retired; pushes (and new keys, handoff requests and
     pairing codes, and every route once the grace period is over) are refused 410 with
-    the successor the retire named (a hint: clients never trust it)."""
+    the successor the retire named (a hint: clients never trust it) and the successor
+    statement the retire stored (§19: the follower checks it; opaque to the relay)."""
 
-    def __init__(self, vault_id: str, successor: str | None) -> None:
+    def __init__(
+        self,
+        vault_id: str,
+        successor: str | None,
+        statement: str | None = None,
+        stated_at: str | None = None,
+    ) -> None:
         super().__init__(f"vault {vault_id} was retired")
         self.vault_id = vault_id
         self.successor = successor
+        self.statement = statement
+        self.stated_at = stated_at
 
 
 class AlreadyRetiredError(DomainError):

@@ -185,9 +185,10 @@ def _vault_retired(_: Request[Any, Any, Any], exc: VaultRetiredError) -> Respons
         f"vault {exc.vault_id} was retired ({where}); it takes no more writes: "
         "re-key or link this device to the successor"
     )
-    return _relay_error(
-        _, RelayError(410, "vault_retired", message, extra={"successor": exc.successor})
-    )
+    extra: dict[str, Any] = {"successor": exc.successor}
+    if exc.statement is not None and exc.stated_at is not None:  # §19 successor statement
+        extra.update(statement=exc.statement, stated_at=exc.stated_at)
+    return _relay_error(_, RelayError(410, "vault_retired", message, extra=extra))
 
 
 def _already_retired(_: Request[Any, Any, Any], exc: AlreadyRetiredError) -> Response[Any]:

@@ -73,10 +73,16 @@ class PullRequest(Struct, frozen=True):
 
 
 class VaultRetirement(Struct, frozen=True):
-    """`retired` of a pull of a retired vault (PROTOCOL §19): a hint, never trusted."""
+    """`retired` of a pull of a retired vault (PROTOCOL §19): a hint, never trusted.
+
+    `statement` and `stated_at` (additive, sent only when the retire stored them): the
+    successor statement of §19's last bullet, which the follower checks under the old
+    vault's hmac key (shared_format.successor_statement) before it follows."""
 
     successor: str | None
     erase_after: str  # RFC 3339 UTC: after it the vault's blobs are erased
+    statement: str | UnsetType = UNSET
+    stated_at: str | UnsetType = UNSET
 
 
 class PullResponse(Struct, frozen=True):
@@ -113,18 +119,26 @@ class ChangeEvent(Struct, frozen=True):
 
 
 class RetireRequest(Struct, frozen=True):
-    """Body of `POST /v1/vaults/{vault_id}/retire` (PROTOCOL §19)."""
+    """Body of `POST /v1/vaults/{vault_id}/retire` (PROTOCOL §19).
+
+    `statement` (base64 of the 32-byte MAC) and `stated_at` (the `retired_at` text it
+    covers) are additive: the successor statement (shared_format.successor_statement)."""
 
     successor: str | None
+    statement: str | UnsetType | None = UNSET
+    stated_at: str | UnsetType | None = UNSET
 
 
 class RetireResponse(Struct, frozen=True):
-    """Answer to a retire (PROTOCOL §19), the same for a repeated identical call."""
+    """Answer to a retire (PROTOCOL §19), the same for a repeated identical call;
+    `statement`/`stated_at` the stored successor statement, when there is one."""
 
     vault_id: str
     successor: str | None
     retired_at: str  # RFC 3339 UTC
     erase_after: str
+    statement: str | UnsetType = UNSET
+    stated_at: str | UnsetType = UNSET
 
 
 class SyncHealth(Struct, frozen=True):

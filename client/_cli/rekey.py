@@ -153,6 +153,15 @@ def rekey(
             "switch even to a vault the relay did not name.",
         ),
     ] = False,
+    successor: Annotated[
+        str | None,
+        typer.Option(
+            "--successor",
+            metavar="VAULT_ID",
+            help="With --join: follow this vault even though the relay gives no valid "
+            "successor statement for it (PROTOCOL §19); only when you know it is the re-key.",
+        ),
+    ] = None,
 ) -> None:
     """Move the vault to new keys and a new vault id, then retire the old vault.
 
@@ -170,8 +179,10 @@ def rekey(
     from engram_sync.client._cli import rekey_join
     from engram_sync.client._sync.rekey import Rekey, account_minter, pending_record
 
+    if successor is not None and not join:
+        raise CliError("--successor goes with --join: `engram-sync rekey --join --successor ID`")
     if join:
-        rekey_join.join(force=force, json_out=json_out)
+        rekey_join.join(force=force, json_out=json_out, named=successor)
         return
     batch = _batch_size()
     with _open_for_rekey() as (session, new_passphrase):

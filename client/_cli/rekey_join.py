@@ -21,10 +21,14 @@ from engram_sync.client._cli.teams import account_password
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.successor import (
     JoinReport,
+    UnprovenSuccessorError,
     join_kind,
     join_with_account,
     join_with_handoff,
     join_with_passphrase,
+    successor_hint,
+    successor_proved,
+    unproven_what,
 )
 from engram_sync.shared_format.errors import WrongPassphraseError
 
@@ -49,7 +53,8 @@ def ask_new_passphrase() -> str:
 
 
 def _confirm(what: str) -> bool:
-    """Ask the person whether to switch to a vault that is not the relay's hint."""
+    """Ask the person whether to switch to a vault that is not the relay's hint, or that
+    the relay names without a valid successor statement (PROTOCOL §19); never in a script."""
     if not sys.stdin.isatty():
         return False
     err.print(f"warning: {what}", highlight=False)
@@ -74,8 +79,11 @@ def _open(new_passphrase: str | None) -> tuple[VaultSession, str | None]:
         return VaultSession.open(path, new_passphrase), new_passphrase
 
 
-def join(*, force: bool, json_out: bool) -> None:
-    """Move this device to the vault that replaced its retired one (PROTOCOL §19)."""
+def join(*, force: bool, json_out: bool, named: str | None = None) -> None:
+    """Move this device to the vault that replaced its retired one (PROTOCOL §19); `named`
+    (`--successor`): the person's word for a successor without a valid statement."""
+    if named is not None and not named.strip():
+        raise CliError("--successor needs a vault id")
     session, new_passphrase = _open(None)
     with session:
         kind = join_kind(session)
@@ -86,11 +94,15 @@ def join(*, force: bool, json_out: bool) -> None:
                 api_key=_new_api_key(),
                 force=force,
                 confirm=_confirm,
+                named=named,
             )
         elif kind == "account":
-            report = join_with_account(session, account_password())
+            named = _check_before_password(session, named)
+            report = join_with_account(session, account_password(), named=named, confirm=_confirm)
         else:
-            report = join_with_handoff(session, api_key=_new_api_key())
+            report = join_with_handoff(
+                session, api_key=_new_api_key(), named=named, confirm=_confirm
+            )
     if json_out:
         print_json(asdict(report))
         return
@@ -115,14 +127,29 @@ def _joined(report: JoinReport) -> str:
     return "; ".join(parts)
 
 
+def _check_before_password(session: VaultSession, named: str | None) -> str | None:
+    """PROTOCOL §19: the successor statement checked (or the person asked) before the
+    account password is asked for; the successor the person confirmed, if asked."""
+    hint = successor_hint(session)
+    if named is not None or hint is None or successor_proved(session, hint):
+        return named
+    if not _confirm(unproven_what(session.config.vault_id or "?", hint)):
+        raise UnprovenSuccessorError(session.config.vault_id or "?", hint)
+    return hint
+
+
 def follow_successor(session: VaultSession) -> bool:
     """`sync` of a retired account vault: the successor's key from the account, when the
-    account password is at hand (ENGRAM_ACCOUNT_PASSWORD or a terminal); True if switched."""
+    account password is at hand (ENGRAM_ACCOUNT_PASSWORD or a terminal); True if switched.
+    Only a successor whose statement verifies under the old vault's key is followed by
+    itself (PROTOCOL §19); any other is asked about on a terminal and refused in a script,
+    naming both vault ids and `rekey --join --successor ID`."""
     if join_kind(session) != "account":
         return False
     if not os.environ.get(ACCOUNT_PASSWORD_ENV) and not sys.stdin.isatty():
         return False
-    report = join_with_account(session, account_password())
+    named = _check_before_password(session, None)
+    report = join_with_account(session, account_password(), named=named)
     err.print(
         f"vault {report.old_vault_id} was re-keyed on another device: this device now syncs "
         f"its successor {report.new_vault_id} with the key from your account; "

@@ -284,10 +284,15 @@ class Syncer:
             key_source=key_source(self.vault.conn, self.vault_id),
         )
 
-    def _note_retired(self, successor: object, erase_after: object, source: str) -> None:
+    def _note_retired(
+        self, successor: object, erase_after: object, source: str, said: object = None
+    ) -> None:
+        # PROTOCOL §19: `said` (a 410 or a pull's `retired`) carries the successor statement
         hint = note_retired(
-            self.state, self.vault_id, successor=successor, erase_after=erase_after, source=source
-        )
+            self.state, self.vault_id, successor=successor, erase_after=erase_after,
+            source=source, statement=getattr(said, "statement", None),
+            stated_at=getattr(said, "stated_at", None),
+        )  # fmt: skip
         self.state.save()
         log.warning(
             "the relay says vault %s was retired (successor %s, from a %s); not pushing to it",
@@ -369,7 +374,7 @@ class Syncer:
                 limit = max(1, limit // 2)  # an honest page of large blobs: ask for fewer
                 continue
             except VaultRetiredError as exc:  # PROTOCOL §19: past the grace period
-                self._note_retired(exc.successor, None, "pull")
+                self._note_retired(exc.successor, None, "pull", exc)
                 return
             if seen is None and self._relay_restored(page, cursor):
                 seen, report.resynced, report.restored = self._start_full_pull(), True, True
@@ -383,7 +388,8 @@ class Syncer:
                 continue
             if not isinstance(page.retired, UnsetType):
                 retired = True
-                self._note_retired(page.retired.successor, page.retired.erase_after, "pull")
+                retirement = page.retired
+                self._note_retired(retirement.successor, retirement.erase_after, "pull", retirement)
             highest = self._apply_page(page.blobs, report, seen)
             self.device.observe(highest)
             assert isinstance(page.cursor, int)  # check_page
@@ -585,7 +591,7 @@ class Syncer:
             self._push_all(report)
         except VaultRetiredError as exc:
             # PROTOCOL §19: refused, nothing of the batch was marked pushed; it stays pending
-            self._note_retired(exc.successor, None, "push")
+            self._note_retired(exc.successor, None, "push", exc)
 
     def _push_all(self, report: SyncReport) -> None:
         after: tuple[str, str] | None = None

@@ -83,6 +83,8 @@ from engram_sync.shared_format.plaintext import (
     encode_memory,
     tombstone_plaintext,
 )
+from engram_sync.shared_format.successor_statement import make_statement
+from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.vault import sqlcipher
 from engram_sync.shared_format.vault.keys import passphrase_vault_key
 from engram_sync.shared_format.vault.salt import vault_salt16
@@ -691,11 +693,17 @@ class Rekey:
         config = self.session.config
         key = config.api_key if config.vault_id == old and config.api_key else record.old_api_key
         with self._relay(key) as relay:
-            return self._post_retire(relay, old, new)
+            return self._post_retire(relay, old, new, self._old_keys(record))
 
-    def _post_retire(self, relay: RelayClient, old: str, new: str) -> RetireResponse:
+    def _post_retire(
+        self, relay: RelayClient, old: str, new: str, old_keys: SyncKeys
+    ) -> RetireResponse:
+        # PROTOCOL §19 last bullet: the successor statement, under the OLD vault's hmac key,
+        # so that the other devices follow `new` only on the word of a holder of the old keys
+        stated_at = utc_now_rfc3339()
+        statement = make_statement(old_keys.hmac_key, old, new, stated_at)
         try:
-            answer = relay.retire(old, new)
+            answer = relay.retire(old, new, statement=statement, stated_at=stated_at)
         except ForbiddenError as exc:
             raise RekeyError(
                 f"the relay refused to retire vault {old} ({exc.code}): the API key of this "

@@ -436,10 +436,19 @@ class RelayClient:
             "POST", path, NarrowAnswer, retry=Retry.SAFE, content=encode_json(request)
         )
 
-    def retire(self, vault_id: str, successor: str | None) -> RetireResponse:
+    def retire(
+        self,
+        vault_id: str,
+        successor: str | None,
+        *,
+        statement: str | None = None,
+        stated_at: str | None = None,
+    ) -> RetireResponse:
         """`POST /v1/vaults/{vault_id}/retire` (PROTOCOL §19, admin): the relay answers a
-        repeated identical retire with the same values, so the call is SAFE to repeat."""
-        body = encode_json(RetireRequest(successor=successor))
+        repeated identical retire with the same values, so the call is SAFE to repeat.
+        `statement`/`stated_at`: the successor statement (§19 last bullet), sent if given."""
+        said = {} if statement is None else {"statement": statement, "stated_at": stated_at}
+        body = encode_json(RetireRequest(successor=successor, **said))
         path = f"{_vault(vault_id)}/retire"
         return self._call("POST", path, RetireResponse, retry=Retry.SAFE, content=body)
 

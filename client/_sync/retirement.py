@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from engram_sync.client._errors import VaultRetiredError, vault_id_hint
+from engram_sync.client._errors import VaultRetiredError, statement_hint, vault_id_hint
 from engram_sync.client._sync.state import RetiredHint, SyncState
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 
@@ -44,8 +44,11 @@ def note_retired(
     successor: object,
     erase_after: object = None,
     source: str,
+    statement: object = None,
+    stated_at: object = None,
 ) -> RetiredHint:
-    """Remember the relay's word that `vault_id` is retired (the newest word wins)."""
+    """Remember the relay's word that `vault_id` is retired (the newest word wins), with
+    the successor statement it handed back (PROTOCOL §19; checked only when followed)."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {', '.join(SOURCES)}")
     hint = RetiredHint(
@@ -54,6 +57,8 @@ def note_retired(
         erase_after=erase_after if isinstance(erase_after, str) else None,
         source=source,
         seen_at=utc_now_rfc3339(),
+        statement=statement_hint(statement),
+        stated_at=statement_hint(stated_at),
     )
     if hint.successor == vault_id:
         hint.successor = None  # a vault is never its own successor

@@ -43,13 +43,17 @@ class RetiredHint:
     """The relay said this vault was retired (PROTOCOL §19): a 410 `vault_retired` on a push
     (`source` "push") or a pull ("pull", also a pull's `retired` field) or the live feed's
     `event: retired` ("events"). Only a hint: the device stops pushing to the vault and keeps
-    every unpushed edit; it switches to `successor` only with a key it obtained itself."""
+    every unpushed edit; it switches to `successor` only with a key it obtained itself, and
+    only once `statement` (the successor statement, with the `stated_at` it covers)
+    verifies under the old vault's hmac key (client._sync.successor)."""
 
     vault_id: str
     successor: str | None
     erase_after: str | None
     source: str
     seen_at: str
+    statement: str | None = None
+    stated_at: str | None = None
 
     @classmethod
     def from_json(cls, value: Any) -> RetiredHint | None:
@@ -62,6 +66,8 @@ class RetiredHint:
             erase_after=_text_or_none(value.get("erase_after")),
             source=str(value.get("source", "")),
             seen_at=str(value.get("seen_at", "")),
+            statement=_text_or_none(value.get("statement")),
+            stated_at=_text_or_none(value.get("stated_at")),
         )
 
 

@@ -1,9 +1,15 @@
 """Moving this device to the successor of a retired vault (PROTOCOL §19; docs/rekey.md
 "Other devices"): `engram-sync rekey --join`, and the automatic switch of an account vault.
 
-The relay's successor is only a hint (client._sync.retirement). This device switches only
-with a K it obtained itself, and only when the successor's blobs (if it holds any) verify
-under that K (defence in depth, §14):
+The relay's successor is only a hint (client._sync.retirement). This device follows it only
+when the successor statement the relay handed back verifies under the OLD vault's hmac key
+(§19 last bullet: a relay could otherwise name any other vault the account can open, e.g.
+a team vault, and have this device copy a private vault into it), checked before anything
+is minted, fetched or pushed; without a valid statement it stops, names both vault ids and
+asks (a `confirm` callback: a terminal prompt), or follows a successor the person named
+(`named`: `rekey --join --successor ID`). It switches only with a K it obtained itself,
+and only when the successor's blobs (if it holds any) verify under that K (defence in
+depth, §14):
 
 - a passphrase vault: the person's new passphrase gives K and the vault id (§2); an id that
   is not the relay's hint needs the person's confirmation (or `force`);
@@ -42,6 +48,7 @@ from engram_sync.client._vault.store import count_to_push
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std
 from engram_sync.shared_format.errors import KeyUnwrapError
 from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v2
+from engram_sync.shared_format.successor_statement import statement_verifies
 from engram_sync.shared_format.vault import sqlcipher
 from engram_sync.shared_format.vault.keys import passphrase_vault_key
 from engram_sync.shared_format.vault.salt import vault_salt16
@@ -57,6 +64,37 @@ class JoinError(SyncError):
     """The switch to a successor was refused; nothing was switched. The message says why."""
 
 
+class UnprovenSuccessorError(JoinError):
+    """PROTOCOL §19: the relay names a successor without a successor statement that verifies
+    under the old vault's hmac key; nothing was minted, fetched, pushed or switched."""
+
+    def __init__(self, old: str, successor: str) -> None:
+        self.old_vault_id, self.successor = old, successor
+        super().__init__(unproven_message(old, successor) + "; " + confirm_hint(successor))
+
+
+def unproven_what(old: str, successor: str) -> str:
+    """What is wrong, naming both vault ids."""
+    return (
+        f"the relay says vault {old} was replaced by vault {successor}, but without a successor "
+        f"statement made with vault {old}'s key (PROTOCOL §19): a relay can name any other "
+        "vault you can open, so this device does not follow it by itself"
+    )
+
+
+def unproven_message(old: str, successor: str) -> str:
+    """`unproven_what`, and that nothing happened (one line)."""
+    return unproven_what(old, successor) + "; nothing was switched or pushed"
+
+
+def confirm_hint(successor: str) -> str:
+    """How the person follows it anyway, having checked it is the re-key."""
+    return (
+        f"if you know {successor} is the re-key of this vault, run `engram-sync rekey --join "
+        f"--successor {successor}`"
+    )
+
+
 @dataclass
 class JoinReport:
     """What `rekey --join` did (`--json`)."""
@@ -67,6 +105,9 @@ class JoinReport:
     hint: str | None  # the relay's successor (a hint)
     hint_matched: bool
     successor_verified: bool | None  # its blobs verify under K; None: it holds none (yet)
+    # PROTOCOL §19: the successor statement verified under the old vault's hmac key (False:
+    # followed on the person's word, `--successor`, `--force` or a confirmation)
+    statement_verified: bool = False
     db_rekeyed: bool = False
     pending: int = 0  # unpushed changes the next sync pushes to the successor
     waiting_for_key: bool = False  # a team vault: K comes with `team request`
@@ -79,6 +120,43 @@ def successor_hint(session: VaultSession) -> str | None:
     if hint is None or hint.vault_id != session.config.vault_id:
         return None
     return hint.successor
+
+
+def successor_proved(session: VaultSession, successor: str) -> bool:
+    """PROTOCOL §19 last bullet: the relay's successor statement for the linked (old) vault
+    names `successor` and verifies under the old vault's hmac key, which this device holds
+    (its session keys until it switches)."""
+    hint = session.state.retired
+    old = session.config.vault_id
+    if hint is None or not old or hint.vault_id != old or hint.successor != successor:
+        return False
+    return statement_verifies(session.keys.hmac_key, old, successor, hint.stated_at, hint.statement)
+
+
+def may_follow(proved: bool, successor: str, *, named: str | None, confirmed: bool) -> bool:
+    """The decision (PROTOCOL §19): follow a proved successor, or one the person named or
+    confirmed; `named` another vault is never a confirmation of this one."""
+    return proved or named == successor or (named is None and confirmed)
+
+
+def _require_proof(
+    session: VaultSession, old: str, successor: str, named: str | None, confirm: Confirm | None
+) -> bool:
+    """Whether the statement verified; `UnprovenSuccessorError` when it does not and the
+    person neither named this successor nor confirmed it. Runs before anything is minted,
+    fetched or pushed for the successor."""
+    proved = successor_proved(session, successor)
+    if proved or named is not None:
+        if not may_follow(proved, successor, named=named, confirmed=False):
+            raise JoinError(
+                f"you named vault {named} as the successor of vault {old}, but the relay names "
+                f"{successor}: nothing was switched; check the vault id"
+            )
+        return proved
+    asked = confirm is not None and confirm(unproven_what(old, successor))
+    if not may_follow(proved, successor, named=None, confirmed=asked):
+        raise UnprovenSuccessorError(old, successor)
+    return False
 
 
 def _linked(session: VaultSession) -> tuple[str, str]:
@@ -160,8 +238,11 @@ def join_with_passphrase(
     api_key: str | None = None,
     force: bool = False,
     confirm: Confirm | None = None,
+    named: str | None = None,
 ) -> JoinReport:
-    """A passphrase vault: the new passphrase gives K and the vault id (PROTOCOL §2)."""
+    """A passphrase vault: the new passphrase gives K and the vault id (PROTOCOL §2); the
+    relay's successor statement must name that id and verify under the old keys (§19), else
+    the person confirms (`confirm`), passes `force` or names the id (`named`)."""
     require_passphrase_vault(session)
     server_url, old = _linked(session)
     if not new_passphrase:
@@ -179,18 +260,29 @@ def join_with_passphrase(
         report.pending = _pending(session)
         return report
     hint = successor_hint(session)
-    if hint != new_id:
-        what = (
-            f"the relay names {hint} as the successor of vault {old}, but the new passphrase "
-            f"gives vault {new_id}"
-            if hint
-            else f"the relay has not said that vault {old} was retired (or named no "
-            f"successor); the new passphrase gives vault {new_id}"
+    if named is not None and named != new_id:
+        raise JoinError(
+            f"the new passphrase gives vault {new_id}, not {named}: check the new passphrase "
+            "or the vault id; nothing was switched"
         )
-        if not force and not (confirm is not None and confirm(what)):
+    # PROTOCOL §19: checked with the old keys this device holds, before anything is pushed
+    proved = successor_proved(session, new_id)
+    if not proved:
+        if hint != new_id:
+            what = (
+                f"the relay names {hint} as the successor of vault {old}, but the new "
+                f"passphrase gives vault {new_id}"
+                if hint
+                else f"the relay has not said that vault {old} was retired (or named no "
+                f"successor); the new passphrase gives vault {new_id}"
+            )
+        else:
+            what = unproven_what(old, new_id)
+        confirmed = force or named == new_id or (confirm is not None and confirm(what))
+        if not confirmed:
             raise JoinError(
-                f"{what}: check the new passphrase, or pass --force to switch to {new_id} "
-                "anyway; nothing was switched"
+                f"{what}: check the new passphrase, or pass --force (or --successor {new_id}) "
+                f"to switch to {new_id} anyway; nothing was switched"
             )
     keys = derive_sync_keys(new_passphrase)
     key = api_key or session.config.api_key
@@ -198,23 +290,42 @@ def join_with_passphrase(
         raise JoinError("this vault has no API key: run `engram-sync link` first")
     verified = _verify_successor(session, server_url, key, new_id, keys)
     _switch(session, server_url, new_id, key, keys, "passphrase")
-    report = JoinReport(old, new_id, "passphrase", hint, hint == new_id, verified)
+    report = JoinReport(old, new_id, "passphrase", hint, hint == new_id, verified, proved)
     report.db_rekeyed = _rekey_database(session, new_passphrase)
     report.pending = _pending(session)
     return report
 
 
-def join_with_account(session: VaultSession, password: str) -> JoinReport:
+def _target(old: str, hint: str | None, named: str | None, missing: str) -> str:
+    successor = named or hint
+    if successor is None:
+        raise JoinError(missing)
+    if successor == old:
+        raise JoinError(f"vault {old} cannot be its own successor: nothing was switched")
+    return successor
+
+
+def join_with_account(
+    session: VaultSession,
+    password: str,
+    *,
+    named: str | None = None,
+    confirm: Confirm | None = None,
+) -> JoinReport:
     """An account vault: K of the successor from the account (PROTOCOL §13), unwrapped with
-    A, its vault_id suffix the successor's; a key minted for it, bound to this device."""
+    A, its vault_id suffix the successor's; a key minted for it, bound to this device. The
+    successor statement is checked first (§19), before the account is even unlocked."""
     server_url, old = _linked(session)
-    hint = successor_hint(session)
-    if hint is None:
-        raise JoinError(
-            f"the relay has not named a successor of vault {old}: an account vault follows only "
-            "a successor the relay names and the account holds the key of; run `engram-sync "
-            "sync` to ask the relay again"
-        )
+    relay_named = successor_hint(session)
+    hint = _target(
+        old,
+        relay_named,
+        named,
+        f"the relay has not named a successor of vault {old}: an account vault follows only "
+        "a successor the relay names and the account holds the key of; run `engram-sync "
+        "sync` to ask the relay again",
+    )
+    proved = _require_proof(session, old, hint, named, confirm)
     unlocked = account_ops.unlock(session.path, password)
     device = session.device
     with unlocked.client() as relay:
@@ -238,22 +349,33 @@ def join_with_account(session: VaultSession, password: str) -> JoinReport:
         minted = relay.mint_key(hint, device_id=device.device_id, label=device.label)
     verified = _verify_successor(session, server_url, minted.key, hint, keys)
     _switch(session, server_url, hint, minted.key, keys, "account")
-    report = JoinReport(old, hint, "account", hint, True, verified)
+    report = JoinReport(old, hint, "account", relay_named, hint == relay_named, verified)
+    report.statement_verified = proved
     report.pending = _pending(session)
     return report
 
 
-def join_with_handoff(session: VaultSession, *, api_key: str | None = None) -> JoinReport:
+def join_with_handoff(
+    session: VaultSession,
+    *,
+    api_key: str | None = None,
+    named: str | None = None,
+    confirm: Confirm | None = None,
+) -> JoinReport:
     """A team vault: point the device at the successor with its K expected from the handoff
     (PROTOCOL §14); `team request` brings K (authenticated, checked against the successor's
-    blobs), and until then no sync pushes or pulls anything."""
+    blobs), and until then no sync pushes or pulls anything. The successor statement is
+    checked first under the team vault's old key (§19)."""
     server_url, old = _linked(session)
-    hint = successor_hint(session)
-    if hint is None:
-        raise JoinError(
-            f"the relay has not named a successor of vault {old}: ask a team admin for the new "
-            "vault id and link to it (`engram-sync link --code CODE`)"
-        )
+    relay_named = successor_hint(session)
+    hint = _target(
+        old,
+        relay_named,
+        named,
+        f"the relay has not named a successor of vault {old}: ask a team admin for the new "
+        "vault id and link to it (`engram-sync link --code CODE`)",
+    )
+    proved = _require_proof(session, old, hint, named, confirm)
     key = api_key or session.config.api_key
     if not key:
         raise JoinError("this vault has no API key: run `engram-sync link` first")
@@ -266,7 +388,10 @@ def join_with_handoff(session: VaultSession, *, api_key: str | None = None) -> J
             "ask a team admin for a pairing code for it (`engram-sync link --code CODE`)"
         ) from None
     _switch(session, server_url, hint, key, None, "handoff")
-    report = JoinReport(old, hint, "handoff", hint, True, None, waiting_for_key=True)
+    report = JoinReport(
+        old, hint, "handoff", relay_named, hint == relay_named, None, proved,
+        waiting_for_key=True,
+    )  # fmt: skip
     report.pending = _pending(session)
     return report
 

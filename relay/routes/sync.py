@@ -74,7 +74,14 @@ def retired_field(retired: Retirement | None) -> VaultRetirement | UnsetType:
     so a live vault's pull answer is the §5 core byte for byte."""
     if retired is None:
         return UNSET
-    return VaultRetirement(retired.successor, format_rfc3339(retired.erase_after))
+    if retired.statement is None or retired.stated_at is None:
+        return VaultRetirement(retired.successor, format_rfc3339(retired.erase_after))
+    return VaultRetirement(  # §19: the successor statement, for the follower to check
+        retired.successor,
+        format_rfc3339(retired.erase_after),
+        statement=retired.statement,
+        stated_at=retired.stated_at,
+    )
 
 
 def device_for_progress(request: Request[Any, Any, Any], bound: str | None) -> str | None:

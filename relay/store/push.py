@@ -155,6 +155,7 @@ _VAULT_ROWS = (
     "SELECT v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones, v.digest,"
     " v.bucket_prefixes, v.bucket_counts,"  # PROTOCOL §18, revision 0012
     " v.retired_at IS NOT NULL AS retired, v.successor,"  # PROTOCOL §19, under the lock
+    " v.successor_statement, v.successor_stated_at,"  # §19, the successor statement (0016)
     " q.max_devices, q.max_bytes FROM vaults v"
     " LEFT JOIN quotas q ON q.vault_id = v.vault_id"
 )
@@ -371,7 +372,11 @@ def _locked(rows: list[asyncpg.Record], default: Quota) -> dict[str, _LockedVaul
             digest=digest_int(r["digest"]),
             bucket_prefixes=r["bucket_prefixes"],
             bucket_counts=r["bucket_counts"],
-            retired=VaultRetiredError(r["vault_id"], r["successor"]) if r["retired"] else None,
+            retired=VaultRetiredError(
+                r["vault_id"], r["successor"], r["successor_statement"], r["successor_stated_at"]
+            )
+            if r["retired"]
+            else None,
         )
         for r in rows
     }
@@ -434,7 +439,8 @@ async def _decide(
 ) -> PushOutcome:
     """Steps 2-7 and the quota for one push, on the state the pushes before it left."""
     if vault.retired is not None:  # PROTOCOL §19: from the retire on, every push is refused
-        raise VaultRetiredError(job.vault_id, vault.retired.successor)
+        gone = vault.retired
+        raise VaultRetiredError(job.vault_id, gone.successor, gone.statement, gone.stated_at)
     memory_ids = {c.blob.memory_id for c in job.checked}
     device_ids = {c.blob.device_id for c in job.checked}
     mine = {m: stored[key].version for m in memory_ids if (key := (job.vault_id, m)) in stored}

@@ -34,13 +34,28 @@ class Retirement:
     retired_at: datetime
     erase_after: datetime
     erased: bool  # erase_after has passed: every route of the vault answers 410
+    # PROTOCOL §19: the successor statement the retire stored (opaque text; None: none)
+    statement: str | None = None
+    stated_at: str | None = None
 
     def refusal(self) -> VaultRetiredError:
         """The 410 `vault_retired` of this vault (answered by relay.errors)."""
-        return VaultRetiredError(self.vault_id, self.successor)
+        return VaultRetiredError(self.vault_id, self.successor, self.statement, self.stated_at)
 
 
-_COLUMNS = "vault_id, successor, retired_at, erase_after, erase_after <= now() AS erased"
+@dataclass(frozen=True)
+class Statement:
+    """PROTOCOL §19: the successor statement a retire carries (checked for shape by the
+    route, never for validity: the relay does not hold the key)."""
+
+    statement: str
+    stated_at: str
+
+
+_STATED = "successor_statement, successor_stated_at"
+_COLUMNS = (
+    f"vault_id, successor, retired_at, erase_after, erase_after <= now() AS erased, {_STATED}"
+)
 
 # The first retire of a vault nobody pushed to makes its row (and claims it for the
 # operator, as a first push does: an account's keys exist only for vaults it owns),
@@ -53,41 +68,68 @@ _ENSURE_ROW = (
 _LOCK = f"SELECT {_COLUMNS} FROM vaults WHERE vault_id = $1 AND retired_at IS NOT NULL"  # noqa: S608
 # No now() in RETURNING (Citus refuses it, deploy/SCALING.md §3): just retired, the vault
 # is erased already only with a grace of 0, i.e. when erase_after is retired_at.
-_RETIRE = """
-    UPDATE vaults SET retired_at = now(), successor = $2, erase_after = now() + $3::interval
+_RETIRE = f"""
+    UPDATE vaults SET retired_at = now(), successor = $2, erase_after = now() + $3::interval,
+        successor_statement = $4, successor_stated_at = $5
     WHERE vault_id = $1 AND retired_at IS NULL
-    RETURNING vault_id, successor, retired_at, erase_after, erase_after <= retired_at AS erased
-"""
+    RETURNING vault_id, successor, retired_at, erase_after, erase_after <= retired_at AS erased,
+        {_STATED}
+"""  # noqa: S608 - constants
+# A repeated retire with the same successor brings the statement a first one lacked (e.g.
+# an operator's `engram-relay vaults retire`, then the re-keying device's own): the first
+# statement stored stays, never replaced.
+_STATE = f"""
+    UPDATE vaults SET successor_statement = $2, successor_stated_at = $3
+    WHERE vault_id = $1 AND successor_statement IS NULL
+    RETURNING vault_id, successor, retired_at, erase_after, erase_after <= now() AS erased,
+        {_STATED}
+"""  # noqa: S608 - constants
 
 
 def _of(row: asyncpg.Record) -> Retirement:
     return Retirement(
-        row["vault_id"], row["successor"], row["retired_at"], row["erase_after"], row["erased"]
+        row["vault_id"],
+        row["successor"],
+        row["retired_at"],
+        row["erase_after"],
+        row["erased"],
+        row["successor_statement"],
+        row["successor_stated_at"],
     )
 
 
 async def retire(
-    pool: asyncpg.Pool, vault_id: str, successor: str | None, grace: timedelta
+    pool: asyncpg.Pool,
+    vault_id: str,
+    successor: str | None,
+    grace: timedelta,
+    stated: Statement | None = None,
 ) -> Retirement:
     """Retire the vault (idempotent); `AlreadyRetiredError` when it was retired with
-    another successor.
+    another successor. `stated` (PROTOCOL §19) is stored with it; a repeat with the same
+    successor stores it only when none was (the first statement stands).
 
     The UPDATE waits for the vault's row lock like a push does, and a push waiting for
     it after this commits reads the retirement (READ COMMITTED re-reads a row locked
     FOR UPDATE once its lock is released), so pushes and the retire are serialised.
     """
     async with pool.acquire() as conn:
-        return await retire_on(conn, vault_id, successor, grace)
+        return await retire_on(conn, vault_id, successor, grace, stated)
 
 
 async def retire_on(
-    conn: asyncpg.Connection, vault_id: str, successor: str | None, grace: timedelta
+    conn: asyncpg.Connection,
+    vault_id: str,
+    successor: str | None,
+    grace: timedelta,
+    stated: Statement | None = None,
 ) -> Retirement:
     """`retire` on one connection outside a transaction (the route's pooled one, or
     `engram-relay vaults retire`'s own)."""
     await conn.execute(_ENSURE_ROW, vault_id)
     async with conn.transaction():
-        row = await conn.fetchrow(_RETIRE, vault_id, successor, grace)
+        said = (stated.statement, stated.stated_at) if stated is not None else (None, None)
+        row = await conn.fetchrow(_RETIRE, vault_id, successor, grace, *said)
         if row is not None:  # unused pairing codes would mint keys for it: gone
             await conn.execute("DELETE FROM pairing_codes WHERE vault_id = $1", vault_id)
         else:  # retired before: same answer for the same call, else 409
@@ -95,6 +137,8 @@ async def retire_on(
             assert row is not None  # the row exists and retirements are never undone
             if row["successor"] != successor:
                 raise AlreadyRetiredError(vault_id, row["successor"])
+            if stated is not None and row["successor_statement"] is None:
+                row = await conn.fetchrow(_STATE, vault_id, *said) or row
     # PROTOCOL §19, after the commit: every relay process wakes the vault's open event
     # streams to re-check (as after a revocation); they send `event: retired` and end
     await announce_revocation(conn, vault_id)

@@ -75,7 +75,8 @@ _SINCE_ROWS = (
 # the benchmark's raw-database ceiling runs this very statement (bench/ceiling.py).
 PULL_PAGE = f"""
 SELECT v.seq AS head, v.compacted_through AS horizon, v.retired_at, v.successor,
-       v.erase_after, v.erase_after <= now() AS erased, p.*
+       v.erase_after, v.erase_after <= now() AS erased, v.successor_statement,
+       v.successor_stated_at, p.*
 FROM vaults v LEFT JOIN ({_byte_capped(_CURSOR_ROWS, "seq", within=True)}) p ON true
 WHERE v.vault_id = $1
 ORDER BY p.seq
@@ -147,7 +148,9 @@ async def pull_by_cursor(
             head, horizon = int(rows[0]["head"]), int(rows[0]["horizon"])
             if rows[0]["retired_at"] is not None:  # PROTOCOL §19
                 retired = Retirement(vault_id, rows[0]["successor"], rows[0]["retired_at"],
-                                     rows[0]["erase_after"], rows[0]["erased"])  # fmt: skip
+                                     rows[0]["erase_after"], rows[0]["erased"],
+                                     rows[0]["successor_statement"],
+                                     rows[0]["successor_stated_at"])  # fmt: skip
                 if retired.erased:  # the grace period is over: 410 (relay.errors)
                     raise retired.refusal()
         start = cursor if origin is None else min(origin, cursor)

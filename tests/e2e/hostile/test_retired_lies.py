@@ -82,8 +82,10 @@ def test_a_successor_whose_blobs_do_not_verify_is_refused(scene: Scene) -> None:
         alpha.sync()
     assert raised.value.successor == successor
     with alpha.open() as session:
-        with pytest.raises(JoinError, match="do not verify"):
+        with pytest.raises(JoinError, match="without a successor statement"):  # PROTOCOL §19
             join_with_passphrase(session, new_passphrase)
+        with pytest.raises(JoinError, match="do not verify"):  # §14 defence in depth
+            join_with_passphrase(session, new_passphrase, force=True)
         assert session.config.vault_id == scene.vault_id  # nothing switched
         assert stored_vault_key(session.vault.conn, successor) is None
         assert session.state.rekeyed_from is None
