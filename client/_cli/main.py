@@ -472,15 +472,12 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")
 
 
 def _last_error(session: VaultSession) -> str | None:
-    """The last sync's failure in words; a revocation says so and what to do (a revoked
-    device fails every sync, so it is the problem whatever was recorded before)."""
+    """The last sync's failure in words; a revocation says so and what to do (the relay's
+    last word, asked again by the next sync: client._sync.revocation)."""
     if session.state.revoked:
-        return (
-            f"this device ({session.device.device_id}) was revoked for vault "
-            f"{session.config.vault_id}: it can no longer push or pull; its local memories "
-            "are kept. To sync again, ask an admin for a new key and run `engram-sync link` "
-            "with it"
-        )
+        from engram_sync.client._sync.revocation import revoked_message
+
+        return revoked_message(session.device.device_id, session.config.vault_id)
     return session.state.last_error
 
 

@@ -32,6 +32,7 @@ from engram_sync.client._sync.lock import sync_lock
 from engram_sync.client._sync.own_pushes import OwnSkip, own_commit_end, refuted_start
 from engram_sync.client._sync.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
 from engram_sync.client._sync.retirement import note_retired, retired_error
+from engram_sync.client._sync.revocation import revoked_in_roster, revoked_message
 from engram_sync.client._sync.state import SkippedBlob, SyncState
 from engram_sync.client._vault.keys import key_source
 from engram_sync.client._vault.store import (
@@ -222,13 +223,13 @@ class Syncer:
 
     def _sync_locked(self, feed_pages: Mapping[int, PullResponse]) -> SyncReport:
         report = SyncReport()
-        if self.state.revoked:
-            raise self._revoked_error()
         try:
             for round_ in range(MAX_ROUNDS):
                 self.pull(report, feed_pages if round_ == 0 else None)
                 if self.state.retired is not None:
                     break  # PROTOCOL §19: no push to a retired vault; the edits stay pending
+                if self.state.revoked:
+                    self._ask_again_if_revoked()  # before any push (client._sync.revocation)
                 rejected_before = report.rejected
                 self.push(report)
                 if self.state.retired is not None:
@@ -253,7 +254,8 @@ class Syncer:
 
     def revoked_by_relay(self, why: str) -> DeviceRevokedError:
         """The relay said this device is revoked (the live feed's `event: revoked`,
-        PROTOCOL §15): remembered like a push answer naming it (§8), and the error to raise."""
+        PROTOCOL §15): remembered like a push answer naming it (§8), and the error to raise;
+        the next sync asks again (client._sync.revocation)."""
         self._mark_revoked()
         error = self._revoked_error()
         return DeviceRevokedError(error.status, error.code, f"{error.message} ({why})")
@@ -290,14 +292,22 @@ class Syncer:
         )  # fmt: skip
 
     def _revoked_error(self) -> DeviceRevokedError:
-        return DeviceRevokedError(403, "device_revoked", self._revoked_message())
+        message = revoked_message(self.device.device_id, self.vault_id)
+        return DeviceRevokedError(403, "device_revoked", message)
 
-    def _revoked_message(self) -> str:
-        return (
-            f"this device ({self.device.device_id}) was revoked for vault {self.vault_id}: "
-            "it can no longer push or pull. Its local memories are kept. To sync again, ask "
-            "an admin for a new key and run `engram-sync link` with it."
-        )
+    def _ask_again_if_revoked(self) -> None:
+        """The relay said this device was revoked, at an earlier sync: its word is a state
+        to check again (issue 31; client._sync.revocation), not a verdict kept for good.
+        After a pull that worked, the vault's roster decides, before anything is pushed
+        (PROTOCOL §8: no push while the relay says revoked)."""
+        if revoked_in_roster(self.relay.devices(self.vault_id), self.device.device_id):
+            raise self._revoked_error()
+        log.warning(
+            "the relay no longer says this device (%s) is revoked for vault %s; syncing again",
+            self.device.device_id, self.vault_id,
+        )  # fmt: skip
+        self.state.revoked = False
+        self.state.save()
 
     def _mark_revoked(self) -> None:
         self.state.revoked = True
