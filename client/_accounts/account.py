@@ -479,6 +479,8 @@ def link_with_account(
         if label:
             device.label = label
             device.save()
+        if session.state.revoked:  # issue 31: the relay revoked this id; link under a new one
+            session.renew_device_id()
         try:
             minted = relay.mint_key(vault_id, device_id=device.device_id, label=device.label)
         except ForbiddenError as exc:

@@ -79,6 +79,7 @@ def save_link(session: VaultSession, server_url: str, api_key: str, vault_id: st
     )
     save_sync_config(session.path, session.config)
     session.state.bind(session.config.server_url or "", vault_id)
+    session.state.relinked()  # the next sync asks the relay again (client._sync.revocation)
     session._keys = None  # the linked vault changed: pick its keys again
 
 
@@ -216,6 +217,8 @@ def link_with_code(
     if label:
         session.device.label = label
         session.device.save()
+    if session.state.revoked:  # issue 31: the relay revoked this id; pair under a new one
+        session.renew_device_id()
     with AccountClient(server_url, None, device_id=session.device.device_id) as relay:
         try:
             redeemed = relay.redeem_pairing_code(parsed.relay_code, session.device.device_id, label)
