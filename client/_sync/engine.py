@@ -27,6 +27,7 @@ from engram_sync.client._errors import (
 )
 from engram_sync.client._sync.anti_entropy import DIGEST_FEATURE, AntiEntropy, DigestReport
 from engram_sync.client._sync.device import Device
+from engram_sync.client._sync.feed_page_bound import feed_page_gap
 from engram_sync.client._sync.lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
 from engram_sync.client._sync.lock import sync_lock
 from engram_sync.client._sync.own_pushes import OwnSkip, own_commit_end, refuted_start
@@ -109,8 +110,9 @@ class SyncReport:
     own_skipped: int = 0
     own_skip_refuted: bool = False
     # docs/live-feed.md "Blobs in the event": pages the live feed carried, applied in place
-    # of a pull
+    # of a pull, and those dropped by a check (pulled over HTTP instead; logged)
     feed_pages: int = 0
+    feed_dropped: int = 0
 
 
 ProgressCallback = Callable[[str, SyncReport], None]
@@ -347,7 +349,7 @@ class Syncer:
         retired = False  # PROTOCOL §19: whether a page of this pull said the vault is retired
         fed = dict(feed_pages or {})
         while True:
-            page = self._feed_page(fed, cursor) if seen is None else None
+            page = self._feed_page(fed, cursor, report) if seen is None else None
             from_feed = page is not None
             try:
                 if page is None:
@@ -429,28 +431,35 @@ class Syncer:
         self.state.save()
         return start
 
-    def _feed_page(self, fed: dict[int, PullResponse], cursor: int) -> PullResponse | None:
+    def _feed_page(
+        self, fed: dict[int, PullResponse], cursor: int, report: SyncReport
+    ) -> PullResponse | None:
         """The live feed's page that follows `cursor`, if there is one and it holds up: the
         generation this device knows (PROTOCOL §17; a restore is left to an HTTP pull to
-        find) and every check of a pull page. A page that fails is dropped, logged, and
-        the device pulls over HTTP instead: the feed can only spare a pull, never fail one.
-        Stricter than a pull page: its last blob's `seq` must be its cursor."""
+        find) and every check of a pull page. A page that fails is dropped, logged,
+        counted (`feed_dropped`), and the device pulls over HTTP instead: the feed can only
+        spare a pull, never fail one. Stricter than a pull page: its blobs carry every
+        sequence number from `cursor` to its own, one each (client._sync.feed_page_bound)."""
         page = fed.pop(cursor, None)
         if page is None:
             return None
         known = self.state.generation
         if known is None or page.generation != known:
             log.info("blobs from the live feed of another generation dropped; pulling")
+            report.feed_dropped += 1
             return None
-        if not page.blobs or page.blobs[-1].seq != page.cursor:
-            # a commit's blobs end at its sequence: the feed never needs the skip to the
-            # head that a pull's last page may make (compacted tombstones, `check_page`)
-            log.warning("blobs from the live feed that do not end at its cursor dropped")
+        # issue 31 (12b): a page with no `head` of its own moves the cursor only over the
+        # blobs it carries, so a forged `seq` cannot skip data or fake a restore (§17)
+        gap = feed_page_gap(page, cursor) if page.blobs else "it carries no blob"
+        if gap is not None:
+            log.warning("blobs from the live feed dropped, pulling instead: %s", gap)
+            report.feed_dropped += 1
             return None
         try:
             check_page(page, asked=cursor, limit=MAX_PULL_LIMIT, relay_url=self.relay.base_url)
         except RelayMisbehavedError as exc:
             log.warning("blobs from the live feed refused, pulling instead: %s", exc)
+            report.feed_dropped += 1
             return None
         return page
 
