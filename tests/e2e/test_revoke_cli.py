@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,36 @@ def test_revoking_this_device_asks_and_link_with_a_new_key_brings_it_back(
 
 def _other_id(vault: Path, home: Path) -> str:
     return str(json.loads(_sync_cli(vault, "status", "--json", home=home).stdout)["device_id"])
+
+
+def _revoke_on_a_terminal(vault: Path, device_id: str, home: Path, answer: str) -> tuple[int, str]:
+    """`revoke` with stdin on a pseudo-terminal, answering its question with `answer`."""
+    master, replica = pty.openpty()
+    env = dict(os.environ, ENGRAM_PASSPHRASE="revoke test passphrase", HOME=str(home))
+    env.pop("ENGRAM_VAULT", None)
+    with subprocess.Popen(
+        [EXE, "--vault", str(vault), "revoke", device_id], env=env, stdin=replica,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        os.close(replica)
+        os.write(master, answer.encode() + b"\n")
+        _, stderr = proc.communicate(timeout=120)
+    os.close(master)
+    return proc.returncode, stderr
+
+
+def test_revoking_this_device_on_a_terminal_asks_first(tmp_path: Path, relay: Relay) -> None:
+    vault = tmp_path / "desk"
+    assert _sync_cli(vault, "init", home=tmp_path).returncode == 0
+    link = ("link", "--relay", relay.url, "--api-key", ADMIN_KEY, "--vault-id", "team-ask")
+    assert _sync_cli(vault, *link, home=tmp_path).returncode == 0
+    me = _other_id(vault, tmp_path)
+
+    code, stderr = _revoke_on_a_terminal(vault, me, tmp_path, "n")
+    assert code == 1
+    assert "Revoke this device?" in stderr
+    assert "error: nothing was revoked" in stderr
+    assert _roster(relay, "team-ask")[me] is False
+    code, stderr = _revoke_on_a_terminal(vault, me, tmp_path, "y")
+    assert code == 0, stderr
+    assert _roster(relay, "team-ask")[me] is True
