@@ -248,3 +248,27 @@ def test_a_revoked_device_links_again_through_the_account_under_a_new_id(
     with alpha.relay_client() as admin:
         roster = {d.device_id: d.revoked for d in admin.devices("team-e2e").devices}
     assert (roster[old], roster[renewed]) == (True, False)
+
+
+def test_a_revoked_device_pairs_again_under_a_new_id(tmp_path: Path, relay: Relay) -> None:
+    """Issue 31: a pairing code redeemed for a revoked device id is refused and left unused
+    (relay.store.pairing); the device takes a new id and redeems it, once."""
+    alpha = make_device(tmp_path, relay, "alpha")
+    charlie = new_device(tmp_path, relay, "charlie")
+    with alpha.open() as session:
+        first = pairing.issue_code(session, "charlie").code
+    with charlie.open() as session:
+        pairing.link_with_code(session, relay.url, first, "charlie")
+        old = session.device.device_id
+    with alpha.relay_client() as admin:
+        admin.revoke_device("team-e2e", old)
+    with alpha.open() as session:
+        second = pairing.issue_code(session, "charlie").code
+    with charlie.open() as session:
+        assert pairing.link_with_code(session, relay.url, second, "charlie") == ("team-e2e", False)
+        renewed = session.device.device_id
+        assert not session.state.revoked
+    assert renewed != old
+    with alpha.relay_client() as admin:
+        roster = {d.device_id: d.revoked for d in admin.devices("team-e2e").devices}
+    assert (roster[old], roster[renewed]) == (True, False)
