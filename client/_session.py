@@ -140,11 +140,20 @@ class VaultSession:
         if self.vault.key_kind is not VaultKeyKind.PASSPHRASE:
             raise SyncError("a machine-key vault cannot sync: sync keys come from a passphrase")
         from engram_sync.client._sync.relay_client import RelayClient
+        from engram_sync.client._sync.revocation import needs_new_identity, revoked_in_roster
 
         with RelayClient(server_url, api_key, device_id=self.device.device_id) as relay:
             chosen = (
                 vault_id or self.config.vault_id or choose_vault_id(self._vault_id_secret(), relay)
             )
+            # issue 31: a device id the relay revoked stays revoked; link under a new one
+            renew = needs_new_identity(
+                remembered=self.state.revoked,
+                roster_says=revoked_in_roster(relay.devices(chosen), self.device.device_id),
+            )
+        if renew:
+            self.renew_device_id()
+        with RelayClient(server_url, api_key, device_id=self.device.device_id) as relay:
             relay.register_device(chosen, self.device.device_id, label or self.device.label)
             if label and label != self.device.label:  # kept only once the relay took it
                 self.device.label = label
@@ -158,7 +167,14 @@ class VaultSession:
         )
         save_sync_config(self.path, self.config)
         self.state.bind(self.config.server_url or "", chosen)
+        self.state.relinked()
         return chosen
+
+    def renew_device_id(self) -> None:
+        """Link under a new device id: the relay revoked this one (issue 31,
+        client._sync.revocation); memories, unpushed edits and the clock stay."""
+        self.device.renew_identity()
+        self.state.new_device_id()
 
     def _vault_id_secret(self) -> str:
         """The passphrase a derived vault id needs (PROTOCOL §2); the agent holds no such id."""

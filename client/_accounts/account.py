@@ -479,14 +479,17 @@ def link_with_account(
         if label:
             device.label = label
             device.save()
+        if session.state.revoked:  # issue 31: the relay revoked this id; link under a new one
+            session.renew_device_id()
         try:
             minted = relay.mint_key(vault_id, device_id=device.device_id, label=device.label)
         except ForbiddenError as exc:
-            if exc.code == "device_revoked":
-                raise AccountError(
-                    f"this device was revoked for vault {vault_id}; it cannot be linked again"
-                ) from None
-            raise
+            if exc.code != "device_revoked":
+                raise
+            # issue 31 (client._sync.revocation): the relay keeps this id revoked; a new id
+            # is minted for, once (a second refusal is not about this device's id)
+            session.renew_device_id()
+            minted = relay.mint_key(vault_id, device_id=device.device_id, label=device.label)
     with RelayClient(server_url, minted.key, device_id=device.device_id) as vault_relay:
         vault_relay.register_device(vault_id, device.device_id, device.label)
     with session.vault.transaction() as conn:

@@ -36,6 +36,7 @@ from engram_sync.shared_format.pairing import (
 )
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.vault import VaultKeyKind
+from engram_sync.shared_format.wire import PairingRedeemed
 
 CODE_INVALID = "this pairing code is invalid, used or expired: ask the admin for a new one"
 # How long a whole code is kept for its handoff: the relay part lives 10 minutes, a
@@ -79,6 +80,7 @@ def save_link(session: VaultSession, server_url: str, api_key: str, vault_id: st
     )
     save_sync_config(session.path, session.config)
     session.state.bind(session.config.server_url or "", vault_id)
+    session.state.relinked()  # the next sync asks the relay again (client._sync.revocation)
     session._keys = None  # the linked vault changed: pick its keys again
 
 
@@ -199,6 +201,19 @@ def issue_code(
     )
 
 
+def _redeem(
+    session: VaultSession, server_url: str, relay_code: str, label: str | None
+) -> PairingRedeemed:
+    device_id = session.device.device_id
+    with AccountClient(server_url, None, device_id=device_id) as relay:
+        try:
+            return relay.redeem_pairing_code(relay_code, device_id, label)
+        except RelayError as exc:
+            if exc.code == "code_invalid":
+                raise PairingError(CODE_INVALID) from None
+            raise
+
+
 def link_with_code(
     session: VaultSession, server_url: str, code: str, label: str | None = None
 ) -> tuple[str, bool]:
@@ -216,17 +231,17 @@ def link_with_code(
     if label:
         session.device.label = label
         session.device.save()
-    with AccountClient(server_url, None, device_id=session.device.device_id) as relay:
-        try:
-            redeemed = relay.redeem_pairing_code(parsed.relay_code, session.device.device_id, label)
-        except RelayError as exc:
-            if exc.code == "code_invalid":
-                raise PairingError(CODE_INVALID) from None
-            if exc.code == "device_revoked":
-                raise PairingError(
-                    "this device was revoked for that vault: it cannot be paired again"
-                ) from None
+    if session.state.revoked:  # issue 31: the relay revoked this id; pair under a new one
+        session.renew_device_id()
+    try:
+        redeemed = _redeem(session, server_url, parsed.relay_code, label)
+    except RelayError as exc:
+        if exc.code != "device_revoked":
             raise
+        # issue 31 (client._sync.revocation): the relay keeps this id revoked, and a refused
+        # redeem leaves the code unused: pair under a new device id, once
+        session.renew_device_id()
+        redeemed = _redeem(session, server_url, parsed.relay_code, label)
     with session.vault.transaction() as conn:
         has_key = stored_vault_key(conn, redeemed.vault_id) is not None
         if not has_key:

@@ -496,15 +496,12 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")
 
 
 def _last_error(session: VaultSession) -> str | None:
-    """The last sync's failure in words; a revocation says so and what to do (a revoked
-    device fails every sync, so it is the problem whatever was recorded before)."""
+    """The last sync's failure in words; a revocation says so and what to do (the relay's
+    last word, asked again by the next sync: client._sync.revocation)."""
     if session.state.revoked:
-        return (
-            f"this device ({session.device.device_id}) was revoked for vault "
-            f"{session.config.vault_id}: it can no longer push or pull; its local memories "
-            "are kept. To sync again, ask an admin for a new key and run `engram-sync link` "
-            "with it"
-        )
+        from engram_sync.client._sync.revocation import revoked_message
+
+        return revoked_message(session.device.device_id, session.config.vault_id)
     return session.state.last_error
 
 
@@ -545,14 +542,22 @@ def revoke(
             "--force", help="Revoke an id the relay has never seen (pre-revoke it on purpose)."
         ),
     ] = False,
+    yes: Annotated[
+        bool,
+        typer.Option("--yes", help="Revoke this device's own id without asking (for scripts)."),
+    ] = False,
 ) -> None:
     """Revoke a device (needs an admin key): its pushes and pulls are refused from now on.
 
     The id must be on the vault's roster (`engram-sync devices`) unless --force: a
-    mistyped id would otherwise revoke a device that does not exist, and no other.
+    mistyped id would otherwise revoke a device that does not exist, and no other. This
+    device's own id is asked about first (--yes for scripts).
     """
     with open_session() as session, session.relay() as relay:
         vault_id = session.config.vault_id or ""
+        own = device_id == session.device.device_id
+        if own and not yes:
+            _confirm_own_revoke(device_id)
         if not force:
             known = {d.device_id for d in relay.devices(vault_id).devices}
             if device_id not in known:
@@ -561,7 +566,31 @@ def revoke(
                     "`engram-sync devices`, or pass --force to pre-revoke it"
                 )
         relay.revoke_device(vault_id, device_id)
+        if own:  # it stops pushing now; `link` with a new key gives it a new id (issue 31)
+            session.state.revoked = True
+            session.state.save()
+    if own:
+        out.print(
+            f"revoked {device_id} (this device): it no longer syncs; its memories stay here. "
+            "To sync again, ask an admin for a new key and run `engram-sync link` with it: "
+            "this device then gets a new device id",
+            markup=False,
+        )
+        return
     out.print(f"revoked {device_id}", markup=False)
+
+
+def _confirm_own_revoke(device_id: str) -> None:
+    """Revoking the device the command runs on: asked on a terminal, refused elsewhere."""
+    what = (
+        f"{device_id} is this device: revoked, it can no longer sync until it is linked "
+        "again with a new key (under a new device id)"
+    )
+    if not sys.stdin.isatty():
+        raise CliError(f"{what}; nothing was revoked: pass --yes to revoke it anyway")
+    err.print(f"warning: {what}", markup=False, highlight=False)
+    if not typer.confirm("Revoke this device?", default=False, err=True):
+        raise CliError("nothing was revoked")
 
 
 @conflicts_app.callback()

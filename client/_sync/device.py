@@ -91,6 +91,17 @@ class Device:
             },
         )
 
+    def renew_identity(self) -> str:
+        """Take a new device id (UUIDv4), keeping the label and the clock: the relay revoked
+        the old id, which stays revoked there (client._sync.revocation; PROTOCOL §10). The
+        clock goes on above every value handed out (PROTOCOL §8), so the new id's pushes
+        beat what the old id wrote. Returns the old id."""
+        old = self.device_id
+        self.device_id = str(uuid.uuid4())
+        self.created_at = utc_now_rfc3339()
+        self.save()
+        return old
+
     def reserve_clocks(self, count: int) -> list[int]:
         """Take `count` consecutive clock values, each at or below a mark persisted before
         they are returned (a new lease when the current one does not cover them)."""

@@ -28,11 +28,13 @@ from engram_sync.client._errors import (
 )
 from engram_sync.client._sync.anti_entropy import DIGEST_FEATURE, AntiEntropy, DigestReport
 from engram_sync.client._sync.device import Device
+from engram_sync.client._sync.feed_page_bound import feed_page_gap
 from engram_sync.client._sync.lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
 from engram_sync.client._sync.lock import sync_lock
 from engram_sync.client._sync.own_pushes import OwnSkip, own_commit_end, refuted_start
 from engram_sync.client._sync.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
 from engram_sync.client._sync.retirement import note_retired, retired_error
+from engram_sync.client._sync.revocation import revoked_in_roster, revoked_message
 from engram_sync.client._sync.state import SkippedBlob, SyncState
 from engram_sync.client._sync.unpushable import Unpushable, id_refusal, refused_index
 from engram_sync.client._vault.keys import key_source
@@ -113,8 +115,9 @@ class SyncReport:
     own_skipped: int = 0
     own_skip_refuted: bool = False
     # docs/live-feed.md "Blobs in the event": pages the live feed carried, applied in place
-    # of a pull
+    # of a pull, and those dropped by a check (pulled over HTTP instead; logged)
     feed_pages: int = 0
+    feed_dropped: int = 0
 
 
 ProgressCallback = Callable[[str, SyncReport], None]
@@ -227,13 +230,13 @@ class Syncer:
 
     def _sync_locked(self, feed_pages: Mapping[int, PullResponse]) -> SyncReport:
         report = SyncReport()
-        if self.state.revoked:
-            raise self._revoked_error()
         try:
             for round_ in range(MAX_ROUNDS):
                 self.pull(report, feed_pages if round_ == 0 else None)
                 if self.state.retired is not None:
                     break  # PROTOCOL §19: no push to a retired vault; the edits stay pending
+                if self.state.revoked:
+                    self._ask_again_if_revoked()  # before any push (client._sync.revocation)
                 rejected_before = report.rejected
                 self.push(report)
                 if self.state.retired is not None:
@@ -258,7 +261,8 @@ class Syncer:
 
     def revoked_by_relay(self, why: str) -> DeviceRevokedError:
         """The relay said this device is revoked (the live feed's `event: revoked`,
-        PROTOCOL §15): remembered like a push answer naming it (§8), and the error to raise."""
+        PROTOCOL §15): remembered like a push answer naming it (§8), and the error to raise;
+        the next sync asks again (client._sync.revocation)."""
         self._mark_revoked()
         error = self._revoked_error()
         return DeviceRevokedError(error.status, error.code, f"{error.message} ({why})")
@@ -300,14 +304,22 @@ class Syncer:
         )  # fmt: skip
 
     def _revoked_error(self) -> DeviceRevokedError:
-        return DeviceRevokedError(403, "device_revoked", self._revoked_message())
+        message = revoked_message(self.device.device_id, self.vault_id)
+        return DeviceRevokedError(403, "device_revoked", message)
 
-    def _revoked_message(self) -> str:
-        return (
-            f"this device ({self.device.device_id}) was revoked for vault {self.vault_id}: "
-            "it can no longer push or pull. Its local memories are kept. To sync again, ask "
-            "an admin for a new key and run `engram-sync link` with it."
-        )
+    def _ask_again_if_revoked(self) -> None:
+        """The relay said this device was revoked, at an earlier sync: its word is a state
+        to check again (issue 31; client._sync.revocation), not a verdict kept for good.
+        After a pull that worked, the vault's roster decides, before anything is pushed
+        (PROTOCOL §8: no push while the relay says revoked)."""
+        if revoked_in_roster(self.relay.devices(self.vault_id), self.device.device_id):
+            raise self._revoked_error()
+        log.warning(
+            "the relay no longer says this device (%s) is revoked for vault %s; syncing again",
+            self.device.device_id, self.vault_id,
+        )  # fmt: skip
+        self.state.revoked = False
+        self.state.save()
 
     def _mark_revoked(self) -> None:
         self.state.revoked = True
@@ -347,7 +359,7 @@ class Syncer:
         retired = False  # PROTOCOL §19: whether a page of this pull said the vault is retired
         fed = dict(feed_pages or {})
         while True:
-            page = self._feed_page(fed, cursor) if seen is None else None
+            page = self._feed_page(fed, cursor, report) if seen is None else None
             from_feed = page is not None
             try:
                 if page is None:
@@ -430,28 +442,35 @@ class Syncer:
         self.state.save()
         return start
 
-    def _feed_page(self, fed: dict[int, PullResponse], cursor: int) -> PullResponse | None:
+    def _feed_page(
+        self, fed: dict[int, PullResponse], cursor: int, report: SyncReport
+    ) -> PullResponse | None:
         """The live feed's page that follows `cursor`, if there is one and it holds up: the
         generation this device knows (PROTOCOL §17; a restore is left to an HTTP pull to
-        find) and every check of a pull page. A page that fails is dropped, logged, and
-        the device pulls over HTTP instead: the feed can only spare a pull, never fail one.
-        Stricter than a pull page: its last blob's `seq` must be its cursor."""
+        find) and every check of a pull page. A page that fails is dropped, logged,
+        counted (`feed_dropped`), and the device pulls over HTTP instead: the feed can only
+        spare a pull, never fail one. Stricter than a pull page: its blobs carry every
+        sequence number from `cursor` to its own, one each (client._sync.feed_page_bound)."""
         page = fed.pop(cursor, None)
         if page is None:
             return None
         known = self.state.generation
         if known is None or page.generation != known:
             log.info("blobs from the live feed of another generation dropped; pulling")
+            report.feed_dropped += 1
             return None
-        if not page.blobs or page.blobs[-1].seq != page.cursor:
-            # a commit's blobs end at its sequence: the feed never needs the skip to the
-            # head that a pull's last page may make (compacted tombstones, `check_page`)
-            log.warning("blobs from the live feed that do not end at its cursor dropped")
+        # issue 31 (12b): a page with no `head` of its own moves the cursor only over the
+        # blobs it carries, so a forged `seq` cannot skip data or fake a restore (§17)
+        gap = feed_page_gap(page, cursor) if page.blobs else "it carries no blob"
+        if gap is not None:
+            log.warning("blobs from the live feed dropped, pulling instead: %s", gap)
+            report.feed_dropped += 1
             return None
         try:
             check_page(page, asked=cursor, limit=MAX_PULL_LIMIT, relay_url=self.relay.base_url)
         except RelayMisbehavedError as exc:
             log.warning("blobs from the live feed refused, pulling instead: %s", exc)
+            report.feed_dropped += 1
             return None
         return page
 

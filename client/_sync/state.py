@@ -142,6 +142,18 @@ class SyncState:
             self.retired = None
             self.save()
 
+    def relinked(self) -> None:
+        """`link` ran again: the relay's word that this device is revoked is dropped (the
+        next sync asks again, client._sync.revocation)."""
+        self.revoked = False
+        self.save()
+
+    def new_device_id(self) -> None:
+        """The device took a new id (`Device.renew_identity`): the moves past the old id's
+        own pushes name the old id, so they are forgotten (client._sync.own_pushes)."""
+        self.own_skips = []
+        self.save()
+
     def record_skipped(self, skipped: SkippedBlob) -> None:
         """Remember a skipped blob for `status` (the newest MAX_SKIPPED_KEPT)."""
         self.skipped.append(skipped)

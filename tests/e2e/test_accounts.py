@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from engram_sync.client._accounts import account, pairing, team
+from engram_sync.client._errors import DeviceRevokedError
 from engram_sync.client._session import VaultSession
 from engram_sync.client._vault import keys as vault_keys
 from engram_sync.shared_format.recovery import generate_recovery_phrase
@@ -214,3 +215,60 @@ def test_wrong_password_or_phrase_changes_nothing(tmp_path: Path, relay: Relay) 
     assert relay_state(relay) == before_relay
     with echo.open() as session:  # and the right password still works
         assert account.link_with_account(session, relay.url, PASSWORD) == "team-e2e"
+
+
+@pytest.mark.parametrize("when", ["after a sync said revoked", "before any sync"])
+def test_a_revoked_device_links_again_through_the_account_under_a_new_id(
+    tmp_path: Path, relay: Relay, when: str
+) -> None:
+    """Issue 31: the way back the revocation message gives works with `link --account` too:
+    a new device id (the old one stays revoked on the relay), the waiting edit pushed."""
+    alpha, _ = alpha_with_account(tmp_path, relay)
+    bravo = new_device(tmp_path, relay, "bravo")
+    with bravo.open() as session:
+        account.signin(session.path, relay.url, EMAIL, PASSWORD)
+        account.link_with_account(session, relay.url, PASSWORD, label="bravo")
+        old = session.device.device_id
+    bravo.sync()
+    with alpha.relay_client() as admin:
+        admin.revoke_device("team-e2e", old)
+    waiting = add(bravo, "written after the revocation")
+    if when == "after a sync said revoked":
+        with pytest.raises(DeviceRevokedError):
+            bravo.sync()  # its device-bound key gets 403 on the pull (PROTOCOL §10)
+
+    with bravo.open() as session:
+        assert account.link_with_account(session, relay.url, PASSWORD) == "team-e2e"
+        renewed = session.device.device_id
+    assert renewed != old
+    bravo.restart()
+    assert bravo.sync().pushed == 1
+    alpha.sync()
+    assert contents(alpha)[waiting] == "written after the revocation"
+    with alpha.relay_client() as admin:
+        roster = {d.device_id: d.revoked for d in admin.devices("team-e2e").devices}
+    assert (roster[old], roster[renewed]) == (True, False)
+
+
+def test_a_revoked_device_pairs_again_under_a_new_id(tmp_path: Path, relay: Relay) -> None:
+    """Issue 31: a pairing code redeemed for a revoked device id is refused and left unused
+    (relay.store.pairing); the device takes a new id and redeems it, once."""
+    alpha = make_device(tmp_path, relay, "alpha")
+    charlie = new_device(tmp_path, relay, "charlie")
+    with alpha.open() as session:
+        first = pairing.issue_code(session, "charlie").code
+    with charlie.open() as session:
+        pairing.link_with_code(session, relay.url, first, "charlie")
+        old = session.device.device_id
+    with alpha.relay_client() as admin:
+        admin.revoke_device("team-e2e", old)
+    with alpha.open() as session:
+        second = pairing.issue_code(session, "charlie").code
+    with charlie.open() as session:
+        assert pairing.link_with_code(session, relay.url, second, "charlie") == ("team-e2e", False)
+        renewed = session.device.device_id
+        assert not session.state.revoked
+    assert renewed != old
+    with alpha.relay_client() as admin:
+        roster = {d.device_id: d.revoked for d in admin.devices("team-e2e").devices}
+    assert (roster[old], roster[renewed]) == (True, False)
