@@ -100,16 +100,6 @@ async def claim_operator(conn: Conn, vault_ids: list[str]) -> None:
     )
 
 
-async def is_granted(conn: Conn, vault_id: str, account_id: str) -> bool:
-    """True when an admin of the vault granted the account."""
-    found: bool = await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM vault_grants WHERE vault_id = $1 AND account_id = $2)",
-        vault_id,
-        account_id,
-    )
-    return found
-
-
 async def may_use(conn: Conn, account_id: str, vault_id: str) -> bool:
     """True when the account owns the vault or was granted it (no claim is made)."""
     found: bool = await conn.fetchval(
