@@ -62,7 +62,7 @@ async def create_grant(request: Request[Any, Any, Any], vault_id: FromPath[str])
         found = await owners.account_by_email_or_id(conn, who)
         if found is None:
             raise RelayError(404, "no_account", "no account has this email or id on this relay")
-        current = await owners.grant_role(conn, vault_id, found[0])
+        current = await owners.grant_role(conn, vault_id, found[0], lock=True)
         grant_roles.check_grant_change(caller, vault_id, data.role, current)
         if principal.account_id is None:  # an operator key's grant is operator use
             await owners.claim_operator(conn, [vault_id])
@@ -95,9 +95,12 @@ async def revoke_grant(
     principal = await authorize(request, require_id(vault_id, "vault_id"), admin=True)
     caller = await standing(request, principal, vault_id)
     async with relay_state(request).require_pool().acquire() as conn:
-        current = await owners.grant_role(conn, vault_id, account_id)
-        grant_roles.check_grant_removal(caller, vault_id, current)
-        removed = await owners.revoke_grant(conn, vault_id, account_id)
+        removed = await owners.revoke_grant(
+            conn,
+            vault_id,
+            account_id,
+            check=lambda role: grant_roles.check_grant_removal(caller, vault_id, role),
+        )
     if removed:
         log.info("vault grant removed", extra={"vault_id": vault_id, "account_id": account_id})
     return VaultGrantRevoked(vault_id, account_id, removed)

@@ -14,6 +14,7 @@ do what); removing a grant revokes the keys the account minted for the vault.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, TypeAlias
@@ -124,10 +125,17 @@ async def claim_for_account(conn: asyncpg.Connection, account_id: str, vault_id:
     return account_standing(found.account_id, account_id, role)
 
 
-async def grant_role(conn: Conn, vault_id: str, account_id: str) -> str | None:
-    """The role of the account's grant of the vault, None without one."""
+_GRANT_ROLE = "SELECT role FROM vault_grants WHERE vault_id = $1 AND account_id = $2"
+_GRANT_ROLE_LOCKED = _GRANT_ROLE + " FOR UPDATE"
+
+
+async def grant_role(
+    conn: Conn, vault_id: str, account_id: str, *, lock: bool = False
+) -> str | None:
+    """The role of the account's grant of the vault, None without one. `lock`: hold the
+    grant's row until the caller's transaction ends, so a role checked stays the role."""
     role: str | None = await conn.fetchval(
-        "SELECT role FROM vault_grants WHERE vault_id = $1 AND account_id = $2",
+        _GRANT_ROLE_LOCKED if lock else _GRANT_ROLE,
         vault_id,
         account_id,
     )
@@ -194,13 +202,23 @@ async def _keys_of_grant(
     return int(status.split()[-1])
 
 
-async def revoke_grant(conn: asyncpg.Connection, vault_id: str, account_id: str) -> bool:
+async def revoke_grant(
+    conn: asyncpg.Connection,
+    vault_id: str,
+    account_id: str,
+    *,
+    check: Callable[[str | None], None] | None = None,
+) -> bool:
     """Remove a grant and revoke every key the account minted for the vault (PROTOCOL §13:
     removing a grant revokes the keys minted under it); False when there was none.
 
-    The keys' next request is refused (relay.auth reads `revoked_at` on every request) and
-    their event streams end."""
+    `check` is called with the grant's role (None: no grant), read under the grant's row
+    lock, and may raise to refuse (relay.grant_roles.check_grant_removal). The keys' next
+    request is refused (relay.auth reads `revoked_at` on every request) and their event
+    streams end."""
     async with conn.transaction():
+        if check is not None:
+            check(await grant_role(conn, vault_id, account_id, lock=True))
         status: str = await conn.execute(
             "DELETE FROM vault_grants WHERE vault_id = $1 AND account_id = $2",
             vault_id,
