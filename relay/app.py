@@ -34,6 +34,7 @@ from engram_sync.relay.routes import (
     handoff,
     pairing,
     retire,
+    retire_undo,
     sync,
     system,
 )
@@ -252,6 +253,7 @@ def create_app(config: RelayConfig) -> Litestar:
             *handoff.ROUTES,  # PROTOCOL §14
             *grants.ROUTES,  # PROTOCOL §13 vault ownership
             *retire.ROUTES,  # PROTOCOL §19
+            *retire_undo.ROUTES,  # PROTOCOL §19 with §13: the owner's undo
         ],
         lifespan=[lifespan],
         on_app_init=[on_app_init],

@@ -11,11 +11,14 @@ from typing import Any
 
 from litestar import Request
 
+from engram_sync.relay import grant_roles
 from engram_sync.relay.errors import RelayError, forbidden, unauthorized
+from engram_sync.relay.grant_roles import Standing
 from engram_sync.relay.keys import DEFAULT_KEY_RATE, Principal, hash_key, key_prefix
 from engram_sync.relay.state import RelayState, relay_state
 from engram_sync.relay.store import accounts as account_store
 from engram_sync.relay.store import keys as key_store
+from engram_sync.relay.store import owners
 from engram_sync.relay.store.accounts import SESSION_PREFIX, AccountSession
 
 
@@ -67,12 +70,38 @@ def _rate_limit(state: RelayState, principal: Principal) -> None:
 async def authorize(
     request: Request[Any, Any, Any], vault_id: str, *, admin: bool = False
 ) -> Principal:
-    """Authenticate, then check the key reaches `vault_id` (and is admin there if asked)."""
+    """Authenticate, then check the key reaches `vault_id` (and is admin there if asked).
+
+    PROTOCOL §13 "Grants carry a role": an admin key an account minted is admin only while
+    the account owns the vault or holds an admin grant of it (read on each admin request,
+    so a grant turned back into a member grant, or removed, takes effect at once; and the
+    admin keys minted under grants before revision 0016 made them `member` lose it)."""
     principal = await authenticate(request)
     if not principal.can_access(vault_id):
         raise forbidden("this API key is not valid for this vault")
     if admin and not principal.is_admin_for(vault_id):
         raise forbidden("this route needs an admin key for this vault")
+    if admin:
+        grant_roles.require_admin(await standing(request, principal, vault_id), vault_id)
+    return principal
+
+
+async def standing(
+    request: Request[Any, Any, Any], principal: Principal, vault_id: str
+) -> Standing:
+    """The standing the request's key gives in the vault (relay.grant_roles)."""
+    account = None
+    if principal.account_id is not None:
+        pool = relay_state(request).require_pool()
+        account = await owners.standing(pool, vault_id, principal.account_id)
+    return grant_roles.key_standing(principal, vault_id, account)
+
+
+async def authorize_owner(request: Request[Any, Any, Any], vault_id: str, what: str) -> Principal:
+    """`authorize` with an admin key, then PROTOCOL §13: only the vault's owner (an operator
+    key, or a key of the owning account) may go on; 403 `owner_only` for an admin grant."""
+    principal = await authorize(request, vault_id, admin=True)
+    grant_roles.require_owner(await standing(request, principal, vault_id), vault_id, what)
     return principal
 
 

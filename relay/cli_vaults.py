@@ -24,6 +24,7 @@ from engram_sync.relay.cli_options import DatabaseUrl, DataDir
 from engram_sync.relay.cli_support import CliError, check_vault, on_connection, run_db
 from engram_sync.relay.config import DEFAULT_RETIRE_GRACE_DAYS
 from engram_sync.relay.domain_errors import AlreadyRetiredError
+from engram_sync.relay.grant_roles import ADMIN, MEMBER, Role
 from engram_sync.relay.keys import StaticKey
 from engram_sync.relay.store import keys as key_store
 from engram_sync.relay.store import owners
@@ -229,9 +230,9 @@ def vaults_show(
     for name, value in lines.items():
         out.print(f"{name}: {value}", highlight=False)
     if grants:
-        table = Table("granted account", "email", "granted by", "granted")
+        table = Table("granted account", "email", "role", "granted by", "granted")
         for g in grants:
-            table.add_row(g.account_id, g.email, g.granted_by, _when(g.granted_at))
+            table.add_row(g.account_id, g.email, g.role, g.granted_by, _when(g.granted_at))
         out.print(table)
     else:
         out.print("grants: none", highlight=False)
@@ -331,28 +332,39 @@ async def _account_id(conn: asyncpg.Connection, account: str) -> str:
 def vaults_grant(
     vault: VaultId,
     account: Account,
+    admin: Annotated[
+        bool,
+        typer.Option(
+            "--admin",
+            help="An admin grant: the account may also mint admin keys, grant others "
+            "(member) and revoke devices. Without it, a member grant (or an admin grant "
+            "turned back into one).",
+        ),
+    ] = False,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
     """Let an account mint keys and store its wrap for a vault it does not own.
 
     A vault nobody has used yet is claimed for the operator first (granting is operator use).
+    The operator may give either role (PROTOCOL §13 "Grants carry a role").
     """
     check_vault(vault)
+    role: Role = ADMIN if admin else MEMBER
 
     async def work(c: asyncpg.Connection) -> tuple[str, VaultOwner]:
         async with c.transaction():
             account_id = await _account_id(c, account)
             owner = await owners.claim(c, vault, None)
             if owner.account_id != account_id:
-                await owners.grant(c, vault, account_id, "cli")
+                await owners.grant(c, vault, account_id, "cli", role)
             return account_id, owner
 
     account_id, owner = run_db(database_url, data_dir, work)
     if owner.account_id == account_id:
         out.print(f"account {account_id} owns vault {vault} already", highlight=False)
     else:
-        out.print(f"account {account_id} granted vault {vault}", highlight=False)
+        out.print(f"account {account_id} granted vault {vault} ({role})", highlight=False)
 
 
 @vaults_app.command("ungrant")
@@ -362,8 +374,8 @@ def vaults_ungrant(
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Remove a grant: no new keys or wraps for that account (its keys stay valid:
-    `engram-relay keys revoke`)."""
+    """Remove a grant: no new keys or wraps for that account, and every key it minted for
+    the vault is revoked (PROTOCOL §13)."""
     check_vault(vault)
 
     async def work(c: asyncpg.Connection) -> tuple[str, bool]:

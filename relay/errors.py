@@ -31,6 +31,7 @@ from engram_sync.relay.domain_errors import (
     ShuttingDownError,
     VaultRetiredError,
 )
+from engram_sync.relay.grant_roles import RoleRefusedError
 from engram_sync.relay.idempotency import (
     HEADER as IDEMPOTENCY_HEADER,
 )
@@ -226,6 +227,11 @@ def _idempotency_key_reused(
     return _relay_error(_, RelayError(422, "idempotency_key_reused", str(exc)))
 
 
+def _role_refused(_: Request[Any, Any, Any], exc: RoleRefusedError) -> Response[Any]:
+    # PROTOCOL §13 "Grants carry a role": `admin_not_granted` or `owner_only`.
+    return _relay_error(_, forbidden(exc.message, code=exc.code))
+
+
 def _vault_owned(_: Request[Any, Any, Any], exc: VaultOwnedError) -> Response[Any]:
     # PROTOCOL §13: one answer whether the operator or another account owns the id.
     return _relay_error(
@@ -372,6 +378,7 @@ EXCEPTION_HANDLERS: Final = {
     LabelLockedError: _label_locked,
     TooManyRequestsError: _too_many_handoffs,
     VaultOwnedError: _vault_owned,
+    RoleRefusedError: _role_refused,
     InvalidIdempotencyKeyError: _invalid_idempotency_key,
     IdempotencyKeyReusedError: _idempotency_key_reused,
     SealedAnswerError: _idempotency_key_reused,

@@ -9,7 +9,7 @@ then not emitted at all, so a writer never sends a core field with a different t
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -139,6 +139,14 @@ class RetireResponse(Struct, frozen=True):
     erase_after: str
     statement: str | UnsetType = UNSET
     stated_at: str | UnsetType = UNSET
+
+
+class RetireUndone(Struct, frozen=True):
+    """Answer to `DELETE /v1/vaults/{vault_id}/retire` (the owner, within the grace period;
+    docs/rekey.md): `undone` is false when the vault was not retired (idempotent)."""
+
+    vault_id: str
+    undone: bool
 
 
 class SyncHealth(Struct, frozen=True):
@@ -355,12 +363,14 @@ class AccountInfo(Struct, frozen=True):
 
 
 class MintAccountKeyRequest(Struct, frozen=True):
-    """Body of `POST /account/keys`; `admin` defaults to true (the account owns the vault)."""
+    """Body of `POST /account/keys`. `admin` left out: an admin key for the vault's owner
+    and an admin grant, a member key for a member grant (PROTOCOL §13 "Grants carry a
+    role"); `admin: true` with a member grant is 403 `admin_not_granted`."""
 
     vault_id: str
     device_id: str | None = None
     label: str | None = None
-    admin: bool = True
+    admin: bool | UnsetType = UNSET
 
 
 class MintedAccountKey(Struct, frozen=True):
@@ -615,11 +625,17 @@ class HandoffCancelled(Struct, frozen=True):
 # --- Vault grants (our addition to PROTOCOL §13 "Vault ownership"; docs/vault-ownership.md) ---
 
 
+GrantRole = Literal["member", "admin"]
+
+
 class GrantRequest(Struct, frozen=True):
-    """Body of `POST /v1/vaults/{vault_id}/grants`: the account, by email or by id."""
+    """Body of `POST /v1/vaults/{vault_id}/grants`: the account, by email or by id, and
+    the grant's role (additive, PROTOCOL §13: `member` by default; `admin` is the owner's
+    to give)."""
 
     email: str | None = None
     account_id: str | None = None
+    role: GrantRole = "member"
 
 
 class VaultGrantInfo(Struct, frozen=True):
@@ -629,6 +645,9 @@ class VaultGrantInfo(Struct, frozen=True):
     account_id: str
     email: str
     granted_at: str
+    # additive (PROTOCOL §13): left out by relays without `grant-roles`, where every grant
+    # could do what an admin grant does
+    role: GrantRole | UnsetType = UNSET
 
 
 class VaultGrantList(Struct, frozen=True):

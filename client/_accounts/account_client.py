@@ -29,6 +29,7 @@ from engram_sync.shared_format.wire import (
     AccountWraps,
     CreatePairingCodeRequest,
     GrantRequest,
+    GrantRole,
     HandoffCancelled,
     HandoffClaimed,
     HandoffCreated,
@@ -133,11 +134,18 @@ class AccountClient(RelayClient):
         return self._call("GET", "/account", AccountInfo, retry=Retry.SAFE)
 
     def mint_key(
-        self, vault_id: str, *, device_id: str | None, label: str | None, admin: bool = True
+        self, vault_id: str, *, device_id: str | None, label: str | None, admin: bool | None = None
     ) -> MintedAccountKey:
-        """`POST /account/keys`: a key for an owned vault (shown once)."""
+        """`POST /account/keys`: a key for an owned or granted vault (shown once). `admin`
+        None leaves the field out: the relay mints the best key the account may have there
+        (admin for the owner and an admin grant, member for a member grant; PROTOCOL §13)."""
         body = encode_json(
-            MintAccountKeyRequest(vault_id=vault_id, device_id=device_id, label=label, admin=admin)
+            MintAccountKeyRequest(
+                vault_id=vault_id,
+                device_id=device_id,
+                label=label,
+                admin=UNSET if admin is None else admin,
+            )
         )
         return self._call(
             "POST",
@@ -316,22 +324,30 @@ class AccountClient(RelayClient):
     # -- vault grants (§13 "Vault ownership", admin API key bearer) -------------------------
 
     def grant_vault(
-        self, vault_id: str, *, email: str | None = None, account_id: str | None = None
+        self,
+        vault_id: str,
+        *,
+        email: str | None = None,
+        account_id: str | None = None,
+        role: GrantRole = "member",
     ) -> VaultGrantInfo:
         """`POST /v1/vaults/{v}/grants` (admin; idempotent): let the account with `email`
-        (or `account_id`) mint keys and store its wrap for the vault. 404 `no_account`
-        when the relay has no such account. The answer must name this vault and that
-        account (RelayMisbehavedError otherwise)."""
+        (or `account_id`) mint keys and store its wrap for the vault, with `role` (PROTOCOL
+        §13; `admin` is the owner's to give). 404 `no_account` when the relay has no such
+        account. The answer must name this vault and that account (RelayMisbehavedError
+        otherwise)."""
         if (email is None) == (account_id is None):
             raise ValueError("name the account by exactly one of email or account_id")
         path = f"{_vault(vault_id)}/grants"
-        body = encode_json(GrantRequest(email=email, account_id=account_id))
+        body = encode_json(GrantRequest(email=email, account_id=account_id, role=role))
         info = self._call("POST", path, VaultGrantInfo, retry=Retry.SAFE, content=body)
         self._check_grant(info, vault_id, f"POST {path}")
         if email is not None and normalize_email(info.email) != normalize_email(email):
             self._misbehaved(f"POST {path}", f"a grant for {info.email!r}, not {email!r}")
         if account_id is not None and info.account_id != account_id.strip():
             self._misbehaved(f"POST {path}", f"a grant for {info.account_id!r}, not {account_id!r}")
+        if info.role is not UNSET and info.role != role:  # left out: a relay without roles
+            self._misbehaved(f"POST {path}", f"a grant of role {info.role!r}, not {role!r}")
         return info
 
     def vault_grants(self, vault_id: str) -> VaultGrantList:

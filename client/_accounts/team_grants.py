@@ -1,9 +1,12 @@
-"""Vault grants on the device side (PROTOCOL §13 "Vault ownership"; docs/vault-ownership.md).
+"""Vault grants on the device side (PROTOCOL §13 "Vault ownership", "Grants carry a role";
+docs/vault-ownership.md).
 
 A vault id belongs to its first user; another account may mint keys and keep its wrap
-there only once an admin of the vault grants it. These are the admin's steps, with the
-linked vault's admin API key: :func:`grant` (by email or account id), :func:`grants`,
-:func:`ungrant`. Each turns the relay's refusals into one line saying what to do.
+there only once an admin of the vault grants it, as a `member` (the default) or an
+`admin` (the owner's to give). These are the admin's steps, with the linked vault's admin
+API key: :func:`grant` (by email or account id), :func:`grants`, :func:`ungrant` (which
+also revokes the account's keys for the vault). Each turns the relay's refusals into one
+line saying what to do.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
+from msgspec import UNSET
+
 from engram_sync.client._accounts.account_client import AccountClient
 from engram_sync.client._errors import DeviceRevokedError, ForbiddenError, RelayError, SyncError
 from engram_sync.client._session import VaultSession
 from engram_sync.shared_format.login import normalize_email
-from engram_sync.shared_format.wire import VaultGrantInfo
+from engram_sync.shared_format.wire import GrantRole, VaultGrantInfo
 
 FEATURE: Final = "vault-grants"  # in /v1/info `features` on relays with these routes
 T = TypeVar("T")
@@ -29,11 +34,15 @@ class GrantError(SyncError):
 
 @dataclass(frozen=True)
 class Grant:
-    """An account let into the vault: it may mint keys and store its wrap there."""
+    """An account let into the vault: it may mint keys and store its wrap there.
+
+    `role`: `member` or `admin`; `admin` too for a grant of a relay without roles (no
+    `role` in its answer), where every grant could do what an admin grant does."""
 
     account_id: str
     email: str
     granted_at: str
+    role: str = "member"
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,18 @@ def _refusals(relay: AccountClient, linked: _Linked, who: str | None = None) -> 
     except DeviceRevokedError:
         raise
     except ForbiddenError as exc:
+        if exc.code == "owner_only":  # PROTOCOL §13 "Grants carry a role"
+            raise GrantError(
+                f"only the owner of vault {vault_id} may give or take back the admin role, or "
+                "remove an admin's grant, and this device's key is an admin grant's: run this "
+                "on an owner's device"
+            ) from None
+        if exc.code == "admin_not_granted":
+            raise GrantError(
+                f"this device's key belongs to an account with a member grant of vault "
+                f"{vault_id}, so it cannot manage grants: ask the vault's owner for an admin "
+                "grant (`engram-sync team grant --admin EMAIL` on the owner's device)"
+            ) from None
         raise GrantError(
             f"grants of vault {vault_id} need an admin key for it, and this device's key is "
             f"not one ({exc.message}): run this on an admin's device, or ask the relay's "
@@ -110,19 +131,23 @@ def _with_relay(
 
 
 def _grant(info: VaultGrantInfo) -> Grant:
-    return Grant(info.account_id, info.email, info.granted_at)
+    role = "admin" if info.role is UNSET else info.role  # a relay without roles: see Grant
+    return Grant(info.account_id, info.email, info.granted_at, role)
 
 
-def grant(session: VaultSession, who: str) -> Grant:
-    """Grant the linked vault to the account with email (or account id) `who` (idempotent)."""
+def grant(session: VaultSession, who: str, *, admin: bool = False) -> Grant:
+    """Grant the linked vault to the account with email (or account id) `who` (idempotent),
+    as an admin with `admin` (the owner's to give), else as a member: a repeat sets the role.
+    """
     who = who.strip()
     if not who:
         raise GrantError("name the account by its email (or its account id, acct_…)")
+    role: GrantRole = "admin" if admin else "member"
 
     def step(relay: AccountClient, vault_id: str) -> Grant:
         if _by_email(who):
-            return _grant(relay.grant_vault(vault_id, email=who))
-        return _grant(relay.grant_vault(vault_id, account_id=who))
+            return _grant(relay.grant_vault(vault_id, email=who, role=role))
+        return _grant(relay.grant_vault(vault_id, account_id=who, role=role))
 
     return _with_relay(session, who, step)
 
@@ -140,7 +165,8 @@ def ungrant(session: VaultSession, who: str) -> Grant:
     """Remove the grant of the account with email or account id `who`; the removed grant.
 
     The grant is looked up in the list first, so an email works and a typo is an error
-    rather than a silent no-op. Keys the account already minted stay valid.
+    rather than a silent no-op. The relay revokes the keys the account minted for the
+    vault with it (PROTOCOL §13).
     """
     who = who.strip()
 

@@ -390,23 +390,42 @@ def team_approve(
     "gets `vault_owned` until an admin grants it. Once granted, its devices can keep the "
     "vault key in the account (`engram-sync vault open`) and link new devices with "
     "`engram-sync link --account`. The account must exist (`engram-sync account signup`); "
-    "the vault key itself still travels by `team invite` / `team request`. Idempotent.",
+    "the vault key itself still travels by `team invite` / `team request`. A member grant "
+    "(the default) mints member keys only; `--admin` (the owner's to give) may also mint "
+    "admin keys, grant members and revoke devices; neither may retire the vault. "
+    "Idempotent: a repeat sets the role.",
 )
 def team_grant(
     email: Annotated[
         str,
         typer.Argument(help="The account's email (or its account id, acct_…).", metavar="EMAIL"),
     ],
+    admin: Annotated[
+        bool,
+        typer.Option(
+            "--admin",
+            help="An admin grant (only the vault's owner may give it). Without it: a member "
+            "grant, which also turns an admin grant back into a member grant.",
+        ),
+    ] = False,
 ) -> None:
     from engram_sync.client._accounts import team_grants
 
     with open_session() as session:
-        granted = team_grants.grant(session, email)
+        granted = team_grants.grant(session, email, admin=admin)
         vault_id = session.config.vault_id
+    admin_now = granted.role == "admin"
+    can = "mint admin keys, grant members, revoke devices" if admin_now else "mint member keys"
     out.print(
         f"granted vault {escape(vault_id or '')} to {escape(granted.email)} "
-        f"({escape(granted.account_id)}): it can now mint keys and keep its wrap there"
+        f"({escape(granted.account_id)}) as {granted.role}: it can now {can} and keep its "
+        "wrap there"
     )
+    if admin_now and not admin:
+        out.print(
+            "note: this relay has no grant roles (no `grant-roles` in its features): there "
+            "every grant can do what an admin can; `engram-sync team ungrant` removes it"
+        )
 
 
 @team_app.command("grants")
@@ -425,8 +444,8 @@ def team_grants_list(
         found = team_grants.grants(session)
         vault_id = session.config.vault_id or ""
     if json_out:
-        print_json([{"account_id": g.account_id, "email": g.email, "granted_at": g.granted_at}
-                    for g in found])  # fmt: skip
+        print_json([{"account_id": g.account_id, "email": g.email, "role": g.role,
+                     "granted_at": g.granted_at} for g in found])  # fmt: skip
         return
     if not found:
         out.print(f"no account is granted vault {escape(vault_id)}")
@@ -434,18 +453,19 @@ def team_grants_list(
     table = Table(title=f"grants of vault {escape(vault_id)}")
     table.add_column("email", overflow="fold")  # a long email wraps, never shortened
     table.add_column("account id", no_wrap=True)
-    table.add_column("granted (UTC)", no_wrap=True)
+    table.add_column("role", no_wrap=True)
+    table.add_column("granted", no_wrap=True)  # the UTC day: wider, the email would fold
     for g in found:
-        when = parse_rfc3339(g.granted_at).astimezone(UTC).strftime("%Y-%m-%d %H:%M")
-        table.add_row(escape(g.email), escape(g.account_id), when)
+        when = parse_rfc3339(g.granted_at).astimezone(UTC).strftime("%Y-%m-%d")
+        table.add_row(escape(g.email), escape(g.account_id), g.role, when)
     out.print(table)
 
 
 @team_app.command(
     "ungrant",
     help="Remove an account's grant of the linked vault (needs this device's admin key).\n\n"
-    "It can no longer mint keys or store its wrap there. Keys it already minted stay valid: "
-    "revoke those devices (`engram-sync revoke DEVICE_ID`) to lock them out.",
+    "It can no longer mint keys or store its wrap there, and the relay revokes every key it "
+    "minted for the vault at once (PROTOCOL §13). Removing an admin's grant is the owner's.",
 )
 def team_ungrant(
     who: Annotated[
@@ -463,6 +483,5 @@ def team_ungrant(
         vault_id = session.config.vault_id
     out.print(
         f"removed the grant of vault {escape(vault_id or '')} for {escape(removed.email)} "
-        f"({escape(removed.account_id)}); keys it already minted stay valid (`engram-sync "
-        "devices`, `engram-sync revoke`)"
+        f"({escape(removed.account_id)}); the keys it minted for the vault are revoked"
     )

@@ -705,6 +705,14 @@ class Rekey:
         try:
             answer = relay.retire(old, new, statement=statement, stated_at=stated_at)
         except ForbiddenError as exc:
+            if exc.code == "owner_only":  # PROTOCOL §13: only the owner retires
+                raise RekeyError(
+                    f"the relay refused to retire vault {old} (owner_only): only its owner may "
+                    f"retire it, and this device's key is an admin grant's. The new vault {new} "
+                    "holds everything; link this device with an owner's admin key (`engram-sync "
+                    f"link --relay {relay.base_url} --api-key ADMIN_KEY --vault-id {old}`), or "
+                    "ask the owner to, then run `engram-sync rekey` again to finish"
+                ) from None
             raise RekeyError(
                 f"the relay refused to retire vault {old} ({exc.code}): the API key of this "
                 "device is not an admin key for it (and for the new vault). The new vault "

@@ -19,9 +19,10 @@ from typing import Any, Final, TypeVar
 import asyncpg
 from litestar import Request, delete, get, post, put
 from litestar.params import FromPath
+from msgspec import UNSET
 
-from engram_sync.relay import passwords
-from engram_sync.relay.auth import authenticate_session
+from engram_sync.relay import grant_roles, passwords
+from engram_sync.relay.auth import authenticate_session, standing
 from engram_sync.relay.bodies import BODY_OPT, decode_body
 from engram_sync.relay.errors import RelayError, forbidden
 from engram_sync.relay.keys import hash_key
@@ -272,8 +273,10 @@ async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
     """Mint a key for a vault the account owns or was granted; shown once.
 
     PROTOCOL §13: the first key for an unused vault id claims it for the account; a
-    vault the operator or another account owns is 403 `vault_owned`. Admin on that
-    vault unless `admin: false` (so it may revoke devices and seal handoffs); bound to
+    vault the operator or another account owns is 403 `vault_owned`. With `admin` left
+    out, an admin key (it may revoke devices and seal handoffs) for the owner and an admin
+    grant, a member key for a member grant; `admin: true` with a member grant is 403
+    `admin_not_granted` (relay.grant_roles, "Grants carry a role"). Bound to
     `device_id` if given (§10). With an `Idempotency-Key`, a repeat answers the key the
     first request minted, and mints none (docs/retries.md).
     """
@@ -286,14 +289,16 @@ async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
 
     async def mint(conn: asyncpg.Connection) -> MintedAccountKey:
         # The claim and the key are one transaction: a refusal below rolls the claim back.
-        await owners.claim_for_account(conn, session.account_id, vault_id)
+        standing = await owners.claim_for_account(conn, session.account_id, vault_id)
+        asked = None if data.admin is UNSET else data.admin
+        is_admin = grant_roles.minted_key_is_admin(asked, standing, vault_id)  # §13 roles
         await retirement.refuse_if_retired(conn, vault_id)  # PROTOCOL §19: 410 vault_retired
         if device_id is not None and await store.device_revoked(conn, vault_id, device_id):
             raise forbidden(f"device {device_id} was revoked for this vault", code="device_revoked")
         key_id, key = await store.insert_key(
             conn,
             vault_id=vault_id,
-            is_admin=data.admin,
+            is_admin=is_admin,
             device_id=device_id,
             account_id=session.account_id,
             label=label,
@@ -305,7 +310,7 @@ async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
             prefix=key[:8],
             vault_id=vault_id,
             device_id=device_id,
-            is_admin=data.admin,
+            is_admin=is_admin,
             label=label,
         )
 
@@ -412,9 +417,13 @@ async def get_vault_wrap(request: Request[Any, Any, Any], vault_id: FromPath[str
     return VaultWrap(vault_id=vault_id, wrapped_k=found[0], updated_at=format_rfc3339(found[1]))
 
 
-async def _adopting(request: Request[Any, Any, Any], vault_id: str) -> str | None:
-    """The grantor ("key:<id>") when `X-Engram-Vault-Key` carries an admin key for the
-    vault, None without the header; 403 for any other key."""
+async def _adopting(
+    request: Request[Any, Any, Any], vault_id: str
+) -> tuple[str, grant_roles.Role] | None:
+    """The grantor ("key:<id>") and the grant's role when `X-Engram-Vault-Key` carries an
+    admin key for the vault, None without the header; 403 for any other key. PROTOCOL §13:
+    the owner's key grants `admin` (its holder holds the owner's admin key already), an
+    admin grant's key grants `member`, a key whose account lost admin grants nothing."""
     key = request.headers.get(ADOPT_HEADER, "").strip()
     if not key:
         return None
@@ -429,7 +438,9 @@ async def _adopting(request: Request[Any, Any, Any], vault_id: str) -> str | Non
         principal = found.principal
     if not principal.is_admin_for(vault_id):
         raise forbidden("X-Engram-Vault-Key is not a valid admin key for this vault")
-    return "key:" + principal.key_id
+    held = await standing(request, principal, vault_id)
+    grant_roles.require_admin(held, vault_id)
+    return "key:" + principal.key_id, (grant_roles.ADMIN if held == "owner" else grant_roles.MEMBER)
 
 
 @put("/account/vaults/{vault_id:str}/wrap", tags=["accounts"], opt={BODY_OPT: VaultWrapWrite})
@@ -444,14 +455,15 @@ async def put_vault_wrap(request: Request[Any, Any, Any], vault_id: FromPath[str
     require_id(vault_id, "vault_id")
     data = await decode_body(request, VaultWrapWrite)
     wrapped_k = wrap_b64(data.wrapped_k, "wrapped_k")
-    adopted_by = await _adopting(request, vault_id)
+    adopted = await _adopting(request, vault_id)
     await _confirm_password(request, session, data.password)
     updated = await store.put_vault_wrap(
         relay_state(request).require_pool(),
         session.account_id,
         vault_id,
         wrapped_k,
-        adopted_by=adopted_by,
+        adopted_by=None if adopted is None else adopted[0],
+        adopted_role=grant_roles.MEMBER if adopted is None else adopted[1],
     )
     return VaultWrap(vault_id=vault_id, wrapped_k=wrapped_k, updated_at=format_rfc3339(updated))
 

@@ -1,8 +1,9 @@
 """Retiring a vault after a re-key (PROTOCOL §19, docs/rekey.md "Relay").
 
-`POST /v1/vaults/{old}/retire {"successor": "<vault id>" | null}` needs an admin key for
-`old` (an operator admin key, or an admin key an account that owns `old` or was granted
-it minted). A successor must be another valid vault id that the same key may use too
+`POST /v1/vaults/{old}/retire {"successor": "<vault id>" | null}` needs the owner of
+`old` (PROTOCOL §13: an operator admin key, or an admin key the account that owns `old`
+minted; an admin grant gets 403 `owner_only`; the undo: relay.routes.retire_undo).
+A successor must be another valid vault id that the same key may use too
 (a key scoped to it, or an account that owns it or was granted it), so a retire cannot
 point devices at a vault its caller cannot use. The retire is idempotent: the same call
 again answers the same 200; another successor answers 409 `already_retired`.
@@ -24,7 +25,7 @@ from litestar import Request, post
 from litestar.params import FromPath
 from msgspec import UNSET
 
-from engram_sync.relay.auth import authorize
+from engram_sync.relay.auth import authorize, authorize_owner
 from engram_sync.relay.bodies import BODY_OPT, decode_body
 from engram_sync.relay.errors import bad_request, forbidden
 from engram_sync.relay.keys import Principal
@@ -121,7 +122,8 @@ async def retire_vault(request: Request[Any, Any, Any], vault_id: FromPath[str])
     pulls carry `retired` until `erase_after`, then its blobs are erased (admin; idempotent).
     """
     state = relay_state(request)
-    principal = await authorize(request, require_id(vault_id, "vault_id"), admin=True)
+    # PROTOCOL §13: only the owner retires (403 `owner_only` for an admin grant)
+    principal = await authorize_owner(request, require_id(vault_id, "vault_id"), "retire it")
     data = await decode_body(request, RetireRequest)
     successor = data.successor
     if successor is not None:

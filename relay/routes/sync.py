@@ -130,6 +130,7 @@ async def pull(
                 device,
                 max_bytes=state.config.max_page_bytes,
                 origin=origin,
+                named=principal.device_id is None,  # PROTOCOL §12: a header proves nothing
             )
 
         if wait is None or not state.config.feed_notify:  # ENGRAM_RELAY_LIVE_FEED=off

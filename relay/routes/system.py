@@ -23,6 +23,7 @@ FEATURES = [
     "generation",
     "pull-origin",
     "vault-grants",  # PROTOCOL §13: /v1/vaults/{v}/grants (docs/vault-ownership.md)
+    "grant-roles",  # PROTOCOL §13: grants carry a role, member or admin (vault-ownership.md)
     "digest",  # PROTOCOL §18: /v1/vaults/{v}/digest and /fetch (docs/digest.md)
     "digest-narrow",  # PROTOCOL §18, ours: POST /v1/vaults/{v}/digest/narrow (docs/digest.md)
     "idempotency-keys",  # an Idempotency-Key makes creating POSTs retryable (docs/retries.md)
@@ -30,6 +31,7 @@ FEATURES = [
     "events-blobs",  # ours: events?blobs=1, small commits' blobs in the change (docs/live-feed.md)
     "pull-wait",  # PROTOCOL §15: pull?cursor=N&wait=S, the long-poll
     "retire",  # PROTOCOL §19: POST /v1/vaults/{v}/retire (docs/rekey.md)
+    "retire-undo",  # ours, §19 with §13: DELETE /v1/vaults/{v}/retire, the owner's undo
 ]
 
 

@@ -20,6 +20,7 @@ from typing import Final, TypeAlias
 
 import asyncpg
 
+from engram_sync.relay.grant_roles import MEMBER, Role
 from engram_sync.relay.store import owners
 from engram_sync.relay.store.feed import announce_revocation
 from engram_sync.relay.store.keys import insert_api_key
@@ -275,18 +276,22 @@ async def put_vault_wrap(
     wrapped_k: str,
     *,
     adopted_by: str | None = None,
+    adopted_role: Role = MEMBER,
 ) -> datetime:
     """Store or replace a vault wrap; the first use of the id claims it (PROTOCOL §13).
 
     A vault the operator or another account owns needs a grant, or `adopted_by`
-    ("key:<id>" of an admin key of the vault), which is recorded as a grant;
+    ("key:<id>" of an admin key of the vault), which is recorded as a grant of
+    `adopted_role` (never lowering an admin grant);
     owners.VaultOwnedError otherwise. The claim and the write share one transaction.
     """
     async with pool.acquire() as conn, conn.transaction():
         if adopted_by is None:
             await owners.claim_for_account(conn, account_id, vault_id)
         elif (await owners.claim(conn, vault_id, account_id)).account_id != account_id:
-            await owners.grant(conn, vault_id, account_id, adopted_by)
+            await owners.grant(
+                conn, vault_id, account_id, adopted_by, adopted_role, never_lower=True
+            )
         updated: datetime = await conn.fetchval(
             "INSERT INTO vault_wraps (account_id, vault_id, wrapped_k) VALUES ($1, $2, $3)"
             " ON CONFLICT (account_id, vault_id) DO UPDATE"

@@ -7,16 +7,22 @@ of the key or wrap write that uses the vault, so of two racing claims exactly on
 wins and the loser's write rolls back. The relay never moves ownership afterwards
 (deleting a wrap does not free the id: a freed id could be squatted).
 An account may mint keys and store wraps for a vault it owns or was granted
-(`vault_grants`, written by an admin of the vault: docs/vault-ownership.md).
+(`vault_grants`, written by an admin of the vault: docs/vault-ownership.md). A grant
+carries a role, `member` or `admin` (revision 0016; relay.grant_roles decides who may
+do what); removing a grant revokes the keys the account minted for the vault.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, TypeAlias
 
 import asyncpg
+
+from engram_sync.relay.grant_roles import ADMIN, MEMBER, Role, Standing, account_standing
+from engram_sync.relay.store.feed import announce_revocation
 
 Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
@@ -56,6 +62,7 @@ class Grant:
     email: str
     granted_by: str
     granted_at: datetime
+    role: Role = MEMBER
 
 
 _OWNER = "SELECT vault_id, owner, account_id, claimed_at FROM vault_owners WHERE vault_id = $1"
@@ -94,16 +101,6 @@ async def claim_operator(conn: Conn, vault_ids: list[str]) -> None:
     )
 
 
-async def is_granted(conn: Conn, vault_id: str, account_id: str) -> bool:
-    """True when an admin of the vault granted the account."""
-    found: bool = await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM vault_grants WHERE vault_id = $1 AND account_id = $2)",
-        vault_id,
-        account_id,
-    )
-    return found
-
-
 async def may_use(conn: Conn, account_id: str, vault_id: str) -> bool:
     """True when the account owns the vault or was granted it (no claim is made)."""
     found: bool = await conn.fetchval(
@@ -115,39 +112,132 @@ async def may_use(conn: Conn, account_id: str, vault_id: str) -> bool:
     return found
 
 
-async def claim_for_account(conn: asyncpg.Connection, account_id: str, vault_id: str) -> None:
+async def claim_for_account(conn: asyncpg.Connection, account_id: str, vault_id: str) -> Standing:
     """PROTOCOL §13: claim an unused id for the account, or check it owns or was granted
-    it; VaultOwnedError otherwise. Call inside the transaction of the key or wrap write."""
+    it; VaultOwnedError otherwise. Call inside the transaction of the key or wrap write.
+    The account's standing in the vault: `owner`, or its grant's role."""
     found = await claim(conn, vault_id, account_id)
-    if found.account_id != account_id and not await is_granted(conn, vault_id, account_id):
+    if found.account_id == account_id:
+        return "owner"
+    role = await grant_role(conn, vault_id, account_id)
+    if role is None:
         raise VaultOwnedError(vault_id)
+    return account_standing(found.account_id, account_id, role)
 
 
-async def grant(conn: Conn, vault_id: str, account_id: str, granted_by: str) -> datetime:
-    """Let the account into the vault (idempotent: the first grant's time is kept)."""
-    granted_at: datetime = await conn.fetchval(
-        "INSERT INTO vault_grants (vault_id, account_id, granted_by) VALUES ($1, $2, $3)"
-        " ON CONFLICT (vault_id, account_id) DO UPDATE SET vault_id = EXCLUDED.vault_id"
-        " RETURNING granted_at",
+_GRANT_ROLE = "SELECT role FROM vault_grants WHERE vault_id = $1 AND account_id = $2"
+_GRANT_ROLE_LOCKED = _GRANT_ROLE + " FOR UPDATE"
+
+
+async def grant_role(
+    conn: Conn, vault_id: str, account_id: str, *, lock: bool = False
+) -> str | None:
+    """The role of the account's grant of the vault, None without one. `lock`: hold the
+    grant's row until the caller's transaction ends, so a role checked stays the role."""
+    role: str | None = await conn.fetchval(
+        _GRANT_ROLE_LOCKED if lock else _GRANT_ROLE,
         vault_id,
         account_id,
-        granted_by,
     )
-    return granted_at
+    return role
 
 
-async def revoke_grant(conn: Conn, vault_id: str, account_id: str) -> bool:
-    """Remove a grant; False when there was none. Keys already minted stay valid."""
+async def standing(conn: Conn, vault_id: str, account_id: str) -> Standing:
+    """The account's standing in the vault (relay.grant_roles): owner, admin, member, none."""
+    row = await conn.fetchrow(
+        "SELECT (SELECT account_id FROM vault_owners WHERE vault_id = $1) AS owner,"
+        " (SELECT role FROM vault_grants WHERE vault_id = $1 AND account_id = $2) AS role",
+        vault_id,
+        account_id,
+    )
+    return account_standing(row["owner"], account_id, row["role"])
+
+
+async def grant(
+    conn: asyncpg.Connection,
+    vault_id: str,
+    account_id: str,
+    granted_by: str,
+    role: Role = MEMBER,
+    *,
+    never_lower: bool = False,
+) -> tuple[datetime, Role]:
+    """Let the account into the vault with `role`; (the first grant's time, the role now).
+
+    Idempotent; a repeat sets the role asked (the route checks first that the caller may),
+    unless `never_lower` (adopting a vault with a key keeps an admin grant admin). Taking
+    admin back makes the account's admin keys for the vault member keys (PROTOCOL §13)."""
+    async with conn.transaction():
+        before = await grant_role(conn, vault_id, account_id)
+        row = await conn.fetchrow(
+            "INSERT INTO vault_grants (vault_id, account_id, granted_by, role)"
+            " VALUES ($1, $2, $3, $4) ON CONFLICT (vault_id, account_id) DO UPDATE SET role ="
+            " CASE WHEN $5 AND vault_grants.role = 'admin' THEN 'admin' ELSE EXCLUDED.role END"
+            " RETURNING granted_at, role",
+            vault_id,
+            account_id,
+            granted_by,
+            role,
+            never_lower,
+        )
+        if before == "admin" and row["role"] == MEMBER:
+            await _keys_of_grant(conn, vault_id, account_id, "is_admin = false")
+    now: Role = ADMIN if row["role"] == ADMIN else MEMBER
+    return row["granted_at"], now
+
+
+async def _keys_of_grant(
+    conn: asyncpg.Connection, vault_id: str, account_id: str, change: str
+) -> int:
+    """Apply `change` (a constant SET clause) to the keys the account minted for the vault,
+    unless it owns the vault (an owner's own grant row, if any, never touches its keys)."""
+    found = await owner(conn, vault_id)
+    if found is not None and found.account_id == account_id:
+        return 0
     status: str = await conn.execute(
-        "DELETE FROM vault_grants WHERE vault_id = $1 AND account_id = $2", vault_id, account_id
+        f"UPDATE api_keys SET {change} WHERE vault_id = $1 AND account_id = $2",  # noqa: S608
+        vault_id,
+        account_id,
     )
-    return status.split()[-1] != "0"
+    return int(status.split()[-1])
+
+
+async def revoke_grant(
+    conn: asyncpg.Connection,
+    vault_id: str,
+    account_id: str,
+    *,
+    check: Callable[[str | None], None] | None = None,
+) -> bool:
+    """Remove a grant and revoke every key the account minted for the vault (PROTOCOL §13:
+    removing a grant revokes the keys minted under it); False when there was none.
+
+    `check` is called with the grant's role (None: no grant), read under the grant's row
+    lock, and may raise to refuse (relay.grant_roles.check_grant_removal). The keys' next
+    request is refused (relay.auth reads `revoked_at` on every request) and their event
+    streams end."""
+    async with conn.transaction():
+        if check is not None:
+            check(await grant_role(conn, vault_id, account_id, lock=True))
+        status: str = await conn.execute(
+            "DELETE FROM vault_grants WHERE vault_id = $1 AND account_id = $2",
+            vault_id,
+            account_id,
+        )
+        removed = status.split()[-1] != "0"
+        # least() skips NULL: a key's first revocation time stays (Citus: SCALING.md §3).
+        revoked = await _keys_of_grant(
+            conn, vault_id, account_id, "revoked_at = least(revoked_at, now())"
+        )
+    if revoked:
+        await announce_revocation(conn, vault_id)  # PROTOCOL §15: after the commit
+    return removed
 
 
 async def grants(conn: Conn, vault_id: str) -> list[Grant]:
-    """The vault's grants, oldest first, with each account's email."""
+    """The vault's grants, oldest first, with each account's email and role."""
     rows = await conn.fetch(
-        "SELECT g.vault_id, g.account_id, a.email, g.granted_by, g.granted_at"
+        "SELECT g.vault_id, g.account_id, a.email, g.granted_by, g.granted_at, g.role"
         " FROM vault_grants g JOIN accounts a ON a.id = g.account_id"
         " WHERE g.vault_id = $1 ORDER BY g.granted_at, g.account_id",
         vault_id,

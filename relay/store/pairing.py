@@ -114,6 +114,11 @@ async def redeem(db: Database, code: str, device_id: str, label: str | None) -> 
         account_id = (
             creator.removeprefix(ACCOUNT_CREATOR) if creator.startswith(ACCOUNT_CREATOR) else None
         )
+        if creator.startswith(KEY_CREATOR):  # PROTOCOL §13: the key's account, if any, so
+            # that removing that account's grant revokes the keys its codes minted too
+            account_id = await conn.fetchval(
+                "SELECT account_id FROM api_keys WHERE id = $1", creator.removeprefix(KEY_CREATOR)
+            )
         key_id, key = await insert_key(
             conn,
             vault_id=vault_id,

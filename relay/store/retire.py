@@ -178,7 +178,10 @@ _EXPIRED = (
     " AND d.revoked_at IS NULL)) ORDER BY erase_after, vault_id"
 )
 _ERASE = [
-    "SELECT 1 FROM vaults WHERE vault_id = $1 FOR UPDATE",
+    # Re-checked under the lock: an undo (relay.store.retire_undo) may have committed since
+    # _EXPIRED read the vault, and then nothing is erased.
+    "SELECT 1 FROM vaults WHERE vault_id = $1 AND retired_at IS NOT NULL"
+    " AND erase_after <= now() FOR UPDATE",
     "DELETE FROM blobs WHERE vault_id = $1",
     "DELETE FROM devices WHERE vault_id = $1 AND revoked_at IS NULL",
     "DELETE FROM handoff_requests WHERE vault_id = $1",
@@ -191,9 +194,12 @@ _ERASE = [
 
 async def erase_expired(conn: asyncpg.Connection) -> int:
     """Erase every retired vault whose grace period is over; how many were erased."""
-    vault_ids = [r["vault_id"] for r in await conn.fetch(_EXPIRED)]
-    for vault_id in vault_ids:
+    erased = 0
+    for row in await conn.fetch(_EXPIRED):
         async with conn.transaction():
-            for statement in _ERASE:
-                await conn.execute(statement, vault_id)
-    return len(vault_ids)
+            if await conn.fetchval(_ERASE[0], row["vault_id"]) is None:
+                continue  # undone meanwhile (relay.store.retire_undo)
+            for statement in _ERASE[1:]:
+                await conn.execute(statement, row["vault_id"])
+            erased += 1
+    return erased

@@ -102,6 +102,31 @@ def _to_blob(row: asyncpg.Record, *, with_seq: bool = False) -> SyncBlob:
     )
 
 
+# PROTOCOL §12 (issue 31 finding 9): whether a device id is bound to a key of the vault,
+# revoked or not (api_keys_vault_id_idx). Its own statement: api_keys is a reference table
+# on Citus (deploy/SCALING.md), devices a distributed one.
+_HAS_BOUND_KEY = "SELECT EXISTS (SELECT 1 FROM api_keys WHERE vault_id = $1 AND device_id = $2)"
+
+
+def progress_device(
+    bound: str | None, named: str | None, *, named_has_bound_key: bool
+) -> str | None:
+    """The device whose pull progress a cursor pull records (PROTOCOL §12), or None.
+
+    Progress lets compaction drop tombstones below it, so recording it for a device that
+    has not pulled them lets that device miss a deletion and push the memory back. A key
+    bound to a device (§10) records its own device, whatever a header names. An unbound
+    key (existing daemons) records the device its `X-Engram-Device` header names, unless a
+    key of the vault is bound to that device: such a device speaks through its own key, and
+    any other key naming it makes a claim it cannot prove (docs/pull-progress.md).
+    """
+    if bound is not None:
+        return bound
+    if named is None or named_has_bound_key:
+        return None
+    return named
+
+
 @dataclass(frozen=True)
 class Page:
     """One page of a pull."""
@@ -130,6 +155,7 @@ async def pull_by_cursor(
     *,
     max_bytes: int,
     origin: int | None = None,
+    named: bool = False,
 ) -> Page:
     """Blobs with seq > cursor in seq order (PROTOCOL §9), at most `limit` of them and
     their ciphertext within `max_bytes` (at least one blob: `_byte_capped`).
@@ -138,7 +164,10 @@ async def pull_by_cursor(
     docs/pull-origin.md). The compaction horizon is checked against it: a pull that began
     at 0 has seen every blob that survived below its cursor, so its later pages never get
     `resync_required` (before, a new device's pull of a compacted vault failed on page 2
-    whenever the horizon lay above page 1)."""
+    whenever the horizon lay above page 1).
+
+    `named`: `device_id` comes from an `X-Engram-Device` header, not from the key's binding,
+    so its progress is recorded only as `progress_device` allows (PROTOCOL §12)."""
     async with pool.acquire() as conn:
         rows = await conn.fetch(PULL_PAGE, vault_id, cursor, limit, max_bytes)
         retired = None
@@ -167,6 +196,9 @@ async def pull_by_cursor(
             # device has seen everything through the head. A cursor below the horizon
             # would earn it `resync_required` at its next pull, and so on forever.
             new_cursor = head
+        if named and device_id is not None:
+            bound = await conn.fetchval(_HAS_BOUND_KEY, vault_id, device_id)
+            device_id = progress_device(None, device_id, named_has_bound_key=bool(bound))
         if device_id is not None:
             await conn.execute(
                 """

@@ -158,20 +158,30 @@ def test_a_passphrase_rekey_needs_a_new_passphrase(tmp_path: Path, relay: Relay)
 EMAIL, PASSWORD = "rekey@example.org", "the account password of the re-key test"
 
 
-def _account_vault(tmp_path: Path, relay: Relay) -> Path:
+def _account_vault(tmp_path: Path, relay: Relay, *, owned: bool = True) -> Path:
     """alpha: a passphrase vault of 3 memories whose K the account holds (`vault open`);
-    returns bravo, a device that linked it through the account (K source "account")."""
+    returns bravo, a device that linked it through the account (K source "account").
+
+    `owned`: the account's first key claims the vault id, so the account owns it (PROTOCOL
+    §13) and may retire it. Else alpha uses the operator's key first and `vault open`
+    adopts the operator's vault, which gives the account an admin grant: not the owner."""
     from engram_sync.client._accounts import account
 
     alpha = tmp_path / "alpha"
     with VaultSession.open(alpha, PASSPHRASE, create=True) as session:
-        session.link(relay.url, ADMIN_KEY, "team-account", "alpha")
+        key = ADMIN_KEY
+        if owned:
+            account.signup(session.path, relay.url, EMAIL, PASSWORD)
+            with account.unlock(session.path, PASSWORD).client() as c:
+                key = c.mint_key("team-account", device_id=None, label="alpha").key
+        session.link(relay.url, key, "team-account", "alpha")
         with session.vault.transaction() as conn:
             for i in range(3):
                 store.add_memory(conn, f"account memory {i}")
         with session.relay() as client:
             session.syncer(client).sync()
-        account.signup(session.path, relay.url, EMAIL, PASSWORD)
+        if not owned:
+            account.signup(session.path, relay.url, EMAIL, PASSWORD)
         assert account.open_vault(session, PASSWORD) == "team-account"
     bravo = tmp_path / "bravo"
     with VaultSession.open(bravo, "bravo's own passphrase", create=True) as session:
@@ -219,6 +229,37 @@ def test_an_account_rekey_stopped_after_the_mint_finishes_with_the_same_k(
     assert (k.enc_key, k.hmac_key) == (new_keys.enc_key, new_keys.hmac_key)  # the same K
     assert report.live == 3
     assert len(_decrypted(relay, minted[0], new_keys)) == 3
+
+
+def test_a_rekey_by_an_admin_grant_stops_before_the_retire_and_the_owner_finishes(
+    tmp_path: Path, relay: Relay
+) -> None:
+    """PROTOCOL §13 (issue 31 finding 4): only the owner retires a vault. An account with an
+    admin grant re-keys into a vault of its own, but the retire of the owner's vault is
+    refused (`owner_only`) with what to do; linked with the owner's key, a re-run finishes."""
+    from engram_sync.client._sync.rekey import account_minter
+
+    bravo = _account_vault(tmp_path, relay, owned=False)
+    with VaultSession.open(bravo, "bravo's own passphrase") as session:
+        with pytest.raises(RekeyError, match="owner_only") as refused:
+            Rekey(session).run(
+                new_passphrase=None,
+                new_api_key=None,
+                mint_key=account_minter(session, PASSWORD),
+            )
+        assert "link this device with an owner's admin key" in str(refused.value)
+        assert session.config.vault_id == "team-account"  # not switched
+    with RelayClient(relay.url, ADMIN_KEY) as client:  # and not retired
+        assert isinstance(client.pull("team-account", cursor=0, limit=1).retired, UnsetType)
+    with VaultSession.open(bravo, "bravo's own passphrase") as session:
+        session.link(relay.url, ADMIN_KEY, "team-account", "bravo")  # the operator owns it
+        report = Rekey(session).run(new_passphrase=None, new_api_key=None)
+        assert report.resumed
+        assert session.config.vault_id == report.new_vault_id
+    with RelayClient(relay.url, ADMIN_KEY) as client:
+        retired = client.pull("team-account", cursor=0, limit=1).retired
+    assert not isinstance(retired, UnsetType)
+    assert retired.successor == report.new_vault_id
 
 
 def test_an_account_vault_stores_the_new_wrap_and_mints_its_key(

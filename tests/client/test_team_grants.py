@@ -37,9 +37,15 @@ def served(postgres_url: str) -> Iterator[Relay]:
         yield relay
 
 
-def mint(relay: Relay, account: Account, vault_id: str, *, admin: bool = True) -> httpx.Response:
+def mint(
+    relay: Relay, account: Account, vault_id: str, *, admin: bool | None = None
+) -> httpx.Response:
+    """`admin` None leaves the field out: the best key the account may have (PROTOCOL §13)."""
+    fields: dict[str, Any] = {"vault_id": vault_id}
+    if admin is not None:
+        fields["admin"] = admin
     with account.client(relay) as c:
-        return c.post("/account/keys", json={"vault_id": vault_id, "admin": admin})
+        return c.post("/account/keys", json=fields)
 
 
 def put_wrap(relay: Relay, account: Account, vault_id: str) -> httpx.Response:
@@ -260,3 +266,44 @@ def test_a_relay_without_grants_says_so(served: Relay, proxy: HostileProxy, tmp_
     )
     proxy.honest()
     assert admin.grants() == []
+
+
+def test_team_grant_admin_and_what_each_role_may_do(served: Relay, tmp_path: Path) -> None:
+    """Issue 31 finding 4 (PROTOCOL §13 "Grants carry a role"), through `engram-sync`: the
+    owner's `team grant --admin` gives the admin role; an admin grant's device grants
+    members but not admins; a member grant's device manages no grants; the listing shows
+    each role; `team ungrant` revokes the account's keys at once."""
+    owner, vault_id, _ = owned_vault(served, tmp_path)
+    carol, dave, bob = signup(served), signup(served), signup(served)
+    shown = owner.ok("team", "grant", "--admin", carol.email)
+    assert f"to {carol.email.lower()} ({carol.account_id}) as admin" in shown
+    owner.ok("team", "grant", bob.email)
+    carol_key = mint(served, carol, vault_id).json()["key"]
+    carol_device = Device(tmp_path / "carol", served.url, carol_key, vault_id)
+    shown = carol_device.ok("team", "grant", dave.email)
+    assert f"to {dave.email.lower()} ({dave.account_id}) as member" in shown
+    line = carol_device.fails("team", "grant", "--admin", dave.email)
+    assert line.startswith(f"error: only the owner of vault {vault_id} may give or take back")
+    assert "run this on an owner's device" in line
+    line = carol_device.fails("team", "ungrant", carol.email)  # an admin's grant: the owner's
+    assert line.startswith(f"error: only the owner of vault {vault_id}")
+    assert_error(mint(served, bob, vault_id, admin=True), 403, "admin_not_granted")
+    bob_key = mint(served, bob, vault_id, admin=False).json()["key"]
+    bob_device = Device(tmp_path / "bob", served.url, bob_key, vault_id)
+    line = bob_device.fails("team", "grant", dave.email)
+    assert line.startswith(f"error: grants of vault {vault_id} need an admin key for it")
+    roles = {g["email"]: g["role"] for g in owner.grants()}
+    assert roles == {
+        carol.email.lower(): "admin",
+        dave.email.lower(): "member",
+        bob.email.lower(): "member",
+    }
+    table = owner.ok("team", "grants")
+    assert "role" in table
+    assert "admin" in table
+    # Removing bob's grant revokes his key at once: his next pull is refused.
+    removed = owner.ok("team", "ungrant", bob.email)
+    assert "the keys it minted for the vault are revoked" in removed
+    with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {bob_key}"}) as c:
+        assert c.get(f"/v1/vaults/{vault_id}/pull", params={"cursor": 0}).status_code == 401
+    assert "error: " in bob_device.fails("sync")

@@ -271,6 +271,44 @@ def test_a_registered_device_that_never_pulled_blocks(relay: Relay, scenario: Sc
     assert compact(relay, s.vault).removed == 0
 
 
+def test_a_header_never_records_progress_for_a_bound_device(
+    relay: Relay, scenario: Scenario
+) -> None:
+    """Issue 31 finding 9 (PROTOCOL §12, docs/pull-progress.md): any member key pulling at
+    the head with `X-Engram-Device` naming another, offline device bound to its own key
+    must not mark that device caught up, or compaction drops a tombstone it never pulled
+    and its next sync pushes the deleted memory back."""
+    s = scenario
+    d_id = new_device_id()
+    d = Device(d_id, client(relay, relay.mint(s.vault, device_id=d_id)), header=False)
+    with d.http:
+        assert d.pull(s.vault, 0, limit=2).json()["cursor"] == 4  # m3, m4; D goes offline
+    assert s.c.catch_up(s.vault, 4) == 7
+    with client(relay, relay.mint(s.vault)) as member:  # an unbound member key
+        named = member.get(
+            f"/v1/vaults/{s.vault}/pull",
+            params={"cursor": 7},
+            headers={"X-Engram-Device": d.device_id},
+        )
+        assert named.status_code == 200, named.text  # the pull itself is answered
+    # A bound key speaks for its own device only, whatever its header names.
+    bound = s.a.http.get(
+        f"/v1/vaults/{s.vault}/pull",
+        params={"cursor": 7},
+        headers={"X-Engram-Device": d.device_id},
+    )
+    assert bound.status_code == 200, bound.text
+    assert pulled_cursors(relay, s.vault)[d.device_id] == 4
+    age_tombstones(relay, s.vault)
+    assert compact(relay, s.vault).removed == 0
+    assert tombstones(relay, s.vault) == ["m1", "m2"]
+    # Next to it, the honest cases: D's own pull, and an unbound device's header (C).
+    with client(relay, relay.mint(s.vault, device_id=d.device_id)) as own:
+        assert Device(d.device_id, own, header=False).catch_up(s.vault, 4) == 7
+    assert pulled_cursors(relay, s.vault)[s.c.device_id] == 7
+    assert compact(relay, s.vault).removed == 2
+
+
 def test_compact_all_covers_every_vault(relay: Relay) -> None:
     vaults = [new_vault_id("all") for _ in range(3)]
     with client(relay) as http:

@@ -154,14 +154,23 @@ def test_grant_and_ungrant(served: Relay) -> None:
 
     assert_error(mint(), 403, "vault_owned")
     out = ok(vaults(served, "grant", vault_id, bob.email))
-    assert out.strip() == f"account {bob.account_id} granted vault {vault_id}"
+    assert out.strip() == f"account {bob.account_id} granted vault {vault_id} (member)"
     assert mint().status_code == 200
+    assert mint().json()["is_admin"] is False  # PROTOCOL §13: a member grant's keys
     shown = ok(vaults(served, "show", vault_id))
     assert bob.account_id in shown
     assert "cli" in shown
-    assert fields(shown)["active keys"] == "0 operator, 1 account"
+    assert "member" in shown
+    assert fields(shown)["active keys"] == "0 operator, 2 account"
+    # --admin (issue 31 finding 4): the operator gives the admin role.
+    out = ok(vaults(served, "grant", vault_id, bob.email, "--admin"))
+    assert out.strip() == f"account {bob.account_id} granted vault {vault_id} (admin)"
+    assert mint().json()["is_admin"] is True
+    assert "admin" in ok(vaults(served, "show", vault_id))
     ok(vaults(served, "ungrant", vault_id, bob.account_id))
     assert_error(mint(), 403, "vault_owned")
+    # Removing the grant revoked the keys minted under it (PROTOCOL §13).
+    assert fields(ok(vaults(served, "show", vault_id)))["active keys"] == "0 operator, 0 account"
     one_line_error(vaults(served, "ungrant", vault_id, bob.email), "has no grant")
     one_line_error(vaults(served, "grant", vault_id, "nobody@example.org"), "no account")
     # Granting a fresh id is operator use: the operator owns it, the account is let in.
