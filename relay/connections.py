@@ -168,7 +168,7 @@ class _Gate:
     waiting: OrderedDict[GuardedHttpProtocol, None] = field(default_factory=OrderedDict)
     fresh: OrderedDict[GuardedHttpProtocol, float] = field(default_factory=OrderedDict)
     # connections held by a long-lived response, by holder name, oldest first
-    held: dict[str, OrderedDict[GuardedHttpProtocol, None]] = field(default_factory=dict)
+    held: dict[str, dict[GuardedHttpProtocol, None]] = field(default_factory=dict)
     holders_of: dict[GuardedHttpProtocol, tuple[str, ...]] = field(default_factory=dict)
     tally: dict[str, int] = field(default_factory=dict)
     reported_at: float = field(default_factory=time.monotonic)
@@ -178,7 +178,7 @@ class _Gate:
         self.unhold(conn)
         self.holders_of[conn] = names
         for name in names:
-            self.held.setdefault(name, OrderedDict())[conn] = None
+            self.held.setdefault(name, {})[conn] = None
 
     def unhold(self, conn: GuardedHttpProtocol) -> None:
         """`conn` no longer serves one (nothing happens when it did not)."""

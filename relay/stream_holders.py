@@ -26,7 +26,6 @@ answered by relay.errors).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -155,7 +154,9 @@ class StreamHolders:
 
     def __init__(self, caps: StreamCaps) -> None:
         self.caps = caps
-        self._held: dict[str, OrderedDict[Place, None]] = {}
+        # by holder name, oldest first (a plain dict keeps insertion order, in less memory
+        # than an OrderedDict: one per holder, up to three per stream)
+        self._held: dict[str, dict[Place, None]] = {}
         self.evicted = 0  # waiters ended early to admit a newer one of the same holder
         self.refused = 0
 
@@ -190,7 +191,7 @@ class StreamHolders:
             oldest.evict()
         place = Place(holder, evict)
         for name in place.names:
-            self._held.setdefault(name, OrderedDict())[place] = None
+            self._held.setdefault(name, {})[place] = None
         return place
 
     def leave(self, place: Place) -> None:
