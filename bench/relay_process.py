@@ -51,6 +51,9 @@ def serve() -> None:
     os.environ["SYNC_API_KEYS"] = f"{os.environ[ENV_KEY]}:{KEY_RATE}"
     # bench.live_feed holds 10,000 idle event streams: the default cap is 1,000 a process.
     os.environ.setdefault("ENGRAM_RELAY_MAX_CONNECTIONS", "12000")
+    # ...all with one key from one address (bench.stream_hog sets the production caps).
+    os.environ.setdefault("ENGRAM_RELAY_EVENTS_MAX_PER_KEY", "1000000")
+    os.environ.setdefault("ENGRAM_RELAY_EVENTS_MAX_PER_ADDRESS", "1000000")
     url = os.environ[ENV_DATABASE_URL]
     workers = int(os.environ.get(ENV_WORKERS, "1"))
     export_for_workers(url, {}, "warning", "text")

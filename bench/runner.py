@@ -23,6 +23,7 @@ from bench import (
     live_latency,
     live_throughput,
     pull_memory,
+    stream_hog,
 )
 from bench.anti_entropy import measure as measure_anti_entropy
 from bench.corpus import Corpus
@@ -436,6 +437,10 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         sections["live_feed"] = run.live_feed()
                         sections["live_latency"] = run.live_latency()
                         sections["live_throughput"] = run.live_throughput()
+                        log("stream hog: one key tries to hold event streams (issue 31)")
+                        sections["stream_hog"] = stream_hog.measure(
+                            db.url, db.scratch, quick=settings.quick
+                        )
                         log("unlock once: a command with and without the key agent")
                         sections["agent"] = agent.measure(  # issue 17, docs/agent.md
                             db.scratch, agent.QUICK_RUNS if settings.quick else agent.RUNS

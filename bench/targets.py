@@ -127,7 +127,26 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
     targets += live_latency_targets(sections["live_latency"])
     targets += live_throughput_targets(sections["live_throughput"])
     targets.append(agent_target(sections["agent"]))
+    targets.append(stream_hog_target(sections["stream_hog"]))
     return [t.as_json() for t in targets]
+
+
+def stream_hog_target(hog: dict[str, Any]) -> Target:
+    """Issue 31 finding 2 (bench.stream_hog): while one key tries to hold thousands of
+    event streams, other devices' pushes and pulls, each on a new connection, all answered."""
+    held = hog["hog"]
+    return Target(
+        "stream_hog_device_failures",
+        f"failed pushes and pulls of {hog['devices']} devices over {hog['seconds']:g} s while "
+        f"one key tries to hold {hog['hog_streams_tried']:,} event streams "
+        f"(ENGRAM_RELAY_MAX_CONNECTIONS {hog['limits']['ENGRAM_RELAY_MAX_CONNECTIONS']})",
+        hog["device_failures"],
+        0,
+        "<=",
+        extra_ok=hog["device_requests"] > 0,
+        detail=f"({hog['device_requests']:,} requests; the hog's attempts answered "
+        f"{held['attempts_answered']})",
+    )
 
 
 def live_latency_targets(live: dict[str, Any]) -> list[Target]:

@@ -52,6 +52,7 @@ from engram_sync.relay.store.push import (
     push_group,
 )
 from engram_sync.relay.store.replicas import Replica, heartbeat, leave
+from engram_sync.relay.stream_holders import StreamHolders
 from engram_sync.shared_format.wire import MAX_BLOBS_PER_PUSH
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,7 @@ def create_app(config: RelayConfig) -> Litestar:
     state = RelayState(config=config, metrics=RelayMetrics())
     state.static_keys = {k.key_hash: k.principal for k in config.static_keys}
     hub = state.hub = ChangeHub(max_waiters=config.events_max_streams)
+    state.holders = StreamHolders(config.stream_caps)
     state.scans = ScanGate(config.scan_limits, config.scan_timeout_s)
     limits = PushLimits(
         config.max_blob_bytes,

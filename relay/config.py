@@ -19,6 +19,15 @@ from engram_sync.relay.scan_admission import (
     ENV_VAULT_WAITING,
     ScanLimits,
 )
+from engram_sync.relay.stream_holders import (
+    DEFAULT_PER_ACCOUNT,
+    DEFAULT_PER_ADDRESS,
+    DEFAULT_PER_KEY,
+    ENV_PER_ACCOUNT,
+    ENV_PER_ADDRESS,
+    ENV_PER_KEY,
+    StreamCaps,
+)
 
 DEFAULT_PORT: Final = 8788
 DEFAULT_MAX_BLOB_BYTES: Final = 1_048_576  # PROTOCOL §6 step 2: base64 characters of ciphertext
@@ -79,6 +88,11 @@ class RelayConfig:
     trusted_proxies: tuple[Network, ...] = ()
     events_ping_s: float = DEFAULT_EVENTS_PING_S  # PROTOCOL §15 (relay.routes.events)
     events_max_streams: int = DEFAULT_EVENTS_MAX_STREAMS
+    # PROTOCOL §15, per process (relay.stream_holders): streams plus held long-polls of
+    # one key, one account, one client address; ENGRAM_RELAY_EVENTS_MAX_PER_KEY/_ACCOUNT/_ADDRESS
+    events_max_per_key: int = DEFAULT_PER_KEY
+    events_max_per_account: int = DEFAULT_PER_ACCOUNT
+    events_max_per_address: int = DEFAULT_PER_ADDRESS
     live_feed: str = "on"  # one of LIVE_FEED_MODES (ENGRAM_RELAY_LIVE_FEED)
     scan_max_running: int = DEFAULT_SCAN_MAX_RUNNING  # ENGRAM_RELAY_SCAN_MAX_RUNNING
     scan_max_waiting: int = DEFAULT_SCAN_MAX_WAITING  # ENGRAM_RELAY_SCAN_MAX_WAITING
@@ -111,6 +125,7 @@ class RelayConfig:
             raise ValueError("ENGRAM_RELAY_EVENTS_PING_S must be > 0 and <= 3600 seconds")
         if self.events_max_streams < 1:
             raise ValueError("ENGRAM_RELAY_EVENTS_MAX_STREAMS must be >= 1")
+        _ = self.stream_caps  # StreamCaps checks each cap, naming its variable
         scan_problem = self.scan_limits.problem()
         if scan_problem:
             raise ValueError(scan_problem)
@@ -146,6 +161,13 @@ class RelayConfig:
             self.scan_vault_running,
             self.scan_vault_waiting,
             self.scan_max_per_client,
+        )
+
+    @property
+    def stream_caps(self) -> StreamCaps:
+        """The per-holder caps of streams and held long-polls (relay.stream_holders)."""
+        return StreamCaps(
+            self.events_max_per_key, self.events_max_per_account, self.events_max_per_address
         )
 
     @property
@@ -216,6 +238,9 @@ def config_from_env(
         "events_max_streams": _env_int(
             source, "ENGRAM_RELAY_EVENTS_MAX_STREAMS", DEFAULT_EVENTS_MAX_STREAMS
         ),
+        "events_max_per_key": _env_int(source, ENV_PER_KEY, DEFAULT_PER_KEY),
+        "events_max_per_account": _env_int(source, ENV_PER_ACCOUNT, DEFAULT_PER_ACCOUNT),
+        "events_max_per_address": _env_int(source, ENV_PER_ADDRESS, DEFAULT_PER_ADDRESS),
         "scan_max_running": _env_int(
             source, "ENGRAM_RELAY_SCAN_MAX_RUNNING", DEFAULT_SCAN_MAX_RUNNING
         ),

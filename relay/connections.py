@@ -21,9 +21,13 @@ a request line and then nothing holds its connection (and a file descriptor) for
   connections make room for a client that sends its request at once. A connection that
   has not sent a byte yet is spared for `fresh_grace_s` (its request may be in the
   kernel's buffer, unread: a burst of accepts must not close a client before the relay
-  read it). Only when nothing can be closed is the new one refused (503). Refusing new
-  connections instead would let an attacker who keeps the cap full lock every client
-  out.
+  read it). Next, a connection held by a long-lived response (an event stream or a held
+  pull, which marked itself through `HOLD_CONNECTION` with its holders: key, account,
+  client address, relay.stream_holders) is closed: the oldest of the holder that holds
+  the most (issue 31 finding 2: one key's streams took every connection, and every other
+  client's push got 503). Only when nothing can be closed is the new one refused (503).
+  Refusing new connections instead would let an attacker who keeps the cap full lock
+  every client out.
 
 Never a parser of our own: httptools parses, uvicorn runs the ASGI cycle; this module
 only watches the callbacks' order and the clock.
@@ -41,11 +45,13 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
+
+from engram_sync.relay.stream_holders import heaviest_holder
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,10 @@ FRESH_GRACE_S: Final = 0.5
 # callable ending it: a graceful shutdown calls it instead of waiting out
 # `timeout_graceful_shutdown` (10 s) and cancelling the response.
 STOP_ON_SHUTDOWN: Final = "engram.stop_on_shutdown"
+# A scope key the protocol sets (every request) to a callable that marks the connection as
+# held by a long-lived response of the given holder names (relay.stream_holders.Holder
+# .names); the cap may close such a connection, the heaviest holder's oldest first.
+HOLD_CONNECTION: Final = "engram.hold_connection"
 
 ENV_HEADER_TIMEOUT: Final = "ENGRAM_RELAY_HEADER_TIMEOUT_S"
 ENV_BODY_TIMEOUT: Final = "ENGRAM_RELAY_BODY_TIMEOUT_S"
@@ -157,8 +167,32 @@ class _Gate:
     open: set[GuardedHttpProtocol] = field(default_factory=set)
     waiting: OrderedDict[GuardedHttpProtocol, None] = field(default_factory=OrderedDict)
     fresh: OrderedDict[GuardedHttpProtocol, float] = field(default_factory=OrderedDict)
+    # connections held by a long-lived response, by holder name, oldest first
+    held: dict[str, dict[GuardedHttpProtocol, None]] = field(default_factory=dict)
+    holders_of: dict[GuardedHttpProtocol, tuple[str, ...]] = field(default_factory=dict)
     tally: dict[str, int] = field(default_factory=dict)
     reported_at: float = field(default_factory=time.monotonic)
+
+    def hold(self, conn: GuardedHttpProtocol, names: tuple[str, ...]) -> None:
+        """`conn` serves a long-lived response of the holders `names`."""
+        self.unhold(conn)
+        self.holders_of[conn] = names
+        for name in names:
+            self.held.setdefault(name, {})[conn] = None
+
+    def unhold(self, conn: GuardedHttpProtocol) -> None:
+        """`conn` no longer serves one (nothing happens when it did not)."""
+        for name in self.holders_of.pop(conn, ()):
+            of_name = self.held.get(name)
+            if of_name is not None:
+                of_name.pop(conn, None)
+                if not of_name:
+                    del self.held[name]
+
+    def held_victim(self) -> GuardedHttpProtocol | None:
+        """The oldest held connection of the heaviest holder, or None."""
+        name = heaviest_holder(self.held)
+        return None if name is None else next(iter(self.held[name]))
 
     def victim(self, now: float, grace: float) -> GuardedHttpProtocol | None:
         """The connection to close to make room: the oldest waiting one that sent
@@ -234,7 +268,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         gate = self.gate
         now = self.loop.time()
         if len(gate.open) >= self.limits.max_connections:
-            victim = gate.victim(now, self.limits.fresh_grace_s)
+            victim, event = gate.victim(now, self.limits.fresh_grace_s), "closed_waiting_at_cap"
+            if victim is None:  # then a stream or held pull, the heaviest holder's oldest
+                victim, event = gate.held_victim(), "closed_held_at_cap"
             if victim is None:  # requests in progress, or connections too new to judge
                 gate.count("refused_at_cap")
                 self._close(
@@ -246,7 +282,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                     )
                 )
                 return
-            gate.count("closed_waiting_at_cap")
+            gate.count(event)
             victim._close()
         gate.open.add(self)
         self._header_bytes = 0
@@ -259,6 +295,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def _forget(self) -> None:
+        self.gate.unhold(self)
         self.gate.open.discard(self)
         self.gate.waiting.pop(self, None)
         self.gate.fresh.pop(self, None)
@@ -312,6 +349,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._message_begun = True
+        cast(dict[str, Any], self.scope)[HOLD_CONNECTION] = self._hold
+
+    def _hold(self, names: tuple[str, ...]) -> None:
+        """The app's long-lived response of holders `names` (HOLD_CONNECTION)."""
+        if not self.transport.is_closing():
+            self.gate.hold(self, names)
 
     def on_headers_complete(self) -> None:
         self.gate.waiting.pop(self, None)
@@ -336,6 +379,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 stop()
 
     def on_response_complete(self) -> None:
+        self.gate.unhold(self)
         super().on_response_complete()
         # uvicorn armed its keep-alive timer: the connection idles until the next request.
         if self.timeout_keep_alive_task is not None and not self.transport.is_closing():

@@ -43,6 +43,7 @@ from engram_sync.relay.idempotency import (
 from engram_sync.relay.store.devices import DeviceQuotaError, LabelLockedError
 from engram_sync.relay.store.handoff import TooManyRequestsError
 from engram_sync.relay.store.owners import VaultOwnedError
+from engram_sync.relay.stream_holders import REFUSED_RETRY_AFTER_S, StreamCapError
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +261,23 @@ def _too_many_handoffs(_: Request[Any, Any, Any], exc: TooManyRequestsError) -> 
     return _relay_error(_, RelayError(409, "too_many_handoffs", message))
 
 
+def _too_many_streams(_: Request[Any, Any, Any], exc: StreamCapError) -> Response[Any]:
+    # PROTOCOL §15, per process (relay.stream_holders): only the address cap refuses; a
+    # key or account at its cap ends its own oldest stream instead.
+    message = (
+        f"this client address holds {exc.limit} event streams and long-polls on this relay "
+        f"process ({exc.env}); close one, or retry later"
+    )
+    error = RelayError(
+        429,
+        "too_many_streams",
+        message,
+        headers={"Retry-After": str(REFUSED_RETRY_AFTER_S)},
+        extra={"cap": exc.env, "limit": exc.limit},
+    )
+    return _relay_error(_, error)
+
+
 def _json(
     status: int, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> Response[Any]:
@@ -377,6 +395,7 @@ EXCEPTION_HANDLERS: Final = {
     DeviceQuotaError: _device_quota,
     LabelLockedError: _label_locked,
     TooManyRequestsError: _too_many_handoffs,
+    StreamCapError: _too_many_streams,  # PROTOCOL §15
     VaultOwnedError: _vault_owned,
     RoleRefusedError: _role_refused,
     InvalidIdempotencyKeyError: _invalid_idempotency_key,

@@ -21,6 +21,7 @@ from engram_sync.relay.metrics import RelayMetrics
 from engram_sync.relay.push_groups import PushGroups
 from engram_sync.relay.ratelimit import RateLimiter
 from engram_sync.relay.scan_gate import ScanGate
+from engram_sync.relay.stream_holders import StreamHolders
 
 
 @dataclass
@@ -47,6 +48,8 @@ class RelayState:
     static_keys: dict[bytes, Principal] = field(default_factory=dict)
     push_groups: PushGroups | None = None
     hub: ChangeHub | None = None  # PROTOCOL §15: the live change feed (relay.feed)
+    # PROTOCOL §15: who holds the hub's waiters, capped per key, account, address
+    holders: StreamHolders | None = None
     scans: ScanGate | None = None  # PROTOCOL §18: whole-vault scans (relay.scan_gate)
     # PROTOCOL §17: read at startup, refreshed with the health counters (relay.app);
     # sent in /v1/info and every push and pull answer without a query of its own.
@@ -63,6 +66,12 @@ class RelayState:
         if self.hub is None:
             raise RuntimeError("the change hub is not set up")
         return self.hub
+
+    def require_holders(self) -> StreamHolders:
+        """The per-holder stream caps; only None before the app was built."""
+        if self.holders is None:
+            raise RuntimeError("the stream holders are not set up")
+        return self.holders
 
     def require_scans(self) -> ScanGate:
         """The scan gate; only None before the app was built."""

@@ -47,7 +47,7 @@ from engram_sync.relay.auth import authorize
 from engram_sync.relay.connections import STOP_ON_SHUTDOWN
 from engram_sync.relay.errors import bad_request
 from engram_sync.relay.feed import VaultWatch
-from engram_sync.relay.routes.feed_support import Listener, join, listener_of
+from engram_sync.relay.routes.feed_support import Listener, give_back, listener_of, take_place
 from engram_sync.relay.routes.ids import require_id
 from engram_sync.relay.routes.sync import device_for_progress, retired_field
 from engram_sync.relay.state import RelayState, relay_state
@@ -70,6 +70,11 @@ _REVOKED_BODY: Final = msgspec.json.encode(
     }
 ).decode()
 _REVOKED: Final = ServerSentEventMessage(data=_REVOKED_BODY, event="revoked", sep=_SEP).encode()
+# Before the end of a stream its key or account ended to admit a newer one of its own
+# (relay.stream_holders); a comment, so §15 readers ignore it and reconnect after `retry`.
+_EVICTED: Final = ServerSentEventMessage(
+    data=None, comment="evicted: a newer stream of this key or account took its place", sep=_SEP
+).encode()
 # The headers Litestar's `Stream` sent (docs/live-feed.md "The wire"); the request-id
 # middleware adds X-Request-ID on the way out.
 _HEADERS: Final = (
@@ -115,14 +120,16 @@ async def _write(send: Send, chunk: bytes, *, more: bool = True) -> None:
 class EventStream:
     """One subscriber's stream (PROTOCOL §15), as the ASGI app the route answers with.
 
-    It takes its place in the hub when it starts (503 `busy`, as a JSON error, when the
-    process holds `events_max_streams` waiters) and gives it back on every way out: the
-    client hung up, the device was revoked, the database went away, the relay stops, or
-    the task was cancelled.
+    It takes its place among its holder's waiters and in the hub when it starts (as a
+    JSON error: 429 `too_many_streams` at its address's cap, 503 `busy` when the process
+    holds `events_max_streams` waiters) and gives it back on every way out: the client
+    hung up, the device was revoked, the database went away, the relay stops, a newer
+    stream of its key or account evicted it, or the task was cancelled.
     """
 
     __slots__ = (
-        "_blobs", "_cursor", "_listener", "_state", "_stopping", "_timeout", "_waker",
+        "_blobs", "_cursor", "_evicted", "_listener", "_state", "_stopping", "_timeout",
+        "_waker",
     )  # fmt: skip
 
     def __init__(
@@ -132,6 +139,7 @@ class EventStream:
         self._blobs = blobs  # `blobs=1`: small commits' blobs in the change (ours)
         self._timeout: asyncio.Timeout | None = None  # set while the stream is idle
         self._stopping = False
+        self._evicted = False
         self._waker = self.wake  # one bound method, added to and discarded from the watch
 
     def wake(self) -> None:
@@ -146,21 +154,29 @@ class EventStream:
         self._stopping = True
         self.wake()
 
+    def evict(self) -> None:
+        """End the stream soon: a newer one of its key or account took its place
+        (relay.stream_holders); the device reconnects after `retry`, with its cursor."""
+        self._evicted = True
+        self.stop()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        hub = self._state.require_hub()
-        vault_id = self._listener.vault_id
-        watch = join(hub, vault_id)  # raises 503 busy before anything was sent
+        state, listener = self._state, self._listener
+        scope_map = cast(dict[str, Any], scope)
+        # 429 or 503 (JSON) before anything was sent
+        watch, place = take_place(state, listener, scope_map, self.evict)
         watch.carriers += self._blobs
         # A graceful shutdown ends the stream at once (relay.connections), not after its
         # timeout; devices reconnect after `retry`.
-        cast(dict[str, Any], scope)[STOP_ON_SHUTDOWN] = self.stop
+        scope_map[STOP_ON_SHUTDOWN] = self.stop
         try:
             await _start(send)
             if await self._serve(watch, receive, send):
-                await _write(send, b"", more=False)  # the end of the body
+                # the end of the body
+                await _write(send, _EVICTED if self._evicted else b"", more=False)
         finally:
             watch.carriers -= self._blobs
-            hub.leave(vault_id, watch)
+            give_back(state, listener, watch, place)
 
     async def _serve(self, watch: VaultWatch, receive: Receive, send: Send) -> bool:
         """The stream's messages until it ends; False when the client hung up (nothing
@@ -269,7 +285,9 @@ async def events(
 ) -> ASGIApp:
     """The vault's change hints as Server-Sent Events, from `cursor` on (PROTOCOL §15);
     `blobs=1`: small commits' blobs in the change event (ours, feature `events-blobs`).
-    Auth as pull; 503 `busy` when the process holds `events_max_streams` waiters."""
+    Auth as pull; 429 `too_many_streams` when its client address holds as many as it may
+    (a key or account at its cap ends its own oldest instead: relay.stream_holders); 503
+    `busy` when the process holds `events_max_streams` waiters."""
     state = relay_state(request)
     principal = await authorize(request, require_id(vault_id, "vault_id"))
     if cursor is None:
@@ -284,7 +302,7 @@ async def events(
             raise retired.refusal()
         return RetiredStream(retired_field(retired))
     listener = listener_of(
-        request, state, vault_id, device_for_progress(request, principal.device_id)
+        request, state, vault_id, device_for_progress(request, principal.device_id), principal
     )
     _diet.apply(request)
     return EventStream(state, listener, cursor, blobs=bool(blobs))

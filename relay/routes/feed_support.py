@@ -1,18 +1,23 @@
 """What the event stream and the long-poll share (PROTOCOL §15): a waiter's place in the
-process's change hub, and who it serves, re-checked without the rate limit."""
+process's change hub and among its holder's waiters (relay.stream_holders), and who it
+serves, re-checked without the rate limit."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from litestar import Request
 
+from engram_sync.relay.connections import HOLD_CONNECTION
 from engram_sync.relay.errors import RelayError, busy
 from engram_sync.relay.feed import ChangeHub, HubFullError, VaultWatch
-from engram_sync.relay.keys import hash_key
+from engram_sync.relay.keys import Principal, hash_key
+from engram_sync.relay.routes.account_support import client_ip
 from engram_sync.relay.state import RelayState
 from engram_sync.relay.store import feed as feed_store
+from engram_sync.relay.stream_holders import Holder, Place
 
 BUSY_RETRY_AFTER_S: Final = 5
 
@@ -26,6 +31,7 @@ class Listener:
     vault_id: str
     device_id: str | None
     key_hash: bytes | None  # None for a static key (SYNC_API_KEYS: never revoked here)
+    holder: Holder  # whom it counts against (relay.stream_holders)
 
     @property
     def revocable(self) -> bool:
@@ -46,11 +52,15 @@ def listener_of(
     state: RelayState,
     vault_id: str,
     device_id: str | None,
+    principal: Principal,
 ) -> Listener:
     """The listener of an authorized request (its bearer token was checked already)."""
     token = request.headers.get("authorization", "").partition(" ")[2].strip()
     digest = hash_key(token)
-    return Listener(vault_id, device_id, None if digest in state.static_keys else digest)
+    # The address as the per-address limits count it: X-Forwarded-For believed only from
+    # ENGRAM_RELAY_TRUSTED_PROXIES (relay.client_address), never from the client.
+    holder = Holder(principal.key_id, principal.account_id, client_ip(request))
+    return Listener(vault_id, device_id, None if digest in state.static_keys else digest, holder)
 
 
 def join(hub: ChangeHub, vault_id: str) -> VaultWatch:
@@ -63,6 +73,36 @@ def join(hub: ChangeHub, vault_id: str) -> VaultWatch:
             "(ENGRAM_RELAY_EVENTS_MAX_STREAMS); retry later, or pull on a timer",
             BUSY_RETRY_AFTER_S,
         ) from None
+
+
+def take_place(
+    state: RelayState,
+    listener: Listener,
+    scope: MutableMapping[str, Any],
+    evict: Callable[[], None],
+) -> tuple[VaultWatch, Place]:
+    """A waiter's place among its holder's (PROTOCOL §15, relay.stream_holders: its key's
+    or account's oldest waiter evicted to make room, or `StreamCapError` at its address's
+    cap), then in the hub (503 `busy` at the process's cap); its connection is marked as
+    held by those holders for the connection guard (relay.connections). Give both back
+    with `give_back`; `evict` must only ask the waiter to end soon."""
+    holders = state.require_holders()
+    place = holders.enter(listener.holder, evict)
+    try:
+        watch = join(state.require_hub(), listener.vault_id)
+    except BaseException:
+        holders.leave(place)
+        raise
+    hold = scope.get(HOLD_CONNECTION)
+    if callable(hold):  # served by relay.connections' protocol (not in every test)
+        hold(place.names)
+    return watch, place
+
+
+def give_back(state: RelayState, listener: Listener, watch: VaultWatch, place: Place) -> None:
+    """Give back what `take_place` gave (the holder's place may be gone already: evicted)."""
+    state.require_holders().leave(place)
+    state.require_hub().leave(listener.vault_id, watch)
 
 
 def device_revoked(listener: Listener) -> RelayError:

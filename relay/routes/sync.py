@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from litestar import Request, get, post
 from litestar.params import FromPath, FromQuery, QueryParameter
@@ -136,8 +136,9 @@ async def pull(
         if wait is None or not state.config.feed_notify:  # ENGRAM_RELAY_LIVE_FEED=off
             page = await one_page()
         else:
-            listener = listener_of(request, state, vault_id, device)
-            page = await held_pull(state, listener, cursor, wait, one_page)
+            listener = listener_of(request, state, vault_id, device, principal)
+            scope = cast(dict[str, Any], request.scope)
+            page = await held_pull(state, listener, cursor, wait, one_page, scope)
         state.metrics.pulls.labels("cursor").inc()
         state.metrics.blobs_pulled.inc(len(page.blobs))
         state.metrics.pull_lag.observe(page.lag)

@@ -34,6 +34,7 @@ SECTIONS = (
     "live_latency",
     "live_throughput",
     "agent",
+    "stream_hog",
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -59,6 +60,7 @@ TARGETS = {
     "live_feed_push_overhead",
     "live_feed_push_vs_ceiling",
     "agent_command_ms",
+    "stream_hog_device_failures",
 }
 
 

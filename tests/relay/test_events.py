@@ -250,6 +250,7 @@ def test_idle_streams_send_no_query(postgres_url: str) -> None:
         events_ping_s=PING_S,
         health_refresh_secs=3600,  # its one round runs at start-up
         maintenance_interval_secs=0,
+        events_max_per_key=10,  # ten streams of each vault's key (relay.stream_holders)
     )
     with migrated_database(postgres_url) as url, serve(replace(config, database_url=url)) as r:
         vaults = [new_vault_id(), new_vault_id()]
