@@ -15,8 +15,6 @@ PostgreSQL:
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -30,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.relay.conftest import ADMIN_KEY, base_config, free_port
+from tests.relay.conftest import ADMIN_KEY, base_config
 from tests.relay.sse import Message, messages, next_event
 from tests.relay.support import (
     Sealer,
@@ -43,6 +41,7 @@ from tests.relay.support import (
     serve,
     wait_for,
 )
+from tests.reliability.support import RelayProcess
 
 PING_S = 0.2
 EVICTED = "evicted: a newer stream of this key or account took its place"
@@ -179,35 +178,20 @@ CAP = 12
 def capped_relay(postgres_url: str, tmp_path: Path) -> Iterator[str]:
     """`engram-relay serve` with ENGRAM_RELAY_MAX_CONNECTIONS=12 and per-holder caps out of
     reach (so one key can hold every connection), in a process of its own."""
-    port = free_port()
-    log_path = tmp_path / "relay.log"
-    env = {k: v for k, v in os.environ.items() if "DATABASE_URL" not in k}
-    env.update(
-        SYNC_API_KEYS=f"{ADMIN_KEY}:100000,{HOG_KEY}:100000",
-        ENGRAM_RELAY_MAX_CONNECTIONS=str(CAP),
-        ENGRAM_RELAY_EVENTS_PING_S=str(PING_S),
-        ENGRAM_RELAY_EVENTS_MAX_PER_KEY="1000",
-        ENGRAM_RELAY_EVENTS_MAX_PER_ADDRESS="1000",
-    )
-    with migrated_database(postgres_url) as url, log_path.open("wb") as log:
-        cmd = [str(BIN / "engram-relay"), "serve", "--port", str(port), "--database-url", url]
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+    env = {
+        "SYNC_API_KEYS": f"{ADMIN_KEY}:100000,{HOG_KEY}:100000",
+        "ENGRAM_RELAY_MAX_CONNECTIONS": str(CAP),
+        "ENGRAM_RELAY_EVENTS_PING_S": str(PING_S),
+        "ENGRAM_RELAY_EVENTS_MAX_PER_KEY": "1000",
+        "ENGRAM_RELAY_EVENTS_MAX_PER_ADDRESS": "1000",
+    }
+    with migrated_database(postgres_url) as url:
+        relay = RelayProcess(url, env=env, log_path=tmp_path / "relay.log")
+        relay.start()
         try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, log_path.read_text()
-                try:
-                    if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "relay did not start"
-                time.sleep(0.05)
-            yield base
+            yield relay.url
         finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+            relay.stop()
 
 
 HOG_KEY = "test-stream-hog-key-0123456789abcdef"

@@ -44,12 +44,12 @@ class RelayProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = dict(
-            os.environ,
-            SYNC_API_KEYS=f"{ADMIN_KEY}:100000",
-            ENGRAM_RELAY_METRICS_TOKEN=METRICS_TOKEN,
+        env = {  # self.env may set SYNC_API_KEYS too (more keys than the admin's)
+            **os.environ,
+            "SYNC_API_KEYS": f"{ADMIN_KEY}:100000",
+            "ENGRAM_RELAY_METRICS_TOKEN": METRICS_TOKEN,
             **self.env,
-        )
+        }
         log = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [str(self.bin_dir / "engram-relay"), "serve", "--port", str(self.port),
