@@ -264,7 +264,8 @@ def scrub_recovery_target(d: dict[str, Any]) -> Target:
     return Target(
         "scrub_lost_row_back",
         f"seconds from one blob row deleted by hand ({d['memories']:,}-memory vault) to it "
-        f"back on the relay: the scrub (interval {d['scrub_interval_s']} s) then one sync",
+        f"back on the relay: the scrub (interval {d['scrub_interval_s']} s, rounds every "
+        f"{d['maintenance_interval_s']} s + {d['round_s']:.2f} s) then one sync",
         d["total_s"],
         d["limit_s"],
         "<=",

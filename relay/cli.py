@@ -1,4 +1,4 @@
-"""The `engram-relay` command: serve, migrate, keys, devices, gc, stats, backup, restore."""
+"""The `engram-relay` command: serve, migrate, keys, devices, gc, scrub, stats, backup, restore."""
 
 from __future__ import annotations
 
