@@ -411,3 +411,37 @@ def test_a_flood_of_deep_digests_is_bounded_by_the_scan_gate(postgres_url: str) 
     assert all(a.json()["code"] == "busy" for a in refused), [a.text for a in refused][:3]
     assert all(a.json()["count"] == ROWS + 1 for a in ok)
     assert most[0] <= 1  # one vault: at most one pass at a time (ENGRAM_RELAY_SCAN_VAULT_RUNNING)
+
+
+def test_a_round_scrubs_at_most_its_bound_least_recently_scrubbed_first(postgres_url: str) -> None:
+    with (
+        migrated_database(postgres_url) as url,
+        serve(replace(base_config(url), scrub_interval_secs=0)) as relay,
+    ):
+        vaults = [pushed_vault(relay, 1, tombstone=False)[0] for _ in range(4)]
+        # vaults[0] scrubbed long ago, [1] never, [2] just now (not due), [3] a while ago
+        relay.sql(
+            "UPDATE vaults SET scrubbed_at = now() - interval '3 hours' WHERE vault_id = $1",
+            vaults[0],
+        )
+        relay.sql("UPDATE vaults SET scrubbed_at = now() WHERE vault_id = $1", vaults[2])
+        relay.sql(
+            "UPDATE vaults SET scrubbed_at = now() - interval '2 hours' WHERE vault_id = $1",
+            vaults[3],
+        )
+
+        async def round_(per_round: int) -> list[str]:
+            pool = await asyncpg.create_pool(to_libpq_url(url), min_size=1, max_size=2)
+            try:
+                done = await maintenance_round(
+                    pool, url, timedelta(days=30), RelayMetrics(),
+                    ScrubPlan(interval_s=3600, per_round=per_round, timeout_ms=60_000),
+                )  # fmt: skip
+            finally:
+                await pool.close()
+            assert done is not None
+            return [r.vault_id for r in done.scrubbed]
+
+        assert asyncio.run(round_(2)) == [vaults[1], vaults[0]]  # never, then the oldest
+        assert asyncio.run(round_(2)) == [vaults[3]]  # the only one still due
+        assert asyncio.run(round_(2)) == []  # every vault scrubbed within the interval
