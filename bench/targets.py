@@ -277,6 +277,23 @@ def scan_fairness_target(fair: dict[str, Any]) -> Target:
     )
 
 
+def scrub_recovery_target(d: dict[str, Any]) -> Target:
+    """Issue 35 (bench.scrub_recovery): a blob row deleted by hand is back on the relay
+    within one scrub interval plus one maintenance round plus one sync, no manual step."""
+    return Target(
+        "scrub_lost_row_back",
+        f"seconds from one blob row deleted by hand ({d['memories']:,}-memory vault) to it "
+        f"back on the relay: the scrub (interval {d['scrub_interval_s']} s, rounds every "
+        f"{d['maintenance_interval_s']} s + {d['round_s']:.2f} s) then one sync",
+        d["total_s"],
+        d["limit_s"],
+        "<=",
+        extra_ok=d["back"] and d["noticed"],
+        detail=f"noticed after {d['noticed_s']:.1f} s, one sync {d['sync_s']:.1f} s, "
+        + ("back" if d["back"] else "NOT back"),
+    )
+
+
 def pull_memory_target(pulls: dict[str, Any]) -> Target:
     """Relay RSS under concurrent full pulls of a vault of 1 MiB blobs (bench.pull_memory);
     every pull must also have got every blob."""

@@ -1,4 +1,4 @@
-"""The `engram-relay` command: serve, migrate, keys, devices, gc, stats, backup, restore."""
+"""The `engram-relay` command: serve, migrate, keys, devices, gc, scrub, stats, backup, restore."""
 
 from __future__ import annotations
 
@@ -357,6 +357,65 @@ def gc(
     )
     out.print(f"removed {done.tombstones_removed} tombstone(s) from {len(done.compacted)} vault(s)")
     out.print("expired and erased: " + ", ".join(f"{n} {what}" for what, n in done.erased.items()))
+
+
+@app.command()
+def scrub(
+    vault: Annotated[
+        str | None, typer.Argument(help="Only this vault (default: every vault).")
+    ] = None,
+    timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--timeout", help="Give up a vault's pass after this many seconds.", min=0.001
+        ),
+    ] = 600.0,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Recompute vaults' digests, counts and bucket prefixes from their rows now and make the
+    stored ones true (what the background scrub does; PROTOCOL §18, docs/digest.md)."""
+    from engram_sync.relay.maintenance import report_scrubs
+    from engram_sync.relay.store.scrub import ScrubResult, scrub_vault
+
+    if vault is not None:
+        check_vault(vault)
+    timeout_ms = max(1, round(timeout_s * 1000))
+
+    async def work(conn: asyncpg.Connection) -> list[ScrubResult]:
+        if vault is not None:
+            ids = [vault]
+        else:
+            rows = await conn.fetch(
+                "SELECT vault_id FROM vaults ORDER BY scrubbed_at NULLS FIRST, vault_id"
+            )
+            ids = [r["vault_id"] for r in rows]
+        return [await scrub_vault(conn, v, timeout_ms) for v in ids]
+
+    done: list[ScrubResult] = run_db(database_url, data_dir, work)
+    if vault is not None and done[0].outcome == "gone":
+        raise CliError(
+            f"no vault {vault!r} holds blobs on this relay; see `engram-relay vaults list`"
+        )
+    report_scrubs(done, None)
+    for result in done:
+        if result.outcome == "repaired":
+            out.print(
+                f"vault {result.vault_id}: stored digest disagreed with its rows "
+                f"({', '.join(result.differed)}; {result.stored_count} version(s) claimed, "
+                f"{result.row_count} held): made true",
+                highlight=False,
+            )
+        elif result.outcome == "timed_out":
+            err.print(
+                f"vault {result.vault_id}: gave up after {timeout_s:g} s; retry with a larger "
+                "--timeout",
+                highlight=False,
+            )
+    repaired = sum(1 for r in done if r.outcome == "repaired")
+    out.print(f"scrubbed {len(done)} vault(s): {repaired} mismatch(es) found and repaired")
+    if any(r.outcome == "timed_out" for r in done):
+        raise typer.Exit(1)
 
 
 @app.command()

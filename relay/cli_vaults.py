@@ -134,7 +134,8 @@ _VAULTS = """
             WHERE d.vault_id = ids.vault_id AND d.revoked_at IS NOT NULL) AS revoked_devices,
            (SELECT b.received_at FROM blobs b WHERE b.vault_id = ids.vault_id
             ORDER BY b.seq DESC LIMIT 1) AS last_push,
-           o.owner, o.account_id, o.claimed_at, a.email, q.max_bytes, q.max_devices
+           o.owner, o.account_id, o.claimed_at, a.email, q.max_bytes, q.max_devices,
+           v.scrubbed_at, coalesce(v.scrub_mismatches, 0) AS scrub_mismatches
     FROM (SELECT vault_id FROM vaults UNION SELECT vault_id FROM vault_owners
           UNION SELECT vault_id FROM quotas) ids
     LEFT JOIN vaults v ON v.vault_id = ids.vault_id
@@ -226,6 +227,9 @@ def vaults_show(
         "quota bytes": _limit(row["max_bytes"]),
         "quota devices": _limit(row["max_devices"]),
         "active keys": f"{keys['operator']} operator, {keys['account']} account",
+        # relay.store.scrub (issue 35): the stored digest recomputed from the rows
+        "last scrub": _when(row["scrubbed_at"]) or "never",
+        "scrub mismatches": row["scrub_mismatches"],
     }
     for name, value in lines.items():
         out.print(f"{name}: {value}", highlight=False)

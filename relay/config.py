@@ -43,6 +43,10 @@ DEFAULT_PUSH_LANES: Final = 1  # concurrent push transactions per process (relay
 DEFAULT_MAX_PAGE_BYTES: Final = 8 * 1024 * 1024
 # Seconds between two background maintenance rounds (relay.maintenance); 0 turns it off.
 DEFAULT_MAINTENANCE_INTERVAL_S: Final = 300
+# The scrub (relay.store.scrub, issue 35): seconds between two scrubs of one vault (0 turns
+# it off) and vaults scrubbed at most per maintenance round.
+DEFAULT_SCRUB_INTERVAL_S: Final = 3600
+DEFAULT_SCRUB_PER_ROUND: Final = 20
 MIN_METRICS_TOKEN_CHARS: Final = 16
 DEFAULT_HEALTH_REFRESH_S: Final = 10.0
 # PROTOCOL §15: seconds between two `: ping` comments of an event stream, and how many
@@ -81,6 +85,8 @@ class RelayConfig:
     # that shares each key's rate among the live processes (relay.store.replicas).
     health_refresh_secs: float = DEFAULT_HEALTH_REFRESH_S
     maintenance_interval_secs: float = DEFAULT_MAINTENANCE_INTERVAL_S  # 0 = off
+    scrub_interval_secs: float = DEFAULT_SCRUB_INTERVAL_S  # ENGRAM_RELAY_SCRUB_INTERVAL_S, 0 = off
+    scrub_per_round: int = DEFAULT_SCRUB_PER_ROUND  # ENGRAM_RELAY_SCRUB_PER_ROUND
     # The bearer token /metrics asks for; None serves no metrics (relay.routes.system).
     metrics_token: str | None = field(default=None, repr=False)
     static_keys: tuple[StaticKey, ...] = field(default=(), repr=False)
@@ -114,6 +120,10 @@ class RelayConfig:
             raise ValueError("ENGRAM_RETIRE_GRACE_DAYS must be >= 0 and <= 3650 days")
         if self.maintenance_interval_secs < 0:
             raise ValueError("ENGRAM_RELAY_MAINTENANCE_INTERVAL_S must be >= 0 (0 = off)")
+        if self.scrub_interval_secs < 0:
+            raise ValueError("ENGRAM_RELAY_SCRUB_INTERVAL_S must be >= 0 (0 = off)")
+        if self.scrub_per_round < 1:
+            raise ValueError("ENGRAM_RELAY_SCRUB_PER_ROUND must be >= 1")
         if self.metrics_token is not None and len(self.metrics_token) < MIN_METRICS_TOKEN_CHARS:
             raise ValueError(
                 f"ENGRAM_RELAY_METRICS_TOKEN must be at least {MIN_METRICS_TOKEN_CHARS} "
@@ -234,6 +244,12 @@ def config_from_env(
         "push_lanes": _env_int(source, "ENGRAM_RELAY_PUSH_LANES", DEFAULT_PUSH_LANES),
         "maintenance_interval_secs": _env_int(
             source, "ENGRAM_RELAY_MAINTENANCE_INTERVAL_S", DEFAULT_MAINTENANCE_INTERVAL_S
+        ),
+        "scrub_interval_secs": _env_int(
+            source, "ENGRAM_RELAY_SCRUB_INTERVAL_S", DEFAULT_SCRUB_INTERVAL_S
+        ),
+        "scrub_per_round": _env_int(
+            source, "ENGRAM_RELAY_SCRUB_PER_ROUND", DEFAULT_SCRUB_PER_ROUND
         ),
         "events_max_streams": _env_int(
             source, "ENGRAM_RELAY_EVENTS_MAX_STREAMS", DEFAULT_EVENTS_MAX_STREAMS

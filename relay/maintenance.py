@@ -5,7 +5,10 @@ turns it off) each relay process tries PostgreSQL's advisory lock `MAINTENANCE_L
 (`pg_try_advisory_xact_lock`, never waiting). The one that gets it compacts tombstones
 (PROTOCOL §12, the same rule and code as `gc`) and erases expired handoff seals and
 requests, pairing codes and sessions (PROTOCOL §13, §14) and the blobs of retired vaults
-whose grace period is over (PROTOCOL §19, relay.store.retire), then lets the lock go; every
+whose grace period is over (PROTOCOL §19, relay.store.retire), then scrubs at most
+ENGRAM_RELAY_SCRUB_PER_ROUND vaults not scrubbed within ENGRAM_RELAY_SCRUB_INTERVAL_S,
+least recently scrubbed first (PROTOCOL §18, relay.store.scrub: the stored digest made
+true from the rows, each under the scan timeout), then lets the lock go; every
 other replica or worker skips that round. A round that fails is logged and counted,
 never raised: the next one tries again.
 """
@@ -16,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Final
 
@@ -31,8 +34,17 @@ from engram_sync.relay.store.handoff import purge_expired_requests
 from engram_sync.relay.store.idempotency import purge_expired_keys
 from engram_sync.relay.store.pairing import purge_expired_codes
 from engram_sync.relay.store.retire import erase_expired
+from engram_sync.relay.store.scrub import ScrubResult, scrub_due
 
-__all__ = ["MAINTENANCE_LOCK_KEY", "Sweep", "locked_sweep", "maintenance_round", "start", "stop"]
+__all__ = [
+    "MAINTENANCE_LOCK_KEY",
+    "ScrubPlan",
+    "Sweep",
+    "locked_sweep",
+    "maintenance_round",
+    "start",
+    "stop",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +61,7 @@ class Sweep:
 
     compacted: list[CompactionResult]
     erased: dict[str, int]
+    scrubbed: list[ScrubResult] = field(default_factory=list)
 
     @property
     def tombstones_removed(self) -> int:
@@ -75,14 +88,32 @@ async def sweep(conn: asyncpg.Connection, retention: timedelta) -> Sweep:
     return Sweep(compacted, await purge_expired(conn))
 
 
-async def locked_sweep(pool: asyncpg.Pool, database_url: str, retention: timedelta) -> Sweep | None:
-    """One `sweep` (on a pooled connection) while a session of its own holds the
-    maintenance lock; None, at once, when another session holds it."""
+@dataclass(frozen=True)
+class ScrubPlan:
+    """How a round scrubs (relay.store.scrub): vaults not scrubbed for `interval_s`, at
+    most `per_round` of them, each pass under `timeout_ms`."""
+
+    interval_s: float
+    per_round: int
+    timeout_ms: int
+
+
+async def locked_sweep(
+    pool: asyncpg.Pool, database_url: str, retention: timedelta, scrub: ScrubPlan | None = None
+) -> Sweep | None:
+    """One `sweep` (on a pooled connection), then the scrubs `scrub` asks for, while a
+    session of its own holds the maintenance lock; None, at once, when another session
+    holds it."""
     async with _maintenance_lock(database_url) as got:
         if not got:
             return None
         async with pool.acquire() as conn:
-            return await sweep(conn, retention)
+            done = await sweep(conn, retention)
+            if scrub is not None:
+                done.scrubbed.extend(
+                    await scrub_due(conn, scrub.interval_s, scrub.per_round, scrub.timeout_ms)
+                )
+            return done
 
 
 @contextlib.asynccontextmanager
@@ -116,11 +147,15 @@ async def _maintenance_lock(database_url: str) -> AsyncIterator[bool]:
 
 
 async def maintenance_round(
-    pool: asyncpg.Pool, database_url: str, retention: timedelta, metrics: RelayMetrics
+    pool: asyncpg.Pool,
+    database_url: str,
+    retention: timedelta,
+    metrics: RelayMetrics,
+    scrub: ScrubPlan | None = None,
 ) -> Sweep | None:
     """One round: run, skip (lock held elsewhere) or fail; counted, logged, never raised."""
     try:
-        done = await locked_sweep(pool, database_url, retention)
+        done = await locked_sweep(pool, database_url, retention, scrub)
     except Exception as exc:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
@@ -152,16 +187,55 @@ async def maintenance_round(
             ", ".join(f"{n} {kind}" for kind, n in done.erased.items()),
             extra={"tombstones_removed": done.tombstones_removed, **done.erased},
         )
+    report_scrubs(done.scrubbed, metrics)
     return done
 
 
+def report_scrubs(scrubbed: list[ScrubResult], metrics: RelayMetrics | None) -> None:
+    """Count the scrubs and log each one that found an untrue vault row, naming the vault
+    (ids and counts only: the relay holds nothing secret of a vault's contents)."""
+    for result in scrubbed:
+        if result.outcome == "gone":
+            continue
+        if metrics is not None:
+            metrics.scrubs.labels(result.outcome).inc()
+        if result.outcome == "repaired":
+            if metrics is not None:
+                metrics.scrub_mismatches.inc()
+            log.warning(
+                "scrub: vault %s's stored digest disagreed with its rows (%s; %d version(s) "
+                "claimed, %d held): made true, its devices' next check re-pushes what is lost",
+                result.vault_id,
+                ", ".join(result.differed),
+                result.stored_count,
+                result.row_count,
+                extra={
+                    "vault_id": result.vault_id,
+                    "differed": list(result.differed),
+                    "stored_count": result.stored_count,
+                    "row_count": result.row_count,
+                },
+            )
+        elif result.outcome == "timed_out":
+            log.warning(
+                "scrub: vault %s took longer than the scan timeout; skipped until its next turn",
+                result.vault_id,
+                extra={"vault_id": result.vault_id},
+            )
+
+
 async def _maintain(state: RelayState) -> None:
-    interval = state.config.maintenance_interval_secs
-    retention = timedelta(days=state.config.tombstone_retention_days)
+    config = state.config
+    interval = config.maintenance_interval_secs
+    retention = timedelta(days=config.tombstone_retention_days)
+    scrub = None
+    if config.scrub_interval_secs > 0:
+        timeout_ms = max(1, round(config.scan_timeout_s * 1000))
+        scrub = ScrubPlan(config.scrub_interval_secs, config.scrub_per_round, timeout_ms)
     while True:
         await asyncio.sleep(interval)
         await maintenance_round(
-            state.require_pool(), state.config.database_url, retention, state.metrics
+            state.require_pool(), config.database_url, retention, state.metrics, scrub
         )
 
 

@@ -74,6 +74,20 @@ class RelayMetrics:
             registry=r,
         )
 
+        self.scrubs = Counter(
+            "engram_relay_scrubs",
+            "Vaults the background scrub recomputed from their rows (relay.store.scrub) by "
+            "outcome: clean, repaired (the stored digest was untrue) or timed_out",
+            ["outcome"],
+            registry=r,
+        )
+        self.scrub_mismatches = Counter(
+            "engram_relay_scrub_mismatches",
+            "Scrubs that found a vault's stored digest, counts or bucket prefixes untrue "
+            "(rows lost or changed outside a push or compaction) and made them true again",
+            registry=r,
+        )
+
         def database_wide(name: str, documentation: str) -> Gauge:
             """A figure of the whole database: whichever worker set it last is right."""
             return Gauge(name, documentation, registry=r, multiprocess_mode="mostrecent")

@@ -1,9 +1,12 @@
-"""`engram-sync verify [--repair] [--json]` (PROTOCOL §18, docs/digest.md).
+"""`engram-sync verify [--repair] [--deep] [--json]` (PROTOCOL §18, docs/digest.md).
 
 Compares this device's digest with the relay's and, on a mismatch, narrows it down by
 bucket and says what differs. `--repair` runs a sync, whose anti-entropy check fetches
 what the device lacks and pushes what the relay lacks (nothing is deleted because the
-relay lacks it). Exit 0 when the two agree at the end, 1 on a mismatch not repaired.
+relay lacks it). `--deep` compares with the digest the relay computes from its rows
+(`?deep=1`, feature `digest-deep`) instead of the running total it stores, so a row the
+relay lost outside a push is seen (and, with `--repair`, pushed again). Exit 0 when the
+two agree at the end, 1 on a mismatch not repaired.
 """
 
 from __future__ import annotations
@@ -23,10 +26,16 @@ def verify(
     repair: Annotated[
         bool, typer.Option("--repair", help="Sync, fetching and pushing what differs.")
     ] = False,
+    deep: Annotated[
+        bool,
+        typer.Option(
+            "--deep", help="Compare with the digest the relay computes from its rows (slower)."
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """Check that this device and the relay hold the same versions (exit 1 if not)."""
-    from engram_sync.client._sync.anti_entropy import DIGEST_FEATURE
+    from engram_sync.client._sync.anti_entropy import DEEP_FEATURE, DIGEST_FEATURE, AntiEntropy
     from engram_sync.client._sync.engine import SyncReport
 
     with open_session() as session, session.relay() as relay:
@@ -35,7 +44,16 @@ def verify(
                 f"the relay at {relay.base_url} does not offer the digest (PROTOCOL §18): "
                 "upgrade it to verify"
             )
-        if repair:
+        if deep and not relay.offers(DEEP_FEATURE):
+            raise CliError(
+                f"the relay at {relay.base_url} cannot compute the digest from its rows "
+                "(no `digest-deep`): upgrade it, or run `engram-sync verify` without --deep"
+            )
+        if deep:
+            syncer = session.syncer(relay, check_digest=False)
+            report = syncer.sync() if repair else SyncReport()
+            digest: DigestReport | None = AntiEntropy(syncer, report, deep=True).run(repair=repair)
+        elif repair:
             digest = session.syncer(relay).sync().digest
         else:
             digest = session.syncer(relay, check_digest=False).anti_entropy(

@@ -74,6 +74,7 @@ log = logging.getLogger(__name__)
 
 DIGEST_FEATURE: Final = "digest"
 NARROW_FEATURE: Final = "digest-narrow"  # POST .../digest/narrow (ours, docs/digest.md)
+DEEP_FEATURE: Final = "digest-deep"  # ?deep=1: the digest from the relay's rows (ours)
 MAX_LIST_PAGES: Final = 1000  # per bucket: 2,000,000 versions in one bucket at most
 MAX_FETCH_ROUNDS: Final = 64  # per batch of at most 1000 ids (answers cut by bytes)
 MAX_UNRESOLVED_SHOWN: Final = 20
@@ -106,10 +107,14 @@ class DigestReport:
 class AntiEntropy:
     """One check of one Syncer's vault against its relay."""
 
-    def __init__(self, syncer: Syncer, report: SyncReport) -> None:
+    def __init__(self, syncer: Syncer, report: SyncReport, *, deep: bool = False) -> None:
         self.syncer = syncer
         self.sync_report = report
         self.result = DigestReport()
+        # `verify --deep`: the vault's digest and bucket prefixes as the relay's rows give
+        # them (`?deep=1`), not its stored totals, which a row lost outside a push leaves
+        # claiming the version (docs/digest.md "The scrub")
+        self.deep = deep
 
     # -- asking ------------------------------------------------------------------------
 
@@ -127,6 +132,7 @@ class AntiEntropy:
             entries=entries,
             every_bucket=every_bucket,
             after=after,
+            deep=self.deep and bucket is None,
         )
         self.result.round_trips += 1
         self.result.answer_bytes += len(encode_json(answer))

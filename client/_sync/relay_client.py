@@ -413,6 +413,7 @@ class RelayClient:
         entries: bool = False,
         every_bucket: bool = False,
         after: str = "",
+        deep: bool = False,
     ) -> DigestAnswer:
         """`GET /v1/vaults/{vault_id}/digest`: the vault's, one bucket's (`bucket`), one
         bucket's list a page at a time (`entries`, from `after`), or every bucket's."""
@@ -425,6 +426,8 @@ class RelayClient:
                 params["after"] = after
         if every_bucket:
             params["buckets"] = 1
+        if deep:  # ours (feature `digest-deep`): computed from the relay's rows
+            params["deep"] = 1
         path = f"{_vault(vault_id)}/digest"
         return self._call("GET", path, DigestAnswer, retry=Retry.SAFE, params=params)
 

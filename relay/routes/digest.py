@@ -3,7 +3,9 @@
 `GET /v1/vaults/{v}/digest` (auth as pull) answers `{"cursor","count","digest"}` for the
 vault (stored, O(1)); `?bucket=B` for one bucket and `?bucket=B&list=1[&after=M]` its
 versions a page at a time (computed on request over that bucket's rows); `?buckets=1`
-every bucket's prefix and count at once (ours, stored on the vault row: O(1)).
+every bucket's prefix and count at once (ours, stored on the vault row: O(1)); `&deep=1`
+(ours, feature `digest-deep`) the vault's or every bucket's computed from the rows instead
+of the stored totals (a pass over the whole vault, through the scan gate).
 `POST /v1/vaults/{v}/digest/narrow {"bucket", "subs"[, "after"]}` (ours) narrows one bucket
 by its 256 sub-buckets: the versions of those whose digests differ from the device's.
 `POST /v1/vaults/{v}/fetch {"memory_ids": [...]}` (ours) gives the current blobs of the
@@ -60,6 +62,7 @@ async def digest(
     bucket: Annotated[int | None, QueryParameter(ge=0, le=BUCKETS - 1)] = None,
     list_: Annotated[int, QueryParameter(name="list", ge=0, le=1)] = 0,
     buckets: Flag = 0,
+    deep: Flag = 0,
     after: Annotated[str, QueryParameter(max_length=256)] = "",
     limit: Annotated[int, QueryParameter(ge=0, le=MAX_LIST_PAGE)] = 0,
 ) -> DigestAnswer:
@@ -76,6 +79,25 @@ async def digest(
         )  # fmt: skip
     if (after or limit) and not list_:
         raise bad_request("after and limit go with list=1", code="invalid_request", field="after")
+    if deep and bucket is not None:
+        raise bad_request(
+            "deep=1 is for the vault's digest or buckets=1: one bucket is always computed "
+            "from the rows, leave deep out", code="invalid_request", field="deep",
+        )  # fmt: skip
+    if deep:  # ours: from the rows, not the stored totals (a whole-vault pass: gated)
+        scans = state.require_scans()
+        async with scans.admit(scan_claim(request, vault_id, principal)):
+            seq, found = await store.bucket_digests(scans.reader(pool), vault_id, None)
+        folded = store.fold_buckets(found)
+        if not buckets:
+            return DigestAnswer(cursor=seq, count=folded.count, digest=digest_text(folded.digest))
+        return DigestAnswer(
+            cursor=seq,
+            count=folded.count,
+            digest=digest_text(folded.digest),
+            buckets=b64encode_std(folded.prefixes),
+            counts=folded.counts,
+        )
     if bucket is None and not buckets:
         whole = await store.vault_digest(pool, vault_id)
         text = digest_text(whole.digest)

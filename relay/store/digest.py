@@ -24,6 +24,7 @@ from engram_sync.shared_format.digest import (
     PREFIX_BYTES,
     SUB_BUCKETS,
     Version,
+    bucket_prefixes,
     digest_int,
 )
 from engram_sync.shared_format.wire import SyncBlob
@@ -141,6 +142,11 @@ class StoredBuckets:
     prefixes: bytes
     counts: list[int]
 
+    @property
+    def count(self) -> int:
+        """Versions over every bucket."""
+        return sum(self.counts)
+
 
 @dataclass(frozen=True)
 class BucketList:
@@ -223,6 +229,19 @@ async def bucket_digests(
     }
     assert all(0 <= b < BUCKETS for b in found)
     return seq, found
+
+
+def fold_buckets(found: dict[int, DigestState]) -> StoredBuckets:
+    """The vault's digest, 256 bucket prefixes and counts from every bucket's digest
+    (`bucket_digests(..., None)`): what the vault row stores, computed from the rows
+    (`?deep=1`); `cursor` 0 (the caller has the sequence)."""
+    digest = 0
+    counts = [0] * BUCKETS
+    for bucket, state in found.items():
+        digest ^= state.digest
+        counts[bucket] = state.count
+    prefixes = bucket_prefixes({b: s.digest for b, s in found.items()})
+    return StoredBuckets(0, digest, prefixes, counts)
 
 
 async def bucket_list(db: Reader, vault_id: str, bucket: int, after: str, limit: int) -> BucketList:

@@ -385,6 +385,14 @@ def test_revisions_0013_and_0014_rebuild_the_key_of_a_distributed_database(
         pytest.param("digest", "_BUCKETS", ("vault-a", 3), id="digest-bucket"),
         pytest.param("digest", "_LIST", ("vault-a", 3, "", 100), id="digest-list"),
         pytest.param("digest", "_NARROW", ("vault-a", 3, bytes(2048), "", 100), id="digest-narrow"),
+        pytest.param("scrub", "_LOCK_VAULT", ("vault-a",), id="scrub-lock"),
+        pytest.param("scrub", "_ROW_TOTALS", ("vault-a",), id="scrub-rows"),
+        pytest.param(
+            "scrub",
+            "_REPAIR",
+            ("vault-a", bytes(32), 1, 0, bytes(2048), bytes(1024)),
+            id="scrub-repair",
+        ),
     ],
 )
 def test_hot_statement_for_one_vault_is_one_task(

@@ -44,6 +44,9 @@ EXPECTED_COLUMNS: dict[str, dict[str, tuple[str, bool, str | None]]] = {
         # 0016 (PROTOCOL §19): the re-keying device's successor statement, opaque to the relay
         "successor_statement": ("text", True, None),
         "successor_stated_at": ("text", True, None),
+        # 0017_scrub (PROTOCOL §18, issue 35): the last scrub and the mismatches it found
+        "scrubbed_at": ("timestamp with time zone", True, None),
+        "scrub_mismatches": ("bigint", False, "0"),
     },
     "blobs": {
         "vault_id": ("text", False, None),
@@ -160,7 +163,7 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
 
 def test_head_is_the_generation_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0016_roles_and_successor"
+    assert head_revision() == "0017_scrub"
 
 
 def test_generation_is_one_random_row(fresh_database_url: str) -> None:
