@@ -343,3 +343,45 @@ def test_a_rekey_copies_no_strict_local_memory(scene: Scene) -> None:
     assert (after["pushed"], after["digest"]["matched"]) == (0, True)
     listed = {m["id"] for m in json.loads(_as(new, alpha, "list", "--json"))}
     assert listed == {kept, later, shared}
+
+
+def _link(device: Any, source: str, target: str) -> None:
+    with device.open() as session, session.vault.transaction() as conn:
+        conn.execute(
+            "INSERT INTO engram_links (source_id, target_id, weight, link_type)"
+            " VALUES (?, ?, 0.5, 'associative')",
+            (source, target),
+        )
+        store.mark_edited(conn, source, store.next_modified_at())
+
+
+def _links(device: Any, source: str) -> set[str]:
+    with device.open() as session:
+        conn = session.vault.conn
+        return {
+            row[0]
+            for table in ("engram_links", "sync_pending_links")
+            for row in conn.execute(
+                f"SELECT target_id FROM {table} WHERE source_id = ?",
+                (source,),
+            )
+        }
+
+
+def test_a_link_to_a_strict_local_memory_stays_on_this_device(scene: Scene) -> None:
+    alpha, bravo = scene.device("alpha"), scene.device("bravo")
+    kept = add(alpha, "private target", privacy_level="strict_local")
+    shared = add(alpha, "shared source")
+    other = add(alpha, "shared target")
+    _link(alpha, shared, kept)
+    _link(alpha, shared, other)
+    alpha.sync()
+    bravo.sync()
+    assert _links(bravo, shared) == {other}  # the strict_local id did not travel
+    edit_on_bravo = "shared source, edited on bravo"
+    with bravo.open() as session, session.vault.transaction() as conn:
+        assert store.edit_memory(conn, shared, edit_on_bravo)
+    bravo.sync()
+    alpha.sync()
+    assert contents(alpha)[shared] == edit_on_bravo
+    assert _links(alpha, shared) == {kept, other}  # bravo's version did not drop it here
