@@ -116,6 +116,14 @@ def queue_retraction(conn: sqlite3.Connection, memory_id: str) -> None:
             f"{memory_id}` deletes it everywhere, or `engram-sync edit {memory_id} --privacy "
             "strict_local` first"
         )
+    synced = conn.execute(
+        "SELECT 1 FROM sync_known_clocks WHERE memory_id = ?", (memory_id,)
+    ).fetchone()
+    if synced is None:  # its id never left: a tombstone would send it (docs/privacy.md)
+        raise RetractRefusedError(
+            f"{memory_id} never synced: there is no copy elsewhere to retract, it never "
+            "leaves this device"
+        )
     conn.execute(
         "INSERT OR REPLACE INTO sync_retractions (memory_id, vector_clock) VALUES (?, NULL)",
         (memory_id,),

@@ -124,6 +124,11 @@ def test_strict_local_never_leaves_through_the_cli(scene: Scene) -> None:
     assert (status["local_only"], status["pending_pushes"]) == (2, 0)  # kept, imported
     assert "local_only: 2" in ok(cli(alpha, "status"))
 
+    refused = cli(alpha, "retract", kept)  # nothing elsewhere: its id must not leave now
+    assert refused.returncode == 1
+    assert f"{kept} never synced: there is no copy elsewhere to retract" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
     # the proof: neither the relay's database nor any request holds them ...
     _assert_never_left(scene, kept, gone, private)
     assert set(_relay_blobs(scene, scene.vault_id)) == {open_id}
