@@ -19,8 +19,9 @@ from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.live import LiveStatus, LiveSync
 from engram_sync.client._sync.rekey import Rekey, RekeyReport
 from engram_sync.client._vault import store
+from engram_sync.client._vault.privacy import PRIVACY_LEVELS, queue_retraction, set_privacy
 from engram_sync.client._vault.search import SearchFilters, search_memories
-from engram_sync.shared_format.plaintext import MemoryPlaintext
+from engram_sync.shared_format.plaintext import MemoryPlaintext, PrivacyLevel
 
 Layer = Literal["episodic", "semantic", "imagined"]
 #: Called with the phase ("pull" or "push") and the counts so far, during a sync.
@@ -80,12 +81,19 @@ class Vault:
         tags: Iterable[str] = (),
         project: str | None = None,
         layer: Layer = "episodic",
+        privacy_level: PrivacyLevel = "cloud_first",
     ) -> str:
-        """Write a new memory; returns its id. It is pushed by the next `sync`."""
+        """Write a new memory; returns its id. It is pushed by the next `sync`, unless its
+        `privacy_level` is "strict_local": then it never leaves this device
+        (docs/privacy.md)."""
         if not content.strip():
             raise ValueError("a memory's content must not be empty")
+        if privacy_level not in PRIVACY_LEVELS:
+            raise ValueError(f"privacy_level must be one of {', '.join(PRIVACY_LEVELS)}")
         with self._session.vault.transaction() as conn:
-            return store.add_memory(conn, content, layer=layer, tags=tags, project=project)
+            return store.add_memory(
+                conn, content, layer=layer, tags=tags, project=project, privacy_level=privacy_level
+            )
 
     def get(self, memory_id: str) -> MemoryPlaintext | None:
         """One memory, or None when there is none with this id."""
@@ -111,12 +119,32 @@ class Vault:
         filters = SearchFilters(tuple(tags), project, layer)
         return search_memories(self._session.vault.conn, query, limit, filters)
 
-    def edit(self, memory_id: str, content: str) -> bool:
-        """Replace a memory's content; False when there is no such memory."""
-        if not content.strip():
+    def edit(
+        self,
+        memory_id: str,
+        content: str | None = None,
+        *,
+        privacy_level: PrivacyLevel | None = None,
+    ) -> bool:
+        """Replace a memory's content, or change its privacy level, or both; False when
+        there is no such memory. Made "strict_local", its later versions stay on this
+        device (the copy already synced stays elsewhere until `retract`); made syncing
+        again, it is pushed by the next `sync` (docs/privacy.md)."""
+        if content is None and privacy_level is None:
+            raise ValueError("nothing to change: give content or privacy_level")
+        if content is not None and not content.strip():
             raise ValueError("a memory's content must not be empty")
         with self._session.vault.transaction() as conn:
-            return store.edit_memory(conn, memory_id, content)
+            if privacy_level is not None and set_privacy(conn, memory_id, privacy_level) is None:
+                return False
+            return content is None or store.edit_memory(conn, memory_id, content)
+
+    def retract(self, memory_id: str) -> None:
+        """Queue a deletion, pushed by the next `sync`, of the copy the relay and the other
+        devices hold of a strict_local memory; the memory stays here (docs/privacy.md).
+        ValueError when it is not a strict_local memory of this vault."""
+        with self._session.vault.transaction() as conn:
+            queue_retraction(conn, memory_id)
 
     def delete(self, memory_id: str) -> bool:
         """Delete a memory (the deletion syncs too); False when there is no such memory."""

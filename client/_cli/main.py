@@ -50,6 +50,15 @@ from engram_sync.client._sync.config import DEFAULT_INTERVAL_SECS, load_sync_con
 from engram_sync.client._sync.device import ClockExhaustedError
 from engram_sync.client._sync.unpushable import shown_id
 from engram_sync.client._vault import conflicts as conflict_ops
+from engram_sync.client._vault.privacy import (
+    PRIVACY_LEVELS,
+    RetractRefusedError,
+    level_change_notice,
+    local_only_count,
+    pending_retractions,
+    queue_retraction,
+    set_privacy,
+)
 from engram_sync.client._vault.store import add_memory as store_add
 from engram_sync.client._vault.store import (
     count_to_push,
@@ -219,15 +228,29 @@ def add(
     layer: Annotated[str, typer.Option("--layer", help="episodic, semantic or imagined.")] = (
         "episodic"
     ),
+    privacy: Annotated[str, typer.Option("--privacy", help=_PRIVACY_HELP)] = "cloud_first",
 ) -> None:
     """Add a memory; prints its id."""
     if layer not in LAYERS:
         raise CliError(f"--layer must be one of {', '.join(LAYERS)}")
+    _check_privacy(privacy)
     if not text.strip():
         raise CliError("the memory text is empty")
     with open_session() as session, session.vault.transaction() as conn:
-        memory_id = store_add(conn, text, layer=layer, tags=tag or [], project=project)
+        memory_id = store_add(
+            conn, text, layer=layer, tags=tag or [], project=project, privacy_level=privacy
+        )
     out.print(memory_id, markup=False)
+
+
+_PRIVACY_HELP: Final = (
+    "strict_local (never leaves this device), hybrid, cloud_first or enterprise (docs/privacy.md)."
+)
+
+
+def _check_privacy(level: str) -> None:
+    if level not in PRIVACY_LEVELS:
+        raise CliError(f"--privacy must be one of {', '.join(PRIVACY_LEVELS)}")
 
 
 def list_items(conn: Connection) -> list[dict[str, Any]]:
@@ -242,7 +265,10 @@ def render_list(items: list[dict[str, Any]], json_out: bool, out: Console, err: 
         return
     for item in items:
         first_line = item["content"].splitlines()[0] if item["content"] else ""
-        mark = "" if item["synced"] else " *"
+        if item["privacy_level"] == "strict_local":  # docs/privacy.md: never pushed
+            mark = "  [strict_local]"
+        else:
+            mark = "" if item["synced"] else " *"
         line = f"{item['id']}  {item['modified_at'][:19]}  {first_line[:80]}{mark}"
         out.print(line, markup=False)  # user text, printed as it is
     if not items:
@@ -270,13 +296,65 @@ def show(memory_id: Annotated[str, typer.Argument(help="Memory id.")]) -> None:
 @app.command()
 def edit(
     memory_id: Annotated[str, typer.Argument(help="Memory id.")],
-    text: Annotated[str, typer.Argument(help="The new text.")],
+    text: Annotated[str | None, typer.Argument(help="The new text.")] = None,
+    privacy: Annotated[str | None, typer.Option("--privacy", help=_PRIVACY_HELP)] = None,
 ) -> None:
-    """Replace a memory's text."""
+    """Replace a memory's text, or change its privacy level (or both)."""
+    if text is None and privacy is None:
+        raise CliError("nothing to change: give the new text, or --privacy LEVEL")
+    if privacy is not None:
+        _check_privacy(privacy)
+    if text is not None and not text.strip():
+        raise CliError("the memory text is empty")
+    notice = None
     with open_session() as session, session.vault.transaction() as conn:
-        if not edit_memory(conn, memory_id, text):
+        previous = None if privacy is None else set_privacy(conn, memory_id, privacy)
+        if privacy is not None and previous is None:
             raise CliError(f"no memory {memory_id!r}; `engram-sync list` shows the ids")
-    out.print(f"edited {memory_id}", markup=False)
+        if text is not None and not edit_memory(conn, memory_id, text):
+            raise CliError(f"no memory {memory_id!r}; `engram-sync list` shows the ids")
+        if privacy is not None and previous is not None and previous != privacy:
+            notice = level_change_notice(conn, memory_id, previous, privacy)
+    if text is not None:
+        out.print(f"edited {memory_id}", markup=False)
+    if notice is not None:
+        out.print(notice, markup=False)
+
+
+@app.command()
+def retract(
+    memory_ids: Annotated[list[str], typer.Argument(help="Ids of strict_local memories.")],
+) -> None:
+    """Remove strict_local memories' copies already synced from the relay and the other
+    devices (a deletion is pushed); they stay on this device, still strict_local."""
+    with open_session() as session:
+        with session.vault.transaction() as conn:
+            for memory_id in memory_ids:
+                try:
+                    queue_retraction(conn, memory_id)
+                except RetractRefusedError as exc:
+                    raise CliError(str(exc)) from None
+        if not session.config.server_url:
+            out.print(
+                f"retraction of {len(memory_ids)} memory(ies) queued: this vault is not "
+                "linked; `engram-sync link` then `engram-sync sync` pushes it",
+                markup=False,
+            )
+            return
+    sync(json_out=False)
+    with open_session() as session:
+        left = set(pending_retractions(session.vault.conn))
+    done = [m for m in memory_ids if m not in left]
+    if done:
+        out.print(
+            f"retracted {', '.join(done)}: removed from the relay and, at their next sync, "
+            "from the other devices; kept here, strict_local",
+            markup=False,
+        )
+    if left:
+        raise CliError(
+            f"not retracted yet: {', '.join(sorted(left))} (queued): run `engram-sync sync` again"
+        )
 
 
 @app.command()
@@ -469,6 +547,7 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")
             "cursor": session.state.cursor,
             "pending_pushes": pushes,
             "pending_tombstones": tombstones,
+            "local_only": local_only_count(conn),  # strict_local, never pushed (privacy.md)
             "conflicts": int(conflicts),
             "skipped_blobs": [asdict(s) for s in session.state.skipped],
             "oversized": session.state.oversized,

@@ -97,4 +97,6 @@ def render_search(
         err.print(note)
     for item in items:
         first_line = item["content"].splitlines()[0] if item["content"] else ""
-        out.print(f"{item['id']}  {item['modified_at'][:19]}  {first_line[:80]}", markup=False)
+        mark = "  [strict_local]" if item["privacy_level"] == "strict_local" else ""
+        line = f"{item['id']}  {item['modified_at'][:19]}  {first_line[:80]}{mark}"
+        out.print(line, markup=False)

@@ -38,6 +38,7 @@ def memory_summary(conn: Connection, memory: MemoryPlaintext) -> dict[str, Any]:
         "project": memory.project,
         "created_at": memory.created_at,
         "modified_at": memory.modified_at,
+        "privacy_level": memory.privacy_level,  # docs/privacy.md
         "synced": row is not None and not row_needs_push(row),
     }
 

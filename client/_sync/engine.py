@@ -36,8 +36,10 @@ from engram_sync.client._sync.relay_client import PULL_PAGE_BUDGET_BYTES, RelayC
 from engram_sync.client._sync.retirement import note_retired, retired_error
 from engram_sync.client._sync.revocation import revoked_in_roster, revoked_message
 from engram_sync.client._sync.state import SkippedBlob, SyncState
+from engram_sync.client._sync.strict_local import kept_out, push_retractions
 from engram_sync.client._sync.unpushable import Unpushable, id_refusal, refused_index
 from engram_sync.client._vault.keys import key_source
+from engram_sync.client._vault.privacy import without_local_links
 from engram_sync.client._vault.store import (
     KnownVersion,
     PendingTombstone,
@@ -540,6 +542,9 @@ class Syncer:
             report.stale += 1
             return True
         deleted = blob.deleted or isinstance(decoded, Tombstone)
+        own = self.device.device_id
+        if kept_out(conn, blob.memory_id, decoded, deleted, remote, own, report):
+            return True  # PROTOCOL §8: a strict_local memory is not overwritten (privacy.md)
         incoming = (
             tombstone_plaintext(blob.memory_id)
             if isinstance(decoded, Tombstone) or deleted
@@ -625,6 +630,7 @@ class Syncer:
         while tombs := pending_tombstones(self.vault.conn, self.push_batch, after=last):
             last = (tombs[-1].deleted_at, tombs[-1].memory_id)
             self._push_tombstones(tombs, report)
+        push_retractions(self, report)  # `engram-sync retract` (docs/privacy.md)
 
     def _push_shows_restore(self, response: PushResponse) -> bool:
         """PROTOCOL §17, as a push answer shows it: another generation, or the vault's
@@ -660,7 +666,8 @@ class Syncer:
             if refusal is not None:
                 self._set_aside(refusal, report)
                 continue
-            text = encode_memory(row_to_plaintext(self.vault.conn, row))
+            conn = self.vault.conn  # links to strict_local memories stay (privacy.md)
+            text = encode_memory(without_local_links(conn, row_to_plaintext(conn, row)))
             if _ciphertext_chars(padded_size(text)) > self._blob_limit():  # PROTOCOL §16
                 if row["id"] not in report.oversized:
                     report.oversized.append(row["id"])

@@ -58,6 +58,11 @@ from engram_sync.client._vault.keys import (
     store_vault_key,
     stored_vault_key,
 )
+from engram_sync.client._vault.privacy import (
+    forget_kept_local_clocks,
+    kept_local_ids,
+    without_local_links,
+)
 from engram_sync.client._vault.store import (
     memories_of_rows,
     row_needs_push,
@@ -480,9 +485,15 @@ class Rekey:
 
     # -- step 2: copy -------------------------------------------------------------------------
 
-    def _copy(self, relay: RelayClient, vault_id: str, keys: SyncKeys) -> None:
+    def _held(self) -> list[Version]:
+        """The versions a re-key copies: every held version but the live ones of memories
+        kept local (PROTOCOL §8: strict_local is never sealed; docs/privacy.md)."""
         conn = self.session.vault.conn
-        held = held_versions(conn)
+        kept = kept_local_ids(conn)
+        return [v for v in held_versions(conn) if v.deleted or v.memory_id not in kept]
+
+    def _copy(self, relay: RelayClient, vault_id: str, keys: SyncKeys) -> None:
+        held = self._held()
         report = self.report
         report.held = len(held)
         report.tombstones = sum(1 for v in held if v.deleted)
@@ -620,7 +631,7 @@ class Rekey:
                 continue
             current.append(row)
         for memory in memories_of_rows(conn, current):
-            texts[memory.id] = encode_memory(memory)
+            texts[memory.id] = encode_memory(without_local_links(conn, memory))
         if from_old:
             texts.update(self._old_plaintexts(from_old))
         return texts
@@ -670,7 +681,7 @@ class Rekey:
 
     def _check(self, relay: RelayClient, vault_id: str) -> int:
         """The new vault's digest equals the held set's (PROTOCOL §18); its cursor."""
-        held = held_versions(self.session.vault.conn)
+        held = self._held()
         value, count = fold(held)
         top = relay.digest(vault_id)
         if top.digest != digest_text(value) or top.count != count:
@@ -756,6 +767,8 @@ class Rekey:
             setattr(state, "link_pull", False)  # noqa: B010
         state.last_error = None
         state.save()
+        with session.vault.transaction() as conn:  # the new vault holds none of them
+            forget_kept_local_clocks(conn)
         save_sync_config(session.path, session.config)
         session._keys = new.keys  # the cached keys follow the switch
         record.step = "switched"

@@ -4,7 +4,10 @@
 `sync_known_clocks` (the highest version this device applied or pushed, PROTOCOL §8),
 that version `(memory_id, device_id, vector_clock)`, with `deleted` = the vault holds
 no row of the memory and no pending local deletion of it (a row, or a deletion not yet
-pushed, means the known version is the live one the relay should hold). Left out:
+pushed, means the known version is the live one the relay should hold). A memory kept
+local (docs/privacy.md) counts as the relay was last given it: live at its known clock
+(also when deleted here only: `sync_local_deletions`), or deleted when the relay's version
+at that clock is a deletion (`sync_retractions`). Left out:
 memories with no known version (never pushed or pulled: ordinary pending pushes) and
 tombstones the relay showed as compacted at that very clock (`sync_digest_compacted`).
 
@@ -22,10 +25,14 @@ from engram_sync.shared_format.timestamps import utc_now_rfc3339
 
 _HELD = (
     "SELECT k.memory_id, k.device_id, k.vector_clock,"
-    " (e.id IS NULL AND t.id IS NULL) AS deleted, c.vector_clock AS compacted"
+    " ((e.id IS NULL AND t.id IS NULL AND d.memory_id IS NULL)"
+    "  OR coalesce(r.vector_clock = k.vector_clock, 0)) AS deleted,"
+    " c.vector_clock AS compacted"
     " FROM sync_known_clocks k"
     " LEFT JOIN engrams e ON e.id = k.memory_id"
     " LEFT JOIN tombstones t ON t.id = k.memory_id"
+    " LEFT JOIN sync_local_deletions d ON d.memory_id = k.memory_id"
+    " LEFT JOIN sync_retractions r ON r.memory_id = k.memory_id"
     " LEFT JOIN sync_digest_compacted c ON c.memory_id = k.memory_id"
 )
 
@@ -67,7 +74,8 @@ def requeue(conn: sqlite3.Connection, held: list[Version]) -> int:
             ).rowcount
         else:
             queued += conn.execute(
-                "UPDATE engrams SET synced_at = NULL WHERE id = ? AND synced_at IS NOT NULL",
+                "UPDATE engrams SET synced_at = NULL WHERE id = ? AND synced_at IS NOT NULL"
+                " AND privacy_level <> 'strict_local'",  # never pushed (docs/privacy.md)
                 (v.memory_id,),
             ).rowcount
     return queued

@@ -99,8 +99,25 @@ _MIGRATION_2: Final = (
     )""",
 )
 
+_MIGRATION_3: Final = (
+    # PROTOCOL §8 "strict_local never leaves the device" (docs/privacy.md): a strict_local
+    # memory deleted on this device only (no tombstone is pushed; a pulled version of it is
+    # kept as a conflict copy, not applied)
+    """CREATE TABLE IF NOT EXISTS sync_local_deletions (
+        memory_id TEXT PRIMARY KEY,
+        deleted_at TEXT NOT NULL
+    )""",
+    # the relay's version of a memory this device keeps local is a deletion at this clock
+    # (`engram-sync retract`, or another device's tombstone kept out); NULL: a retraction
+    # not pushed yet
+    """CREATE TABLE IF NOT EXISTS sync_retractions (
+        memory_id TEXT PRIMARY KEY,
+        vector_clock INTEGER
+    )""",
+)
+
 # MIGRATIONS[n - 1] takes the sync schema from version n - 1 to n. Append only.
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2)
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 

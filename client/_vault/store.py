@@ -37,7 +37,12 @@ _ENGRAM_COLUMNS: Final = (
     " occurred_at, modified_at, synced_at"
 )
 
-NEEDS_PUSH: Final = "(synced_at IS NULL OR modified_at > synced_at)"  # PROTOCOL §8
+# PROTOCOL §8; a strict_local memory is never pushed, whatever its stamps (§8 "strict_local
+# never leaves the device", docs/privacy.md)
+STRICT_LOCAL: Final = "strict_local"
+NEEDS_PUSH: Final = (
+    "(privacy_level <> 'strict_local' AND (synced_at IS NULL OR modified_at > synced_at))"
+)
 _decode_json: Final = msgspec.json.decode
 
 
@@ -277,18 +282,20 @@ def add_memory(
     tags: Iterable[str] = (),
     project: str | None = None,
     scope: str = "moment",
+    privacy_level: str = "cloud_first",
 ) -> str:
-    """Insert a new local memory (needs pushing); returns its id."""
+    """Insert a new local memory (needs pushing, unless strict_local); returns its id."""
     memory_id = new_memory_id()
     now = utc_now_rfc3339()
     conn.execute(
         "INSERT INTO engrams (id, layer, source, privacy_level, content, context, created_at,"
         " project, tags, content_hash, scope, content_type, modified_at)"
-        " VALUES (?, ?, ?, 'cloud_first', ?, '{}', ?, ?, ?, ?, ?, 'text', ?)",
+        " VALUES (?, ?, ?, ?, ?, '{}', ?, ?, ?, ?, ?, 'text', ?)",
         (
             memory_id,
             layer,
             source,
+            privacy_level,
             content,
             now,
             project,
@@ -317,10 +324,19 @@ def edit_memory(conn: sqlite3.Connection, memory_id: str, content: str) -> bool:
 
 
 def delete_memory(conn: sqlite3.Connection, memory_id: str) -> bool:
-    """Delete locally and record a tombstone in the same transaction (VAULT §3)."""
-    if get_row(conn, memory_id) is None:
+    """Delete locally and record a tombstone in the same transaction (VAULT §3). A
+    strict_local memory's deletion stays local (PROTOCOL §8, docs/privacy.md): no tombstone,
+    only a note in `sync_local_deletions`."""
+    row = get_row(conn, memory_id)
+    if row is None:
         return False
     _remove_row(conn, memory_id)
+    if row["privacy_level"] == STRICT_LOCAL:
+        conn.execute(
+            "INSERT OR REPLACE INTO sync_local_deletions (memory_id, deleted_at) VALUES (?, ?)",
+            (memory_id, utc_now_rfc3339()),
+        )
+        return True
     conn.execute(
         "INSERT OR REPLACE INTO tombstones (id, deleted_at) VALUES (?, ?)",
         (memory_id, utc_now_rfc3339()),
@@ -442,6 +458,7 @@ def repush_missing(
     conn.executemany("INSERT INTO sync_seen (id, clock) VALUES (?, ?)", seen.items())
     rows = conn.execute(
         "UPDATE engrams SET synced_at = NULL WHERE synced_at IS NOT NULL"
+        " AND privacy_level <> 'strict_local'"  # never pushed (docs/privacy.md)
         " AND NOT coalesce(modified_at > synced_at, 0) AND id IN ("
         " SELECT e.id FROM engrams e LEFT JOIN sync_seen s ON s.id = e.id"
         " LEFT JOIN sync_known_clocks k ON k.memory_id = e.id"
@@ -452,7 +469,8 @@ def repush_missing(
         "INSERT OR IGNORE INTO tombstones (id, deleted_at)"  # noqa: S608 - constants
         " SELECT k.memory_id, ? FROM sync_known_clocks k LEFT JOIN sync_seen s"
         f" ON s.id = k.memory_id WHERE (s.clock < k.vector_clock{unseen})"
-        " AND k.memory_id NOT IN (SELECT id FROM engrams)",
+        " AND k.memory_id NOT IN (SELECT id FROM engrams)"
+        " AND k.memory_id NOT IN (SELECT memory_id FROM sync_local_deletions)",
         (utc_now_rfc3339(),),
     ).rowcount
     conn.execute("DELETE FROM sync_seen")
@@ -628,8 +646,12 @@ def apply_memory(conn: sqlite3.Connection, memory: MemoryPlaintext, *, new: bool
 def _replace_links(
     conn: sqlite3.Connection, memory_id: str, links: list[Link], *, new: bool
 ) -> None:
-    if not new:
-        conn.execute("DELETE FROM engram_links WHERE source_id = ?", (memory_id,))
+    if not new:  # a link to a strict_local memory never travels: it stays (privacy.md)
+        conn.execute(
+            "DELETE FROM engram_links WHERE source_id = ? AND target_id NOT IN"
+            " (SELECT id FROM engrams WHERE privacy_level = 'strict_local')",
+            (memory_id,),
+        )
     # Pending links are ours (no foreign key): a row another program removed leaves them.
     conn.execute("DELETE FROM sync_pending_links WHERE source_id = ?", (memory_id,))
     for link in links:

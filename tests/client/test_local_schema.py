@@ -138,6 +138,8 @@ def test_an_old_vault_is_upgraded_and_keeps_its_rows(vault_dir: Path) -> None:
         after = _dump(conn)
         assert after.pop("sync_schema") == [(1, SCHEMA_VERSION)]
         assert after.pop("sync_digest_compacted") == []  # migration 2, new and empty
+        assert after.pop("sync_local_deletions") == []  # migration 3 (docs/privacy.md)
+        assert after.pop("sync_retractions") == []
         assert after == before
         assert after["sync_known_clocks"] == [("mem_a", 7, "dev_1", "2026-01-01T00:00:00Z")]
         assert _engram_schema(conn) == engram_before
