@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
-from tests.e2e.test_account_cli import (  # noqa: F401 (relay_process: a fixture)
-    FINGERPRINT,
-    Device,
-    ServedRelay,
-    relay_process,
-)
+import pytest
+
+from tests.e2e.test_account_cli import FINGERPRINT, Device, ServedRelay, serve_relay
 from tests.relay.conftest import ADMIN_KEY
 
 VAULT_ID = "team-notes"
@@ -29,6 +27,12 @@ PASSPHRASE = "team notes passphrase kestrel 7c1d"
 TYPO = "team notes passphrase kestral 7c1d"  # one letter off
 MEMBER_PASSPHRASE = "the member's own local passphrase 2b9e"
 MEMORIES = [f"team memory number {n}: the {n}th note" for n in range(8)]
+
+
+@pytest.fixture
+def relay_process(tmp_path: Path, fresh_database_url: str) -> Iterator[ServedRelay]:
+    with serve_relay(tmp_path, fresh_database_url) as served:
+        yield served
 
 
 def admin_with_eight(tmp_path: Path, url: str) -> Device:
