@@ -209,6 +209,24 @@ def link(
         with session.vault.transaction() as conn:
             vault_keys.clear_expected(conn, chosen)
         out.print(f"linked to {relay} as vault {chosen} (device {session.device.device_id})")
+        _warn_if_keys_open_nothing(session, chosen)
+
+
+def _warn_if_keys_open_nothing(session: VaultSession, vault_id: str) -> None:
+    """Issue 35: say at once when this device's keys open none of the vault's blobs (a
+    typo, or a member device before its handoff); `sync` refuses to go on until they do.
+    Only a note: a member device must be linked before it can request the key."""
+    from engram_sync.client._vault import keys as vault_keys
+
+    try:
+        with session.relay() as client:
+            opens = vault_keys.keys_open_relay_blobs(client, vault_id, session.keys)
+    except SyncError:
+        return  # the first sync checks again, and says why it cannot
+    if opens is False:
+        source = vault_keys.key_source(session.vault.conn, vault_id)
+        note = vault_keys.keys_refused_message(vault_id, source, "`sync` will refuse until then")
+        err.print(f"note: {note}", markup=False, highlight=False)
 
 
 @app.command()

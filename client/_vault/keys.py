@@ -155,17 +155,19 @@ def keys_open_blobs(keys: SyncKeys, blobs: Sequence[SyncBlob]) -> bool | None:
     return False
 
 
-def keys_refused_message(vault_id: str, source: str) -> str:
+def keys_refused_message(
+    vault_id: str, source: str, outcome: str = "nothing was pulled or pushed"
+) -> str:
     """One line for a device whose keys open none of the vault's blobs (issue 35)."""
     if source == "passphrase":
         return (
             f"this passphrase does not open vault {vault_id}'s memories: a typo? (`engram-sync "
             "init` a new vault with the right one) or, for a team vault, get its key with "
-            "`engram-sync team request`; nothing was pulled or pushed"
+            f"`engram-sync team request`; {outcome}"
         )
     return (
         f"the vault key this device got by {source} does not open vault {vault_id}'s "
-        "memories: nothing was pulled or pushed; ask an admin of the vault"
+        f"memories: {outcome}; ask an admin of the vault"
     )
 
 

@@ -93,7 +93,10 @@ def member(tmp_path: Path, served: ServedRelay) -> Device:
     key = served.relay.mint(VAULT_ID)
     device = Device(tmp_path / "member", MEMBER_PASSPHRASE)
     device.run("init")
-    device.run("link", "--relay", served.relay.url, "--api-key", key, "--vault-id", VAULT_ID)
+    linked = device.run(
+        "link", "--relay", served.relay.url, "--api-key", key, "--vault-id", VAULT_ID
+    )
+    assert "`sync` will refuse until then" in linked.stderr  # a note: it links, exit 0
     return device
 
 
@@ -164,7 +167,10 @@ def test_a_mistyped_passphrase_is_refused_and_pushes_nothing(
 
     typo = Device(tmp_path / "typo", TYPO)
     typo.run("init")
-    typo.run("link", "--relay", url, "--api-key", ADMIN_KEY, "--vault-id", VAULT_ID)
+    linked = typo.run("link", "--relay", url, "--api-key", ADMIN_KEY, "--vault-id", VAULT_ID)
+    assert linked.stderr.strip().startswith(
+        f"note: this passphrase does not open vault {VAULT_ID}'s memories: a typo?"
+    ), linked.stderr
     typo.run("add", "written under the mistyped passphrase")
     refused = typo.run("sync", ok=False)
     refused_in_one_line(
@@ -180,7 +186,8 @@ def test_a_mistyped_passphrase_is_refused_and_pushes_nothing(
 
     honest = Device(tmp_path / "honest", PASSPHRASE)
     honest.run("init")
-    honest.run("link", "--relay", url, "--api-key", ADMIN_KEY, "--vault-id", VAULT_ID)
+    linked = honest.run("link", "--relay", url, "--api-key", ADMIN_KEY, "--vault-id", VAULT_ID)
+    assert "does not open" not in linked.stderr
     honest.run("add", "written under the right passphrase")
     synced = honest.run("sync").stdout
     assert "pulled 8 (applied 8), pushed 1" in synced, synced
