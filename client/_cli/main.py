@@ -446,7 +446,12 @@ _WATCH_RETRIED_4XX: Final = frozenset({402, 408, 409, 425, 429})
 def _watch_retries(error: SyncError) -> bool:
     """What `watch` retries with backoff: anything that may pass by itself. A wrong or
     refused key, a revoked device, a vault the device cannot open and a relay refusing the
-    request itself (a 4xx such as 400, 404, 413, 422) end it at once with the error."""
+    request itself (a 4xx such as 400, 404, 413, 422) end it at once with the error; so do
+    keys that open none of the vault's blobs (issue 35: the same keys fail again)."""
+    from engram_sync.client._vault.keys import KeysDoNotOpenVaultError
+
+    if isinstance(error, KeysDoNotOpenVaultError):
+        return False
     status = error.status if isinstance(error, RelayError) else 0
     if 400 <= status < 500 and status not in _WATCH_RETRIED_4XX:
         return False

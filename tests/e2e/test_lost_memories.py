@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from engram_sync.client._cli.main import _watch_retries
+from engram_sync.client._vault.keys import KeysDoNotOpenVaultError, keys_refused_message
 from tests.e2e.test_account_cli import FINGERPRINT, Device, ServedRelay, serve_relay
 from tests.relay.conftest import ADMIN_KEY
 
@@ -194,3 +196,8 @@ def test_a_mistyped_passphrase_is_refused_and_pushes_nothing(
     assert "invalid" not in synced
     assert held(honest) == {*MEMORIES, "written under the right passphrase"}
     assert relay_blobs(relay_process) == 9
+
+
+def test_watch_stops_at_once_on_keys_that_open_nothing() -> None:
+    """`watch` ends with the one line instead of retrying: the same keys fail again."""
+    assert not _watch_retries(KeysDoNotOpenVaultError(keys_refused_message(VAULT_ID, "passphrase")))
