@@ -132,7 +132,8 @@ class BlobCipher:
         )
         if not hmac.compare_digest(claimed, expected):
             raise BlobTamperedError(
-                f"HMAC mismatch for memory {blob.memory_id[:64]!r}: modified or foreign blob"
+                f"HMAC mismatch for memory {blob.memory_id[:64]!r}: sealed under other keys "
+                "(a device with a different passphrase?) or modified on the way"
             )
 
     def open(self, blob: SyncBlob) -> str:

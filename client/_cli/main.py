@@ -218,6 +218,24 @@ def link(
         with session.vault.transaction() as conn:
             vault_keys.clear_expected(conn, chosen)
         out.print(f"linked to {relay} as vault {chosen} (device {session.device.device_id})")
+        _warn_if_keys_open_nothing(session, chosen)
+
+
+def _warn_if_keys_open_nothing(session: VaultSession, vault_id: str) -> None:
+    """Issue 35: say at once when this device's keys open none of the vault's blobs (a
+    typo, or a member device before its handoff); `sync` refuses to go on until they do.
+    Only a note: a member device must be linked before it can request the key."""
+    from engram_sync.client._vault import keys as vault_keys
+
+    try:
+        with session.relay() as client:
+            opens = vault_keys.keys_open_relay_blobs(client, vault_id, session.keys)
+    except SyncError:
+        return  # the first sync checks again, and says why it cannot
+    if opens is False:
+        source = vault_keys.key_source(session.vault.conn, vault_id)
+        note = vault_keys.keys_refused_message(vault_id, source, "`sync` will refuse until then")
+        err.print(f"note: {note}", markup=False, highlight=False)
 
 
 @app.command()
@@ -506,7 +524,12 @@ _WATCH_RETRIED_4XX: Final = frozenset({402, 408, 409, 425, 429})
 def _watch_retries(error: SyncError) -> bool:
     """What `watch` retries with backoff: anything that may pass by itself. A wrong or
     refused key, a revoked device, a vault the device cannot open and a relay refusing the
-    request itself (a 4xx such as 400, 404, 413, 422) end it at once with the error."""
+    request itself (a 4xx such as 400, 404, 413, 422) end it at once with the error; so do
+    keys that open none of the vault's blobs (issue 35: the same keys fail again)."""
+    from engram_sync.client._vault.keys import KeysDoNotOpenVaultError
+
+    if isinstance(error, KeysDoNotOpenVaultError):
+        return False
     status = error.status if isinstance(error, RelayError) else 0
     if 400 <= status < 500 and status not in _WATCH_RETRIED_4XX:
         return False

@@ -15,7 +15,8 @@ without it: the bucket's whole version list). From the lists:
 - the device holds a version the relay lacks or holds only older: queued to push again
   (`held_versions.requeue`); a tombstone the relay lacks entirely was compacted (§12):
   left out of the device's digest from then on (`mark_compacted`), not re-pushed;
-- a version the device already refused (skipped when pulled) is not fetched again;
+- a version the device already refused (skipped when pulled) under the keys it holds now
+  is not fetched again; one refused under other keys is (PROTOCOL §8, issue 35);
 - anything else (the relay claims a tombstone at the very version the device holds live,
   or two devices' versions with one clock): reported as unresolved, nothing changed.
 
@@ -45,6 +46,7 @@ from engram_sync.client._vault.held_versions import (
     mark_compacted,
     requeue,
 )
+from engram_sync.client._vault.keys import key_source
 from engram_sync.client._vault.store import apply_memory, known_version, local_state
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
 from engram_sync.shared_format.digest import (
@@ -293,7 +295,15 @@ class AntiEntropy:
         gone: list[Version],
     ) -> None:
         held = {v.memory_id: v for v in mine}
-        refused = {(s.memory_id, s.device_id, s.vector_clock) for s in self.syncer.state.skipped}
+        # PROTOCOL §8 (issue 35): a version refused under the keys this device holds now is
+        # not fetched again; one refused under other keys (before a handoff brought K, or
+        # recorded before issue 35) is fetched and verified again
+        keys = key_source(self.syncer.vault.conn, self.syncer.vault_id)
+        refused = {
+            (s.memory_id, s.device_id, s.vector_clock)
+            for s in self.syncer.state.skipped
+            if s.keys == keys
+        }
         for memory_id, relay_version in theirs.items():
             local = held.get(memory_id)
             if (memory_id, relay_version.device_id, relay_version.vector_clock) in refused:
@@ -363,6 +373,8 @@ class AntiEntropy:
             applied_before = self.sync_report.applied
             verified = syncer._apply_blob(conn, blob, self.sync_report, ceiling=ceiling)
             self.result.fetched += self.sync_report.applied - applied_before
+            if verified:
+                syncer.state.forget_skipped(blob.memory_id, blob.device_id, blob.vector_clock)
             return verified
         if (
             blob.deleted

@@ -38,7 +38,12 @@ from engram_sync.client._sync.revocation import revoked_in_roster, revoked_messa
 from engram_sync.client._sync.state import SkippedBlob, SyncState
 from engram_sync.client._sync.strict_local import kept_out, push_retractions
 from engram_sync.client._sync.unpushable import Unpushable, id_refusal, refused_index
-from engram_sync.client._vault.keys import key_source
+from engram_sync.client._vault.keys import (
+    KeysDoNotOpenVaultError,
+    key_source,
+    keys_open_blobs,
+    keys_refused_message,
+)
 from engram_sync.client._vault.privacy import without_local_links
 from engram_sync.client._vault.store import (
     KnownVersion,
@@ -202,6 +207,7 @@ class Syncer:
         check_digest: bool = True,
     ) -> None:
         self.vault = vault
+        self.keys = keys
         self.cipher = BlobCipher(keys)
         self.device = device
         self.state = state
@@ -404,6 +410,8 @@ class Syncer:
                 retired = True
                 retirement = page.retired
                 self._note_retired(retirement.successor, retirement.erase_after, "pull", retirement)
+            if cursor == 0:
+                self._check_keys_open(page.blobs)
             highest = self._apply_page(page.blobs, report, seen)
             self.device.observe(highest)
             assert isinstance(page.cursor, int)  # check_page
@@ -492,6 +500,15 @@ class Syncer:
         known = self.state.generation
         return isinstance(generation, str) and known is not None and generation != known
 
+    def _check_keys_open(self, blobs: list[SyncBlob]) -> None:
+        """PROTOCOL §8 (issue 35): a blob this device cannot open yet never moves its cursor
+        past it. Keys that open none of the vault's first page (a mistyped passphrase, a
+        member device before the handoff) stop the sync before anything is applied, the
+        cursor moved or pushed, instead of skipping the vault for good or forking it."""
+        if keys_open_blobs(self.keys, blobs) is False:
+            source = key_source(self.vault.conn, self.vault_id)
+            raise KeysDoNotOpenVaultError(keys_refused_message(self.vault_id, source))
+
     def _apply_page(
         self, blobs: list[SyncBlob], report: SyncReport, seen: dict[str, int] | None
     ) -> int:
@@ -516,6 +533,7 @@ class Syncer:
                 vector_clock=blob.vector_clock,
                 reason=reason,
                 seen_at=utc_now_rfc3339(),
+                keys=key_source(self.vault.conn, self.vault_id),
             )
         )
         return False

@@ -29,13 +29,18 @@ def _own_skips(value: Any) -> list[OwnSkip]:
 
 @dataclass
 class SkippedBlob:
-    """A pulled blob that failed verification or decoding: never applied (PROTOCOL §3)."""
+    """A pulled blob that failed verification or decoding: never applied (PROTOCOL §3).
+
+    `keys`: where the keys it failed under came from (client._vault.keys.key_source; None
+    in a record written before issue 35). Anti-entropy fetches it again once this device's
+    keys come from elsewhere (PROTOCOL §8: a blob this device cannot open *yet*)."""
 
     memory_id: str
     device_id: str
     vector_clock: int
     reason: str
     seen_at: str
+    keys: str | None = None
 
 
 @dataclass
@@ -158,6 +163,14 @@ class SyncState:
         """Remember a skipped blob for `status` (the newest MAX_SKIPPED_KEPT)."""
         self.skipped.append(skipped)
         del self.skipped[:-MAX_SKIPPED_KEPT]
+
+    def forget_skipped(self, memory_id: str, device_id: str, vector_clock: int) -> None:
+        """A skipped version verified after all (fetched again under other keys)."""
+        self.skipped = [
+            s
+            for s in self.skipped
+            if (s.memory_id, s.device_id, s.vector_clock) != (memory_id, device_id, vector_clock)
+        ]
 
     def record_own_skip(self, skip: OwnSkip) -> None:
         """Remember a move past our own pushes (the newest MAX_OWN_SKIPS)."""

@@ -23,6 +23,7 @@ creates and migrates them.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from typing import Final
 
 from engram_sync.client._errors import SyncError
@@ -31,6 +32,7 @@ from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.errors import BlobTamperedError, KeyUnwrapError
 from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
+from engram_sync.shared_format.wire import SyncBlob
 from engram_sync.shared_format.wraps import VaultKey, pack_vault_key, unpack_vault_key
 
 BLOB_SAMPLE: Final = 20
@@ -39,6 +41,11 @@ SOURCES: Final = ("account", "handoff", "passphrase")
 
 class VaultKeyMissingError(SyncError):
     """This device has no key for its linked vault yet (it waits for a handoff)."""
+
+
+class KeysDoNotOpenVaultError(SyncError):
+    """The vault holds blobs and this device's sync keys open none of them (issue 35): a
+    mistyped passphrase, or a member device still waiting for the team key K."""
 
 
 def pack_keys(keys: SyncKeys, vault_id: str) -> bytes:
@@ -131,6 +138,39 @@ def session_sync_keys(
     return passphrase if isinstance(passphrase, SyncKeys) else derive_sync_keys(passphrase)
 
 
+def keys_open_blobs(keys: SyncKeys, blobs: Sequence[SyncBlob]) -> bool | None:
+    """Whether `keys` verify (PROTOCOL §3 HMAC) any of `blobs`; None when there are none.
+
+    One good blob is enough (another blob may be damaged or foreign and skipped), so a
+    False is a strong sign that these are not the vault's keys."""
+    if not blobs:
+        return None
+    cipher = BlobCipher(keys)
+    for blob in blobs:
+        try:
+            cipher.verify(blob)
+        except BlobTamperedError:
+            continue
+        return True
+    return False
+
+
+def keys_refused_message(
+    vault_id: str, source: str, outcome: str = "nothing was pulled or pushed"
+) -> str:
+    """One line for a device whose keys open none of the vault's blobs (issue 35)."""
+    if source == "passphrase":
+        return (
+            f"this passphrase does not open vault {vault_id}'s memories: a typo? (`engram-sync "
+            "init` a new vault with the right one) or, for a team vault, get its key with "
+            f"`engram-sync team request`; {outcome}"
+        )
+    return (
+        f"the vault key this device got by {source} does not open vault {vault_id}'s "
+        f"memories: {outcome}; ask an admin of the vault"
+    )
+
+
 def keys_open_relay_blobs(
     relay: RelayClient, vault_id: str, keys: SyncKeys, sample: int = BLOB_SAMPLE
 ) -> bool | None:
@@ -140,17 +180,7 @@ def keys_open_relay_blobs(
     One good blob is enough (another blob may be damaged or foreign and skipped), so a
     False is a strong sign that these are not the vault's keys.
     """
-    page = relay.pull(vault_id, cursor=0, limit=sample)
-    if not page.blobs:
-        return None
-    cipher = BlobCipher(keys)
-    for blob in page.blobs:
-        try:
-            cipher.verify(blob)
-        except BlobTamperedError:
-            continue
-        return True
-    return False
+    return keys_open_blobs(keys, relay.pull(vault_id, cursor=0, limit=sample).blobs)
 
 
 def verify_keys_on_relay(relay: RelayClient, vault_id: str, keys: SyncKeys) -> None:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,13 @@ class ServedRelay:
 
 @pytest.fixture
 def relay_process(tmp_path: Path, fresh_database_url: str) -> Iterator[ServedRelay]:
+    with serve_relay(tmp_path, fresh_database_url) as served:
+        yield served
+
+
+@contextmanager
+def serve_relay(tmp_path: Path, fresh_database_url: str) -> Iterator[ServedRelay]:
+    """An `engram-relay serve` process on a free port, stopped on exit."""
     port = free_port()
     log = tmp_path / "relay.log"
     env = dict(os.environ, SYNC_API_KEYS=f"{ADMIN_KEY}:100000")
