@@ -298,12 +298,9 @@ class AntiEntropy:
         # PROTOCOL §8 (issue 35): a version refused under the keys this device holds now is
         # not fetched again; one refused under other keys (before a handoff brought K, or
         # recorded before issue 35) is fetched and verified again
-        keys = key_source(self.syncer.vault.conn, self.syncer.vault_id)
-        refused = {
-            (s.memory_id, s.device_id, s.vector_clock)
-            for s in self.syncer.state.skipped
-            if s.keys == keys
-        }
+        skipped = self.syncer.state.skipped
+        keys = key_source(self.syncer.vault.conn, self.syncer.vault_id) if skipped else None
+        refused = {(s.memory_id, s.device_id, s.vector_clock) for s in skipped if s.keys == keys}
         for memory_id, relay_version in theirs.items():
             local = held.get(memory_id)
             if (memory_id, relay_version.device_id, relay_version.vector_clock) in refused:
