@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -11,8 +12,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+import asyncpg
 import httpx
 
+from engram_sync.relay.db.url import to_libpq_url
 from tests.relay.conftest import ADMIN_KEY, METRICS_TOKEN, free_port
 
 BIN = Path(sys.executable).parent
@@ -93,3 +96,25 @@ def two_relay_processes(
             second.stop()
     finally:
         first.stop()
+
+
+async def _database_text(database_url: str) -> str:
+    conn = await asyncpg.connect(to_libpq_url(database_url))
+    try:
+        tables = [
+            r["tablename"]
+            for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname='public'")
+        ]
+        parts = []
+        for table in tables:
+            rows = await conn.fetch(f'SELECT row_to_json(t)::text AS j FROM "{table}" t')
+            parts.extend(r["j"] for r in rows)
+        return "\n".join(parts)
+    finally:
+        await conn.close()
+
+
+def database_text(database_url: str) -> str:
+    """Every column of every row of the relay's PostgreSQL, as JSON text, to search for
+    what must never reach it (the zero-knowledge and strict_local suites)."""
+    return asyncio.run(_database_text(database_url))

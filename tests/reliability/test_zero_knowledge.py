@@ -25,7 +25,7 @@ from engram_sync.shared_format.plaintext import encode_memory
 from tests.e2e.conftest import DeviceHandle, make_device
 from tests.e2e.helpers import add, delete, edit
 from tests.relay.conftest import METRICS_TOKEN, Relay, RelayThread, base_config
-from tests.reliability.support import RelayProcess
+from tests.reliability.support import RelayProcess, database_text
 
 #: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
 pytestmark = pytest.mark.both_databases
@@ -43,24 +43,7 @@ def _forms(secret: bytes) -> list[str]:
     ]
 
 
-async def _dump(database_url: str) -> str:
-    conn = await asyncpg.connect(database_url)
-    try:
-        tables = [
-            r["tablename"]
-            for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname='public'")
-        ]
-        parts = []
-        for table in tables:
-            rows = await conn.fetch(f'SELECT row_to_json(t)::text AS j FROM "{table}" t')
-            parts.extend(r["j"] for r in rows)
-        return "\n".join(parts)
-    finally:
-        await conn.close()
-
-
 def test_nothing_secret_reaches_the_relay(fresh_database_url: str, tmp_path: Path) -> None:
-    import asyncio
 
     log_path = tmp_path / "relay.log"
     relay_process = RelayProcess(fresh_database_url, log_path=log_path, log_level="debug")
@@ -135,7 +118,7 @@ def test_nothing_secret_reaches_the_relay(fresh_database_url: str, tmp_path: Pat
     finally:
         relay_process.stop()
 
-    dump = asyncio.run(_dump(fresh_database_url))
+    dump = database_text(fresh_database_url)
     logs = log_path.read_text(encoding="utf-8", errors="replace")
     haystacks = {"database": dump, "logs": logs, "metrics": metrics}
 

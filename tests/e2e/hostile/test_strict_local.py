@@ -13,7 +13,6 @@ nothing but a conflict copy.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
@@ -24,12 +23,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import msgspec
 
 from engram_sync.client import Vault
 from engram_sync.client._vault import store
-from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.keys import vault_id_v2
 from engram_sync.shared_format.padding import pad_plaintext
@@ -40,27 +37,12 @@ from tests.e2e.hostile.conftest import Scene
 from tests.e2e.hostile.test_forged_pages import inject
 from tests.e2e.test_import_export_cli import EXE, PASSPHRASE, cli, ok
 from tests.relay.conftest import ADMIN_KEY
-
-
-async def _dump_async(database_url: str) -> str:
-    conn = await asyncpg.connect(to_libpq_url(database_url))
-    try:
-        tables = [
-            r["tablename"]
-            for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname='public'")
-        ]
-        parts = []
-        for table in tables:
-            rows = await conn.fetch(f'SELECT row_to_json(t)::text AS j FROM "{table}" t')
-            parts.extend(r["j"] for r in rows)
-        return "\n".join(parts)
-    finally:
-        await conn.close()
+from tests.reliability.support import database_text
 
 
 def _relay_database(scene: Scene) -> str:
     """Every column of every row of the relay's PostgreSQL, as text."""
-    return asyncio.run(_dump_async(scene.relay.database_url))
+    return database_text(scene.relay.database_url)
 
 
 def _sent(scene: Scene) -> str:
