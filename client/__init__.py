@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from engram_sync.client._sync.engine import SyncReport
     from engram_sync.client._sync.live import LiveStatus
     from engram_sync.client._sync.rekey import RekeyError, RekeyReport
+    from engram_sync.client._vault.history import HistoryError, Retention, Version, Writer
+    from engram_sync.client._vault.revert import RevertPlan
     from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
     from engram_sync.shared_format.plaintext import Link, MemoryPlaintext
 
@@ -63,6 +65,7 @@ _WHERE: Final[dict[str, tuple[str, str]]] = {
     "AuthError": (_ERRORS, "AuthError"),
     "DeviceRevokedError": (_ERRORS, "DeviceRevokedError"),
     "ForbiddenError": (_ERRORS, "ForbiddenError"),
+    "HistoryError": ("engram_sync.client._vault.history", "HistoryError"),
     "Layer": ("engram_sync.client._api", "Layer"),
     "Link": ("engram_sync.shared_format.plaintext", "Link"),
     "LiveStatus": ("engram_sync.client._sync.live", "LiveStatus"),
@@ -74,6 +77,8 @@ _WHERE: Final[dict[str, tuple[str, str]]] = {
     "QuotaExceededError": (_ERRORS, "QuotaExceededError"),
     "RateLimitedError": (_ERRORS, "RateLimitedError"),
     "RekeyError": ("engram_sync.client._sync.rekey", "RekeyError"),
+    "Retention": ("engram_sync.client._vault.history", "Retention"),
+    "RevertPlan": ("engram_sync.client._vault.revert", "RevertPlan"),
     "RekeyReport": ("engram_sync.client._sync.rekey", "RekeyReport"),
     "RelayError": (_ERRORS, "RelayError"),
     "RelayMisbehavedError": (_ERRORS, "RelayMisbehavedError"),
@@ -84,6 +89,8 @@ _WHERE: Final[dict[str, tuple[str, str]]] = {
     "Vault": ("engram_sync.client._api", "Vault"),
     "VaultError": (_FORMAT_ERRORS, "VaultError"),
     "VaultRetiredError": (_ERRORS, "VaultRetiredError"),
+    "Version": ("engram_sync.client._vault.history", "Version"),
+    "Writer": ("engram_sync.client._vault.history", "Writer"),
     "WrongPassphraseError": (_FORMAT_ERRORS, "WrongPassphraseError"),
 }
 
@@ -107,6 +114,7 @@ __all__ = [
     "AuthError",
     "DeviceRevokedError",
     "ForbiddenError",
+    "HistoryError",
     "Layer",
     "Link",
     "LiveStatus",
@@ -123,11 +131,15 @@ __all__ = [
     "RelayMisbehavedError",
     "RelayUnavailableError",
     "ResyncRequiredError",
+    "Retention",
+    "RevertPlan",
     "SyncError",
     "SyncReport",
     "Vault",
     "VaultError",
     "VaultRetiredError",
+    "Version",
+    "Writer",
     "WrongPassphraseError",
     "__version__",
 ]

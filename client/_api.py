@@ -10,6 +10,7 @@ import builtins
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -18,8 +19,10 @@ from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.live import LiveStatus, LiveSync
 from engram_sync.client._sync.rekey import Rekey, RekeyReport
-from engram_sync.client._vault import store
-from engram_sync.client._vault.privacy import PRIVACY_LEVELS, queue_retraction, set_privacy
+from engram_sync.client._vault import history, local_writes, store
+from engram_sync.client._vault.history import Retention, Version
+from engram_sync.client._vault.privacy import PRIVACY_LEVELS, queue_retraction
+from engram_sync.client._vault.revert import RevertPlan, Selector, plan_revert, run_revert
 from engram_sync.client._vault.search import SearchFilters, search_memories
 from engram_sync.shared_format.plaintext import MemoryPlaintext, PrivacyLevel
 
@@ -134,10 +137,15 @@ class Vault:
             raise ValueError("nothing to change: give content or privacy_level")
         if content is not None and not content.strip():
             raise ValueError("a memory's content must not be empty")
-        with self._session.vault.transaction() as conn:
-            if privacy_level is not None and set_privacy(conn, memory_id, privacy_level) is None:
-                return False
-            return content is None or store.edit_memory(conn, memory_id, content)
+        if privacy_level is not None and privacy_level not in PRIVACY_LEVELS:
+            raise ValueError(f"privacy_level must be one of {', '.join(PRIVACY_LEVELS)}")
+        session = self._session
+        with session.vault.transaction() as conn:
+            previous = local_writes.edit(
+                conn, memory_id, content, privacy_level, session.writer(),
+                own_device=session.device.device_id,
+            )  # fmt: skip
+        return previous is not None
 
     def retract(self, memory_id: str) -> None:
         """Queue a deletion, pushed by the next `sync`, of the copy the relay and the other
@@ -148,8 +156,66 @@ class Vault:
 
     def delete(self, memory_id: str) -> bool:
         """Delete a memory (the deletion syncs too); False when there is no such memory."""
+        session = self._session
+        with session.vault.transaction() as conn:
+            return local_writes.delete(
+                conn, memory_id, session.writer(), own_device=session.device.device_id
+            )
+
+    # -- history (docs/history.md) ---------------------------------------------------------
+
+    def history(self, memory_id: str) -> builtins.list[Version]:
+        """The versions of a memory this device kept, oldest first, then the one it holds
+        now (`current`; a deletion when deleted). Empty when it knows nothing of it."""
+        return history.versions(self._session.vault.conn, memory_id, self.device_id)
+
+    def restore(self, memory_id: str, version: int) -> None:
+        """Bring kept version `version` (its number in `history`) back as the memory's
+        newest version: the next `sync` pushes it with a new clock, so it wins everywhere.
+        `HistoryError` when that version is not kept (or is a deletion)."""
+        session = self._session
+        with session.vault.transaction() as conn:
+            history.restore(conn, memory_id, version, session.writer(), own_device=self.device_id)
+
+    def undelete(self, *memory_ids: str) -> None:
+        """Bring deleted memories back (each its newest kept version), as new versions the
+        next `sync` pushes. `HistoryError` (nothing changed) when one is not deleted or has
+        no version kept."""
+        session = self._session
+        with session.vault.transaction() as conn:
+            for memory_id in memory_ids:
+                history.undelete(conn, memory_id, session.writer(), own_device=self.device_id)
+
+    def revert(
+        self,
+        *,
+        device: str | None = None,
+        source: str | None = None,
+        tool: str | None = None,
+        since: datetime | None = None,
+        dry_run: bool = False,
+    ) -> RevertPlan:
+        """Take back what one device (`device`), source (e.g. "ai-tool") or AI tool
+        (`tool`, the name in a memory's context) wrote, after `since` (an aware datetime):
+        every memory whose current version they wrote goes back to the version before
+        their writes, is undeleted, or is deleted when they created it. Returns the plan
+        (its `unrevertible` memories have no earlier version kept); with `dry_run` nothing
+        is written. The next `sync` takes it to every device. Run again after a crash, it
+        finishes what is left."""
+        selector = Selector(device, source, tool, since)
+        plan = plan_revert(self._session.vault.conn, selector, self.device_id)
+        if not dry_run:
+            run_revert(self._session.vault, plan.steps, self._session.writer(),
+                       own_device=self.device_id)  # fmt: skip
+        return plan
+
+    def history_retention(self, retention: Retention | None = None) -> Retention:
+        """The history's retention (days, percent of the vault's size, minimum bytes);
+        with `retention`, set it first."""
         with self._session.vault.transaction() as conn:
-            return store.delete_memory(conn, memory_id)
+            if retention is not None:
+                history.set_retention(conn, retention)
+            return history.retention(conn)
 
     # -- sync -------------------------------------------------------------------------------
 

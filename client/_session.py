@@ -12,6 +12,7 @@ from engram_sync.client._file_modes import tighten_modes
 from engram_sync.client._sync.config import SyncConfig, load_sync_config, save_sync_config
 from engram_sync.client._sync.device import Device
 from engram_sync.client._sync.state import SyncState
+from engram_sync.client._vault.history import Writer, local_writer
 from engram_sync.client._vault.schema import migrate
 from engram_sync.shared_format.keys import SyncKeys, vault_id_v1, vault_id_v2
 from engram_sync.shared_format.vault import Vault, VaultKeyKind, open_vault, open_vault_with_key
@@ -118,6 +119,10 @@ class VaultSession:
                 raise SyncError("a machine-key vault cannot sync: sync keys come from a passphrase")
             self._keys = session_sync_keys(self.vault.conn, self.config.vault_id, secret)
         return self._keys
+
+    def writer(self, *, source: str = "user", tool: str | None = None) -> Writer:
+        """This device writing now (the local history's record of who wrote a version)."""
+        return local_writer(self.device.device_id, self.device.label, source=source, tool=tool)
 
     def relay(self, **kwargs: object) -> RelayClient:
         """A relay client for the linked relay."""

@@ -21,6 +21,7 @@ import typer
 from engram_sync import __version__
 from engram_sync.client._agent import control as agent_control
 from engram_sync.client._cli import agent as cli_agent
+from engram_sync.client._cli import history as cli_history
 from engram_sync.client._cli import search as cli_search
 from engram_sync.client._cli import teams as cli_teams
 from engram_sync.client._cli import transfer as cli_transfer
@@ -50,6 +51,7 @@ from engram_sync.client._sync.config import DEFAULT_INTERVAL_SECS, load_sync_con
 from engram_sync.client._sync.device import ClockExhaustedError
 from engram_sync.client._sync.unpushable import shown_id
 from engram_sync.client._vault import conflicts as conflict_ops
+from engram_sync.client._vault import local_writes
 from engram_sync.client._vault.privacy import (
     PRIVACY_LEVELS,
     RetractRefusedError,
@@ -57,13 +59,10 @@ from engram_sync.client._vault.privacy import (
     local_only_count,
     pending_retractions,
     queue_retraction,
-    set_privacy,
 )
 from engram_sync.client._vault.store import add_memory as store_add
 from engram_sync.client._vault.store import (
     count_to_push,
-    delete_memory,
-    edit_memory,
     get_memory,
     list_memories,
 )
@@ -103,6 +102,7 @@ cli_transfer.register(app)
 cli_search.register(app)
 app.add_typer(vaults_app, name="vaults")
 cli_agent.register(app)  # unlock, lock: the key agent (docs/agent.md)
+cli_history.register(app)  # history, undelete, restore, revert (docs/history.md)
 
 
 @app.callback()
@@ -326,12 +326,12 @@ def edit(
         raise CliError("the memory text is empty")
     notice = None
     with open_session() as session, session.vault.transaction() as conn:
-        previous = None if privacy is None else set_privacy(conn, memory_id, privacy)
-        if privacy is not None and previous is None:
+        previous = local_writes.edit(
+            conn, memory_id, text, privacy, session.writer(), own_device=session.device.device_id
+        )
+        if previous is None:
             raise CliError(f"no memory {memory_id!r}; `engram-sync list` shows the ids")
-        if text is not None and not edit_memory(conn, memory_id, text):
-            raise CliError(f"no memory {memory_id!r}; `engram-sync list` shows the ids")
-        if privacy is not None and previous is not None and previous != privacy:
+        if privacy is not None and previous != privacy:
             notice = level_change_notice(conn, memory_id, previous, privacy)
     if text is not None:
         out.print(f"edited {memory_id}", markup=False)
@@ -379,7 +379,8 @@ def retract(
 def delete(memory_id: Annotated[str, typer.Argument(help="Memory id.")]) -> None:
     """Delete a memory (the deletion syncs to the other devices)."""
     with open_session() as session, session.vault.transaction() as conn:
-        if not delete_memory(conn, memory_id):
+        own = session.device.device_id
+        if not local_writes.delete(conn, memory_id, session.writer(), own_device=own):
             raise CliError(f"no memory {memory_id!r}; `engram-sync list` shows the ids")
     out.print(f"deleted {memory_id}", markup=False)
 
@@ -720,7 +721,8 @@ def conflicts_list(
 def conflicts_restore(conflict_id: Annotated[int, typer.Argument(help="Conflict number.")]) -> None:
     """Restore a kept local version as a new local edit (it syncs like any edit)."""
     with open_session() as session, session.vault.transaction() as conn:
-        memory_id = conflict_ops.restore_conflict(conn, conflict_id)
+        own = session.device.device_id
+        memory_id = conflict_ops.restore_conflict(conn, conflict_id, session.writer(), own)
     out.print(f"restored conflict #{conflict_id} into {memory_id}; run `engram-sync sync`")
 
 

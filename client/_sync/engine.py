@@ -38,6 +38,7 @@ from engram_sync.client._sync.revocation import revoked_in_roster, revoked_messa
 from engram_sync.client._sync.state import SkippedBlob, SyncState
 from engram_sync.client._sync.strict_local import kept_out, push_retractions
 from engram_sync.client._sync.unpushable import Unpushable, id_refusal, refused_index
+from engram_sync.client._vault.history import PULL, PULL_DELETE, Writer, keep_version, tool_of
 from engram_sync.client._vault.keys import (
     KeysDoNotOpenVaultError,
     key_source,
@@ -556,7 +557,8 @@ class Syncer:
             # README "Clock bound": one blob must not exhaust every device's clock
             return self._skip(blob, CLOCK_JUMP_REASON, report)
         remote = KnownVersion(blob.vector_clock, blob.device_id, blob.created_at)
-        if not remote_wins(remote, known_version(conn, blob.memory_id)):
+        known = known_version(conn, blob.memory_id)
+        if not remote_wins(remote, known):
             report.stale += 1
             return True
         deleted = blob.deleted or isinstance(decoded, Tombstone)
@@ -577,13 +579,35 @@ class Syncer:
         if local is not None and local[0] != incoming:
             record_conflict(conn, blob.memory_id, local[0], local[1], remote, deleted)
             report.conflicts += 1
-        if deleted or isinstance(decoded, Tombstone):
+        live = decoded if isinstance(decoded, MemoryPlaintext) and not deleted else None
+        if held.exists or known is not None:  # the version replaced is kept (docs/history.md)
+            self._keep_replaced(conn, blob, live)
+        if live is None:
             apply_tombstone(conn, blob.memory_id)
         else:
-            apply_memory(conn, decoded, new=not held.exists)
+            apply_memory(conn, live, new=not held.exists)
         remember_version(conn, blob.memory_id, remote)
         report.applied += 1
         return True
+
+    def _keep_replaced(
+        self, conn: sqlite3.Connection, blob: SyncBlob, live: MemoryPlaintext | None
+    ) -> None:
+        """Keep the version a pulled one replaces in the local history (docs/history.md)."""
+        writer = Writer(
+            blob.device_id,
+            source=None if live is None else live.source,
+            tool=None if live is None else tool_of(live.context),
+            at=blob.created_at,
+        )
+        keep_version(
+            conn,
+            blob.memory_id,
+            PULL if live is not None else PULL_DELETE,
+            writer,
+            own_device=self.device.device_id,
+            new_modified_at=None if live is None else live.modified_at,
+        )
 
     def _own_push_returned(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
+from engram_sync.client._vault.history import CONFLICT, Writer, replacing
 from engram_sync.client._vault.store import (
     apply_memory,
     delete_memory,
@@ -59,8 +60,11 @@ def list_conflicts(conn: sqlite3.Connection) -> list[Conflict]:
     return result
 
 
-def restore_conflict(conn: sqlite3.Connection, conflict_id: int) -> str:
-    """Bring a kept version back as an ordinary new local edit; returns the memory id."""
+def restore_conflict(
+    conn: sqlite3.Connection, conflict_id: int, by: Writer, own_device: str
+) -> str:
+    """Bring a kept version back as an ordinary new local edit (the version it replaces is
+    kept in the local history); returns the memory id."""
     row = named_rows(
         conn,
         "SELECT memory_id, local_plaintext FROM sync_conflicts"
@@ -71,6 +75,18 @@ def restore_conflict(conn: sqlite3.Connection, conflict_id: int) -> str:
         raise ValueError(f"no open conflict #{conflict_id}; `engram-sync conflicts` lists them")
     memory_id: str = row["memory_id"]
     decoded = decode_plaintext(row["local_plaintext"], expected_id=memory_id)
+    deletion = isinstance(decoded, Tombstone)
+    with replacing(conn, memory_id, CONFLICT, by, own_device=own_device, deletion=deletion):
+        _write_kept(conn, memory_id, decoded)
+    conn.execute(
+        "UPDATE sync_conflicts SET restored_at = ? WHERE id = ?", (utc_now_rfc3339(), conflict_id)
+    )
+    return memory_id
+
+
+def _write_kept(
+    conn: sqlite3.Connection, memory_id: str, decoded: MemoryPlaintext | Tombstone
+) -> None:
     if isinstance(decoded, Tombstone):
         delete_memory(conn, memory_id)
     else:
@@ -79,7 +95,3 @@ def restore_conflict(conn: sqlite3.Connection, conflict_id: int) -> str:
         apply_memory(conn, decoded)  # writes the kept version (as if synced) ...
         mark_edited(conn, memory_id, next_modified_at(decoded.modified_at, *previous))
         # ... then marks it a new local edit, so it is pushed with a fresh clock.
-    conn.execute(
-        "UPDATE sync_conflicts SET restored_at = ? WHERE id = ?", (utc_now_rfc3339(), conflict_id)
-    )
-    return memory_id

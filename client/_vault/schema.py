@@ -116,8 +116,54 @@ _MIGRATION_3: Final = (
     )""",
 )
 
+_MIGRATION_4: Final = (
+    # docs/history.md: every version this device replaced (a local edit or deletion, a pulled
+    # version or deletion, a restore, a revert), never synced. The engrams columns of the
+    # replaced version (NULL when it was a deletion), its links as JSON and its embedding;
+    # `written_*` who wrote the replaced version, `new_*` who wrote the one that replaced it.
+    # `version` numbers a memory's versions on this device from 1 (pruning never renumbers).
+    # `capped`: counted against the size cap (0: a memory's last version before a deletion,
+    # kept for the retention days only).
+    """CREATE TABLE IF NOT EXISTS sync_history (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        memory_id TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        deleted INTEGER NOT NULL,
+        layer TEXT, source TEXT, privacy_level TEXT, content TEXT, context TEXT,
+        strength REAL, valence REAL, retrievals INTEGER, imagined INTEGER, grounded INTEGER,
+        created_at TEXT, last_retrieved TEXT, project TEXT, tags TEXT, scope TEXT,
+        content_type TEXT, occurred_at TEXT, modified_at TEXT,
+        links TEXT, embedding BLOB, embedding_model TEXT,
+        written_by TEXT, written_label TEXT, written_source TEXT, written_tool TEXT,
+        written_at TEXT,
+        new_by TEXT, new_label TEXT, new_source TEXT, new_tool TEXT, new_at TEXT,
+        new_modified_at TEXT,
+        replaced_at TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        capped INTEGER NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS sync_history_memory ON sync_history (memory_id, seq)",
+    "CREATE INDEX IF NOT EXISTS sync_history_capped ON sync_history (seq) WHERE capped = 1",
+    # the retention settings and the running totals pruning needs (one row)
+    """CREATE TABLE IF NOT EXISTS sync_history_meta (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        capped_bytes INTEGER NOT NULL DEFAULT 0,
+        horizon TEXT,
+        keep_days REAL NOT NULL DEFAULT 30,
+        max_percent REAL NOT NULL DEFAULT 10,
+        min_bytes INTEGER NOT NULL DEFAULT 1048576
+    )""",
+    "INSERT OR IGNORE INTO sync_history_meta (id) VALUES (1)",
+)
+
 # MIGRATIONS[n - 1] takes the sync schema from version n - 1 to n. Append only.
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_MIGRATION_1, _MIGRATION_2, _MIGRATION_3)
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    _MIGRATION_1,
+    _MIGRATION_2,
+    _MIGRATION_3,
+    _MIGRATION_4,
+)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 

@@ -101,10 +101,10 @@ def row_to_plaintext(conn: sqlite3.Connection, row: sqlite3.Row) -> MemoryPlaint
     emb = named_rows(
         conn, "SELECT embedding, model FROM engram_embeddings WHERE engram_id = ?", (row["id"],)
     ).fetchone()
-    return _plaintext(row, links, (bytes(emb["embedding"]), emb["model"]) if emb else None)
+    return plaintext_from(row, links, (bytes(emb["embedding"]), emb["model"]) if emb else None)
 
 
-def _plaintext(
+def plaintext_from(
     row: sqlite3.Row, links: list[Link], embedding: tuple[bytes, str] | None
 ) -> MemoryPlaintext:
     """The PROTOCOL §4 plaintext of an engrams row, given its links and (embedding, model)."""
@@ -173,7 +173,7 @@ def memories_of_rows(conn: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[
         for engram_id, blob, model in conn.execute(query, chunk):
             embeddings[engram_id] = (bytes(blob), model)
     return [
-        _plaintext(
+        plaintext_from(
             row,
             [links[row["id"]][t] for t in sorted(links[row["id"]])],
             embeddings.get(row["id"]),

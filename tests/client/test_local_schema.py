@@ -140,6 +140,8 @@ def test_an_old_vault_is_upgraded_and_keeps_its_rows(vault_dir: Path) -> None:
         assert after.pop("sync_digest_compacted") == []  # migration 2, new and empty
         assert after.pop("sync_local_deletions") == []  # migration 3 (docs/privacy.md)
         assert after.pop("sync_retractions") == []
+        assert after.pop("sync_history") == []  # migration 4 (docs/history.md)
+        assert after.pop("sync_history_meta") == [(1, 0, None, 30.0, 10.0, 1 << 20)]
         assert after == before
         assert after["sync_known_clocks"] == [("mem_a", 7, "dev_1", "2026-01-01T00:00:00Z")]
         assert _engram_schema(conn) == engram_before

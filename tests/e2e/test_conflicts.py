@@ -74,7 +74,8 @@ def test_restore_brings_the_kept_version_back_everywhere(devices: list[DeviceHan
     with bravo.open() as session, session.vault.transaction() as conn:
         (conflict,) = conflict_ops.list_conflicts(conn)
         assert conflict.local_content == "bravo v2"
-        conflict_ops.restore_conflict(conn, conflict.id)
+        own = session.device.device_id
+        conflict_ops.restore_conflict(conn, conflict.id, session.writer(), own)
         assert conflict_ops.list_conflicts(conn) == []
     sync_all(bravo, alpha)
     assert contents(alpha)[memory_id] == contents(bravo)[memory_id] == "bravo v2"

@@ -1,0 +1,45 @@
+"""A person's (or a program's) writes to memories on this device, each keeping the version
+it replaces in the local history (docs/history.md): the one path the CLI and the Python
+API share for edits and deletions."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from engram_sync.client._vault.history import DELETE, EDIT, Writer, replacing
+from engram_sync.client._vault.privacy import set_privacy
+from engram_sync.client._vault.store import delete_memory, edit_memory, get_row
+
+
+def edit(
+    conn: sqlite3.Connection,
+    memory_id: str,
+    content: str | None,
+    privacy_level: str | None,
+    by: Writer,
+    *,
+    own_device: str,
+) -> str | None:
+    """Replace a memory's content, or its privacy level, or both, as one new version;
+    returns the level it had, None when there is no such memory."""
+    row = get_row(conn, memory_id)
+    if row is None:
+        return None
+    previous: str = row["privacy_level"]
+    if content is None and privacy_level in (None, previous):
+        return previous  # nothing changes: no new version
+    with replacing(conn, memory_id, EDIT, by, own_device=own_device):
+        if privacy_level is not None:
+            set_privacy(conn, memory_id, privacy_level)
+        if content is not None:
+            edit_memory(conn, memory_id, content)
+    return previous
+
+
+def delete(conn: sqlite3.Connection, memory_id: str, by: Writer, *, own_device: str) -> bool:
+    """Delete a memory (its last version is kept); False when there is no such memory."""
+    if get_row(conn, memory_id) is None:
+        return False
+    with replacing(conn, memory_id, DELETE, by, own_device=own_device, deletion=True):
+        delete_memory(conn, memory_id)
+    return True
