@@ -8,6 +8,7 @@ edit: `sync` (or a running `watch`) takes it to every device.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import asdict
@@ -19,6 +20,7 @@ import typer
 from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
 from engram_sync.client._vault import history
 from engram_sync.client._vault.revert import RevertPlan, Selector, plan_revert, run_revert
+from engram_sync.shared_format.plaintext import encode_memory
 from engram_sync.shared_format.timestamps import parse_rfc3339
 
 if TYPE_CHECKING:
@@ -83,7 +85,7 @@ def history_command(
             raise CliError("--keep-days and --max-percent go without a memory id")
         found = history.versions(session.vault.conn, memory_id, session.device.device_id)
     if json_out:
-        print_json([asdict(v) for v in found])
+        print_json([_version_json(v) for v in found])
         return
     if not found:
         raise CliError(f"no memory {memory_id!r} and no kept version of one by that id")
@@ -94,6 +96,14 @@ def history_command(
             f"v{v.version}  {when}  by {_who(v.written)}  {state}  {_first_line(v)}",
             markup=False,
         )
+
+
+def _version_json(version: history.Version) -> dict[str, Any]:
+    memory = version.memory
+    return {
+        **asdict(version),
+        "memory": None if memory is None else json.loads(encode_memory(memory)),
+    }
 
 
 def _retention(
