@@ -513,11 +513,13 @@ def main() -> None:
         err.print("aborted")
         sys.exit(130)
     except Exception as exc:
-        if debug:
-            raise
-        usage = usage_exit(exc, err)  # a usage error, in words (relay.cli_usage)
+        # a usage error, in words (relay.cli_usage), exits 2 with or without --debug: its
+        # traceback is the option parser's, not ours
+        usage = usage_exit(exc, err)
         if usage is not None:
             sys.exit(usage)
+        if debug:
+            raise
         err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
         err.print("run again with --debug for the full traceback")
         sys.exit(1)

@@ -37,11 +37,11 @@ def usage_exit(exc: BaseException, err: Any) -> int | None:
         return None
     # Typer's and Click's class of the same name; matched by name, as there are two.
     if type(exc).__name__ == "NoArgsIsHelpError":
-        ctx = getattr(exc, "ctx", None)
-        if ctx is not None:
-            text = ctx.get_help()  # typer's rich help prints itself and returns ""
-            if text:
-                typer.echo(text)
+        # The error's message is the help, made when it was raised: typer's rich help
+        # printed itself then and left "" (rendering it again printed it twice).
+        text = str(getattr(exc, "format_message", lambda: "")())
+        if text:
+            typer.echo(text)
         return BARE_COMMAND_EXIT
     message = str(getattr(exc, "format_message", lambda: str(exc))())
     ctx = getattr(exc, "ctx", None)

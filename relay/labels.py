@@ -5,7 +5,7 @@ so it must be text and nothing that acts on a terminal: no control characters
 (Unicode Cc: newline, ESC and the C1 range with CSI), no format characters (Cf:
 bidirectional overrides, zero-width characters), no line or paragraph separators
 (Zl, Zp) and no lone surrogates (Cs). Otherwise one label could draw fake roster
-lines or recolour the screen. Our reading of §5, written down in README.
+lines or recolour the screen. Our reading of §5, written down in docs/cli.md ("Device labels").
 """
 
 from __future__ import annotations

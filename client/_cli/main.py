@@ -746,10 +746,14 @@ def main() -> None:
         err.print("aborted")
         sys.exit(130)
     except Exception as exc:
+        # a usage error, in words (client._cli.usage), exits 2 with or without --debug:
+        # its traceback is the option parser's, not ours
+        usage = usage_exit(exc, err)
+        if usage is not None:
+            sys.exit(usage)
         if debug:
             raise
-        usage = usage_exit(exc, err)  # a usage error, in words (client._cli.usage)
-        sys.exit(usage if usage is not None else _report_error(exc))
+        sys.exit(_report_error(exc))
 
 
 def _report_error(exc: Exception) -> int:

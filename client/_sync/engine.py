@@ -87,10 +87,10 @@ PUSH_BATCH: Final = 500  # PROTOCOL §8
 PULL_PAGE: Final = 1000
 DEFAULT_MAX_BLOB_BYTES: Final = 1_048_576
 MAX_ROUNDS: Final = 3
-# README "Clock bound" (issue 13): a verified blob whose clock is more than this above the
-# device's clock is skipped and reported instead of raising the clock. No honest vault
-# gets near it (2^32 encryptions by one device), and one blob at 2^63-1 no longer makes
-# every later push of every device overflow.
+# docs/when-the-relay-lies.md "Clock bound" (issue 13): a verified blob whose clock is more
+# than this above the device's clock is skipped and reported instead of raising the clock.
+# No honest vault gets near it (2^32 encryptions by one device), and one blob at 2^63-1 no
+# longer makes every later push of every device overflow.
 MAX_CLOCK_STEP: Final = 2**32
 CLOCK_JUMP_REASON: Final = "vector clock jumps more than 2^32 above this device's clock"
 MAX_CURSOR: Final = 2**63 - 1
@@ -554,7 +554,8 @@ class Syncer:
         except FormatError as exc:
             return self._skip(blob, f"{type(exc).__name__}: {exc}", report)
         if blob.vector_clock > max(self.device.vector_clock, ceiling) + MAX_CLOCK_STEP:
-            # README "Clock bound": one blob must not exhaust every device's clock
+            # docs/when-the-relay-lies.md "Clock bound": one blob must not exhaust every
+            # device's clock
             return self._skip(blob, CLOCK_JUMP_REASON, report)
         remote = KnownVersion(blob.vector_clock, blob.device_id, blob.created_at)
         known = known_version(conn, blob.memory_id)

@@ -99,7 +99,7 @@ KEEPALIVE_EXPIRY_S: Final = 4.0
 # issue 17: how long a client that has not reached the relay yet tries to connect (each
 # attempt's connect timeout, and the budget of its retries), so a wrong relay URL fails in a
 # few seconds with one line. Once the relay answered, a refused connection (a restart) is
-# retried on the usual schedule. README "Configuration": ENGRAM_CONNECT_TIMEOUT.
+# retried on the usual schedule. docs/cli.md: ENGRAM_CONNECT_TIMEOUT.
 CONNECT_TIMEOUT_ENV: Final = "ENGRAM_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
 _CONNECT_FAILURES: Final = (httpx.ConnectError, httpx.ConnectTimeout)

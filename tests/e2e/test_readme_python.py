@@ -42,7 +42,7 @@ def test_the_python_example_runs_as_written(tmp_path: Path, relay: Relay) -> Non
         "True Deploy with make ship ['ops']",
     ]
     # the edit made on the second device reaches the first
-    with Vault.open(tmp_path / "vault-a", PASSPHRASE) as laptop:
+    with Vault.open(tmp_path / "tool-vault-a", PASSPHRASE) as laptop:
         assert laptop.sync().applied == 1
         assert [m.content for m in laptop.list()] == ["Deploy with make ship-it"]
 
@@ -62,6 +62,6 @@ def test_the_python_example_says_so_when_the_relay_is_down(tmp_path: Path) -> No
     # the first device's link cannot reach the relay: a typed error, nothing half-written
     assert result.returncode == 1
     assert "RelayUnavailableError" in result.stderr
-    with Vault.open(tmp_path / "vault-a", PASSPHRASE) as laptop:
+    with Vault.open(tmp_path / "tool-vault-a", PASSPHRASE) as laptop:
         assert laptop.list() == []
         assert laptop.vault_id is None

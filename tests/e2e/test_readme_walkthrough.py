@@ -13,16 +13,20 @@ from tests.relay.conftest import ADMIN_KEY, Relay
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _walkthrough() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    (block,) = re.findall(r"```sh\n# walkthrough\n(.*?)```", readme, flags=re.S)
+def _block(page: str, first_line: str) -> str:
+    text = (ROOT / page).read_text(encoding="utf-8")
+    (block,) = re.findall(rf"```sh\n{re.escape(first_line)}\n(.*?)```", text, flags=re.S)
     return block
 
 
-def test_readme_walkthrough_runs_as_written(tmp_path: Path, relay: Relay) -> None:
-    script = _walkthrough()
-    assert "engram-relay" not in script  # the relay is already running (the fixture)
-    env = dict(os.environ, HOME=str(tmp_path))
+def _walkthrough() -> str:
+    return _block("README.md", "# walkthrough")
+
+
+def _run_as_written(script: str, relay: Relay, home: Path, **env_vars: str) -> str:
+    """`script` in bash with the checkout as the working directory, pointed at `relay`, with
+    `.venv/bin/` meaning this test's interpreter's bin; its stdout."""
+    env = dict(os.environ, HOME=str(home), **env_vars)
     env.pop("ENGRAM_PASSPHRASE", None)
     env.pop("ENGRAM_VAULT", None)
     prelude = f'cd "{ROOT}"\n'
@@ -39,9 +43,16 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, relay: Relay) -> Non
         text=True,
         timeout=300,
         check=False,
+        stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
+    return result.stdout
+
+
+def test_readme_walkthrough_runs_as_written(tmp_path: Path, relay: Relay) -> None:
+    script = _walkthrough()
+    assert "engram-relay" not in script  # the relay is already running (the fixture)
+    out = _run_as_written(script, relay, tmp_path)
     assert '"content": "Deploy with make ship"' in out  # `show` on device B
     assert "Deploy with make ship-it" in out  # `list` on device A after B's edit
     assert "pending_pushes: 0" in out  # `status` on device B at the end
@@ -51,6 +62,27 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, relay: Relay) -> Non
     assert "Rotate the API keys every 90 days" in out  # `search` found the imported memory
     assert (tmp_path / "vault-a" / "engrams.db").exists()
     assert (tmp_path / "vault-b" / "engrams.db").exists()
+
+
+def test_the_accounts_commands_run_after_the_walkthrough(tmp_path: Path, relay: Relay) -> None:
+    """docs/accounts-and-teams.md's first block, in the walkthrough's shell, as written
+    (issue 32: it used bare `engram-sync`, device A without `--vault`, and `init` of a
+    vault the walkthrough had made)."""
+    accounts = _block("docs/accounts-and-teams.md", "# accounts after the walkthrough")
+    assert "engram-sync --vault ~/vault-b init" not in accounts  # the walkthrough made it
+    for line in accounts.splitlines():
+        if "engram-sync" in line and not line.startswith("#"):
+            assert ".venv/bin/engram-sync --vault ~/" in line, line
+    out = _run_as_written(
+        _walkthrough() + accounts,
+        relay,
+        tmp_path,
+        ENGRAM_EMAIL="reader@example.org",
+        ENGRAM_ACCOUNT_PASSWORD="a long account password for the docs",
+    )
+    assert len(re.findall(r"^ +(?:[a-z]+ ){11}[a-z]+$", out, flags=re.M)) == 1  # the phrase
+    assert "Rotate the API keys every 90 days" in out.split("linked to", 1)[1]  # C's list
+    assert (tmp_path / "vault-c" / "engrams.db").exists()
 
 
 def test_cli_errors_are_one_line_and_nonzero(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """One validly signed blob with a huge clock must not wedge a vault (issue 13 item 4).
 
-Rule (README, "Clock bound"): a verified blob whose clock is more than 2^32 above the
-device's clock is skipped and reported, and does not raise the clock; a device whose
-clock cannot take another value says so as a sync error in `status`.
+Rule (docs/when-the-relay-lies.md, "Clock bound"): a verified blob whose clock is more than
+2^32 above the device's clock is skipped and reported, and does not raise the clock; a
+device whose clock cannot take another value says so as a sync error in `status`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """A relay restored from an older backup (issue 13 item 3; PROTOCOL §17).
 
-The README's drill, with two devices: back up, keep working on both devices, restore the
-backup, start the relay again. Every memory either device holds must be back on the relay
-and on both devices with no manual step, and each device says once what happened. The
-faster cases lie about the generation or the vault's sequence through the proxy.
+The restore drill of docs/self-hosting.md, with two devices: back up, keep working on both
+devices, restore the backup, start the relay again. Every memory either device holds must
+be back on the relay and on both devices with no manual step, and each device says once
+what happened. The faster cases lie about the generation or the vault's sequence through
+the proxy.
 """
 
 from __future__ import annotations
