@@ -27,7 +27,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Final
 
-    from engram_sync.client._api import Layer, Progress, Vault
+    from engram_sync.client._api import Layer, Progress, Vault, VaultStatus
     from engram_sync.client._errors import (
         AnswerTooLargeError,
         AuthError,
@@ -87,6 +87,7 @@ _WHERE: Final[dict[str, tuple[str, str]]] = {
     "SyncError": (_ERRORS, "SyncError"),
     "SyncReport": ("engram_sync.client._sync.engine", "SyncReport"),
     "Vault": ("engram_sync.client._api", "Vault"),
+    "VaultStatus": ("engram_sync.client._api", "VaultStatus"),
     "VaultError": (_FORMAT_ERRORS, "VaultError"),
     "VaultRetiredError": (_ERRORS, "VaultRetiredError"),
     "Version": ("engram_sync.client._vault.history", "Version"),
@@ -138,6 +139,7 @@ __all__ = [
     "Vault",
     "VaultError",
     "VaultRetiredError",
+    "VaultStatus",
     "Version",
     "Writer",
     "WrongPassphraseError",

@@ -22,6 +22,7 @@ from engram_sync import __version__
 from engram_sync.client._agent import control as agent_control
 from engram_sync.client._cli import agent as cli_agent
 from engram_sync.client._cli import history as cli_history
+from engram_sync.client._cli import mcp_command as cli_mcp
 from engram_sync.client._cli import search as cli_search
 from engram_sync.client._cli import teams as cli_teams
 from engram_sync.client._cli import transfer as cli_transfer
@@ -103,6 +104,7 @@ cli_search.register(app)
 app.add_typer(vaults_app, name="vaults")
 cli_agent.register(app)  # unlock, lock: the key agent (docs/agent.md)
 cli_history.register(app)  # history, undelete, restore, revert (docs/history.md)
+cli_mcp.register(app)  # mcp: the MCP server for AI tools (docs/mcp.md)
 
 
 @app.callback()

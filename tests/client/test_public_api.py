@@ -46,6 +46,7 @@ PUBLIC = [
     "Vault",
     "VaultError",
     "VaultRetiredError",
+    "VaultStatus",
     "Version",
     "Writer",
     "WrongPassphraseError",
