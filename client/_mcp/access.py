@@ -42,6 +42,7 @@ class VaultAccess:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-vault")
         self._vault: Vault | None = None
         self._from_agent = False
+        self._closed = False
 
     async def run(self, call: Callable[[Vault], T]) -> T:
         """`call(vault)` on the vault's thread, after every call submitted before it."""
@@ -52,7 +53,10 @@ class VaultAccess:
         return self._executor.submit(self._with_vault, call).result()
 
     def close(self) -> None:
-        """Close the vault on its thread and stop the thread."""
+        """Close the vault on its thread and stop the thread (once; again does nothing)."""
+        if self._closed:
+            return
+        self._closed = True
         self._executor.submit(self._close).result()
         self._executor.shutdown()
 
