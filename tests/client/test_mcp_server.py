@@ -36,8 +36,12 @@ def access(tmp_path: Path) -> Any:
     found.close()
 
 
-def drive(access: VaultAccess, script: Callable[[Client], Awaitable[Any]], name: str = "claude-code",
-          version: str = "2.1.0") -> Any:  # fmt: skip
+def drive(
+    access: VaultAccess,
+    script: Callable[[Client], Awaitable[Any]],
+    name: str = "claude-code",
+    version: str = "2.1.0",
+) -> Any:
     """Run `script(client)` with an in-process client named `name` on a server over `access`."""
     server = build_server(access)
 
@@ -68,7 +72,8 @@ def test_every_tool_and_resource_answers_its_honest_case(access: VaultAccess) ->
         listed = await client.list_tools()
         assert {t.name for t in listed.tools} == TOOLS
         for tool in listed.tools:  # a schema and a one-line description for every tool
-            assert tool.description and "\n" not in tool.description
+            assert tool.description
+            assert "\n" not in tool.description
             assert tool.input_schema["type"] == "object"
         first = (await call(client, "remember", content="Deploy with make ship", tags=["ops"],
                             project="infra", layer="semantic", scope="rule"))["id"]  # fmt: skip
@@ -79,7 +84,11 @@ def test_every_tool_and_resource_answers_its_honest_case(access: VaultAccess) ->
         memory = await call(client, "get", id=first)
         assert (memory["content"], memory["tags"], memory["project"]) == (
             "Deploy with make ship", ["ops"], "infra")  # fmt: skip
-        assert (memory["layer"], memory["scope"], memory["source"]) == ("semantic", "rule", "ai-tool")
+        assert (memory["layer"], memory["scope"], memory["source"]) == (
+            "semantic",
+            "rule",
+            "ai-tool",
+        )
         await call(client, "update", id=first, content="Deploy with make release")
         assert (await call(client, "get", id=first))["content"] == "Deploy with make release"
         await call(client, "link", source_id=second, target_id=first, link_type="causal")
@@ -202,14 +211,15 @@ def test_eight_concurrent_remembers_from_two_clients_land_once_each(
     server = build_server(access)
 
     async def one_client(name: str, results: list[str]) -> None:
-        async with Client(server, client_info=Implementation(name=name, version="1")) as client:
-            async with anyio.create_task_group() as group:
-                for i in range(4):
-                    async def remember(i: int = i) -> None:
-                        answer = await call(client, "remember", content=f"{name} memory {i}")
-                        results.append(answer["id"])
+        info = Implementation(name=name, version="1")
+        async with Client(server, client_info=info) as client, anyio.create_task_group() as group:
+            for i in range(4):
 
-                    group.start_soon(remember)
+                async def remember(i: int = i) -> None:
+                    answer = await call(client, "remember", content=f"{name} memory {i}")
+                    results.append(answer["id"])
+
+                group.start_soon(remember)
 
     async def main() -> list[str]:
         results: list[str] = []
@@ -221,7 +231,9 @@ def test_eight_concurrent_remembers_from_two_clients_land_once_each(
     ids = anyio.run(main)
     contents = access.run_sync(lambda v: sorted(m.content for m in v.list()))
     assert len(ids) == len(set(ids)) == 8
-    assert contents == sorted(f"{n} memory {i}" for n in ("claude-code", "cursor") for i in range(4))
+    assert contents == sorted(
+        f"{n} memory {i}" for n in ("claude-code", "cursor") for i in range(4)
+    )
 
 
 def test_strict_local_is_kept_local_by_the_vault(access: VaultAccess) -> None:

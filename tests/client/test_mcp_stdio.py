@@ -54,7 +54,8 @@ def test_a_locked_vault_then_unlock_and_lock_while_the_server_runs(user: Env) ->
         for tool, arguments in [("remember", {"content": "too early"}), ("sync_status", {}),
                                 ("recall", {"query": "x"}), ("get", {"id": "mem_x"})]:  # fmt: skip
             failed, text = await answer(client, tool, **arguments)
-            assert failed and LOCKED in text, (tool, text)
+            assert failed, (tool, text)
+            assert LOCKED in text, (tool, text)
         await anyio.to_thread.run_sync(lambda: ok(user.cli("unlock", passphrase=PASSPHRASE,
                                                            vault=vault)))  # fmt: skip
         failed, text = await answer(client, "remember", content="after unlock")
@@ -62,11 +63,13 @@ def test_a_locked_vault_then_unlock_and_lock_while_the_server_runs(user: Env) ->
         memory_id: str = json.loads(text)["id"]
         await anyio.to_thread.run_sync(lambda: ok(user.cli("lock", vault=vault)))
         failed, text = await answer(client, "get", id=memory_id)
-        assert failed and LOCKED in text, text
+        assert failed
+        assert LOCKED in text, text
         await anyio.to_thread.run_sync(lambda: ok(user.cli("unlock", passphrase=PASSPHRASE,
                                                            vault=vault)))  # fmt: skip
         failed, text = await answer(client, "get", id=memory_id)
-        assert not failed and "after unlock" in text, text
+        assert not failed, text
+        assert "after unlock" in text, text
         return memory_id
 
     memory_id = over_stdio(server_params(user, vault), script)
@@ -89,6 +92,7 @@ def test_two_server_processes_take_eight_concurrent_writes_and_revert_tool_undoe
         async def script(c: Client) -> None:
             async with anyio.create_task_group() as group:
                 for i in range(4):
+
                     async def remember(i: int = i) -> None:
                         failed, text = await answer(c, "remember", content=f"{name} note {i}")
                         assert not failed, text
@@ -127,7 +131,8 @@ def test_print_config_for_each_client_has_the_command_and_no_passphrase(user: En
     for client in ("claude", "cursor", "codex", "vscode"):
         done = user.cli("mcp", "--print-config", client, passphrase=PASSPHRASE, vault=vault)
         text = ok(done)
-        assert PASSPHRASE not in text and "PASSPHRASE" not in text
+        assert PASSPHRASE not in text
+        assert "PASSPHRASE" not in text
         parsed[client] = tomllib.loads(text) if client == "codex" else json.loads(text)
     servers = [
         parsed["claude"]["mcpServers"]["engram"],
@@ -136,9 +141,11 @@ def test_print_config_for_each_client_has_the_command_and_no_passphrase(user: En
         parsed["vscode"]["servers"]["engram"],
     ]
     for server in servers:
-        assert Path(server["command"]).is_absolute() and Path(server["command"]).exists()
+        assert Path(server["command"]).is_absolute()
+        assert Path(server["command"]).exists()
         assert server["args"] == ["mcp"]
         assert server["env"] == {"ENGRAM_VAULT": str(vault.resolve())}
     assert parsed["vscode"]["servers"]["engram"]["type"] == "stdio"
     refused = user.cli("mcp", "--print-config", "notepad", vault=vault)
-    assert refused.returncode == 1 and "one of claude, cursor, codex, vscode" in refused.stderr
+    assert refused.returncode == 1
+    assert "one of claude, cursor, codex, vscode" in refused.stderr

@@ -68,7 +68,8 @@ def test_remembered_on_one_device_recalled_on_the_other_and_forgotten_back(
                                                             "version": "1"}}  # fmt: skip
         assert (await call(client, "recall", query="locker"))["memories"] == []
         status = await call(client, "sync_status")
-        assert status["last_sync_at"] is not None and status["pending_pushes"] == 0
+        assert status["last_sync_at"] is not None
+        assert status["pending_pushes"] == 0
         await call(client, "forget", id=shared)
 
     over_stdio(bravo, on_bravo)
@@ -77,7 +78,8 @@ def test_remembered_on_one_device_recalled_on_the_other_and_forgotten_back(
 
     async def on_alpha_again(client: Client) -> None:
         missing = await client.call_tool("get", {"id": shared})
-        assert missing.is_error and "no memory" in missing.content[0].text  # type: ignore[union-attr]
+        assert missing.is_error
+        assert "no memory" in missing.content[0].text  # type: ignore[union-attr]
         kept = await call(client, "get", id=private)  # the strict_local one is still here
         assert kept["privacy"] == "strict_local"
 
