@@ -82,11 +82,13 @@ class Vault:
 
     @staticmethod
     def is_unlocked(path: str | os.PathLike[str]) -> bool:
-        """Whether the unlock agent holds the keys of the vault in `path` now (a program
-        that opened it with `open_unlocked` asks this to follow `engram-sync lock`)."""
-        from engram_sync.client._agent.control import agent_state
+        """Whether the unlock agent holds the keys of the vault in `path` now. A program
+        that opened it with `open_unlocked` asks this before each use, to follow
+        `engram-sync lock`; asking counts as a use of the keys, as a command does, so the
+        agent's idle timeout runs from the last one (docs/agent.md)."""
+        from engram_sync.client._agent.control import held_keys
 
-        return agent_state(Path(path).expanduser()) == "unlocked"
+        return held_keys(Path(path).expanduser()) is not None
 
     def close(self) -> None:
         """Close the vault's database."""

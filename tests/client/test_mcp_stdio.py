@@ -17,11 +17,20 @@ import anyio
 from mcp import Client, StdioServerParameters
 from mcp_types import Implementation
 
+from engram_sync.client._agent import control
 from tests.client.test_agent import EXE, PASSPHRASE, Env, new_vault, ok, user
 
 __all__ = ["user"]  # the fixture, shared with test_agent.py
 
 LOCKED = "the vault is locked: run `engram-sync unlock`"
+
+
+def idle_left() -> float:
+    """Seconds until the agent's idle timeout (the test process asks the same agent)."""
+    reply = control.status()
+    assert reply is not None
+    assert reply.idle_left_s is not None
+    return reply.idle_left_s
 
 
 def server_params(env: Env, vault: Path, passphrase: str | None = None) -> StdioServerParameters:
@@ -61,6 +70,12 @@ def test_a_locked_vault_then_unlock_and_lock_while_the_server_runs(user: Env) ->
         failed, text = await answer(client, "remember", content="after unlock")
         assert not failed, text
         memory_id: str = json.loads(text)["id"]
+        # each tool call is a use of the keys: it restarts the agent's idle clock
+        await anyio.sleep(1.0)
+        before = idle_left()
+        failed, text = await answer(client, "recall", query="unlock")
+        assert not failed, text
+        assert idle_left() > before + 0.5
         await anyio.to_thread.run_sync(lambda: ok(user.cli("lock", vault=vault)))
         failed, text = await answer(client, "get", id=memory_id)
         assert failed
