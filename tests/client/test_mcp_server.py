@@ -244,3 +244,26 @@ def test_strict_local_is_kept_local_by_the_vault(access: VaultAccess) -> None:
     kept, status = drive(access, script)
     assert kept["privacy"] == "strict_local"
     assert (status["local_only"], status["pending_pushes"]) == (1, 0)  # nothing to push
+
+
+def test_a_client_name_is_cleaned_and_capped_and_revert_source_takes_every_tool_back(
+    access: VaultAccess, tmp_path: Path
+) -> None:
+    """clientInfo is the client's word: a label, not an identity. Control characters go,
+    100 characters stay; whatever names the clients give, `revert(source="ai-tool")` takes
+    back everything written through MCP."""
+    with Vault.open(tmp_path / "vault", PASSPHRASE) as vault:
+        mine = vault.add("the person's own memory")
+    noisy = "evil\x1b[31m\n\x00tool" + "x" * 500
+    first = drive(access, lambda c: call(c, "remember", content="one"), name=noisy,
+                  version="1\r\n2")  # fmt: skip
+    drive(access, lambda c: call(c, "forget", id=mine), name="")
+    memory = access.run_sync(lambda v: v.get(first["id"]))
+    assert memory is not None
+    name = memory.context["tool"]["name"]
+    assert name == ("evil[31mtool" + "x" * 500)[:100]
+    assert memory.context["tool"]["version"] == "12"
+    unnamed = access.run_sync(lambda v: v.history(mine)[-1].written)
+    assert (unnamed.source, unnamed.tool) == ("ai-tool", "unknown-mcp-client")
+    access.run_sync(lambda v: v.revert(source="ai-tool"))
+    assert access.run_sync(lambda v: [m.content for m in v.list()]) == ["the person's own memory"]
