@@ -17,6 +17,29 @@ class DomainError(Exception):
     """A refusal decided below the HTTP layer; `relay.errors` answers it."""
 
 
+# --- per-process caps (relay.scan_gate, relay.passwords): nothing was done, retry later ---
+
+
+class BusyError(DomainError):
+    """Refused at a per-process cap before any work was done (503 `busy` with Retry-After),
+    so a device may send the request again as it was (the client's `NOT_PROCESSED`)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class ScanTimeoutError(DomainError):
+    """A whole-vault scan the database stopped at its time bound (503 `scan_timeout` with
+    Retry-After); nothing was changed, the statements only read."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
 # --- PROTOCOL §6 step 1 (and the 1..1000 batch size of §5): the whole push, nothing written
 
 

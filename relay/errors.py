@@ -24,10 +24,12 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from engram_sync.relay.domain_errors import (
     AlreadyRetiredError,
     BatchTooLargeError,
+    BusyError,
     EmptyBatchError,
     InvalidBlobError,
     QuotaExceededError,
     ResyncRequiredError,
+    ScanTimeoutError,
     ShuttingDownError,
     VaultRetiredError,
 )
@@ -166,6 +168,20 @@ def _resync_required(_: Request[Any, Any, Any], exc: ResyncRequiredError) -> Res
     return _relay_error(
         _, RelayError(409, "resync_required", message, extra={"horizon": exc.horizon})
     )
+
+
+def answer_of_busy(exc: BusyError | ScanTimeoutError) -> RelayError:
+    """A per-process cap's refusal (relay.scan_gate, relay.passwords) as its 503: `busy`, or
+    `scan_timeout` for a scan the database stopped; both with Retry-After."""
+    if isinstance(exc, ScanTimeoutError):
+        return RelayError(
+            503, "scan_timeout", exc.message, headers={"Retry-After": str(exc.retry_after_s)}
+        )
+    return busy(exc.message, exc.retry_after_s)
+
+
+def _busy(_: Request[Any, Any, Any], exc: BusyError | ScanTimeoutError) -> Response[Any]:
+    return _relay_error(_, answer_of_busy(exc))
 
 
 def _shutting_down(_: Request[Any, Any, Any], exc: ShuttingDownError) -> Response[Any]:
@@ -390,6 +406,8 @@ EXCEPTION_HANDLERS: Final = {
     QuotaExceededError: _push_quota,
     ResyncRequiredError: _resync_required,
     ShuttingDownError: _shutting_down,
+    BusyError: _busy,
+    ScanTimeoutError: _busy,
     VaultRetiredError: _vault_retired,  # PROTOCOL §19
     AlreadyRetiredError: _already_retired,
     DeviceQuotaError: _device_quota,

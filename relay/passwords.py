@@ -27,7 +27,7 @@ from typing import Final, TypeVar
 from argon2 import PasswordHasher, Type
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
-from engram_sync.relay.errors import RelayError, busy
+from engram_sync.relay.domain_errors import BusyError
 
 T = TypeVar("T")
 
@@ -118,8 +118,8 @@ def reset_peak() -> None:
         _GATE.stats.refused = 0
 
 
-def _busy() -> RelayError:
-    return busy(
+def _busy() -> BusyError:
+    return BusyError(
         "the relay is checking too many passwords at once; retry in a moment",
         BUSY_RETRY_AFTER_S,
     )

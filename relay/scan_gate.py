@@ -27,7 +27,7 @@ from typing import Final
 
 import asyncpg
 
-from engram_sync.relay.errors import RelayError, busy
+from engram_sync.relay.domain_errors import BusyError, ScanTimeoutError
 from engram_sync.relay.scan_admission import (
     ENV_PER_CLIENT,
     ENV_VAULT_RUNNING,
@@ -95,13 +95,11 @@ class ScanGate:
                 yield
             except asyncpg.QueryCanceledError:
                 self.stats.timed_out += 1
-                raise RelayError(
-                    503,
-                    "scan_timeout",
+                raise ScanTimeoutError(
                     f"this answer needs a pass over the whole vault, which took longer than "
                     f"the relay allows ({self.timeout_s:g} s, ENGRAM_RELAY_SCAN_TIMEOUT_S); "
                     "retry later",
-                    headers={"Retry-After": str(TIMEOUT_RETRY_AFTER_S)},
+                    TIMEOUT_RETRY_AFTER_S,
                 ) from None
             finally:
                 self._finish(ticket)
@@ -130,9 +128,9 @@ class ScanGate:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _busy(self, refusal: Refusal) -> RelayError:
+    def _busy(self, refusal: Refusal) -> BusyError:
         self.stats.refused_busy += 1
-        return busy(_BUSY[refusal], BUSY_RETRY_AFTER_S)
+        return BusyError(_BUSY[refusal], BUSY_RETRY_AFTER_S)
 
 
 _BUSY: Final = {
