@@ -31,7 +31,7 @@ port, then ``pg_ctl reload``, and we wait until a password-less login is refused
 
 Why a password over TCP rather than a Unix socket in a 0700 directory: every consumer
 of the URL already takes ``user:password@host:port`` as it is -- asyncpg, SQLAlchemy
-with psycopg (alembic), pg_dump/pg_restore (``relay.ops`` moves the password to
+with psycopg (alembic), pg_dump/pg_restore (``relay.cli.backup`` moves the password to
 ``PGPASSWORD``), the tests' ``database_url_for`` and TCP proxies, the bench -- and
 ``relay.db.url.redact_url`` already hides it in every log line. A socket would need
 ``?host=/dir`` URLs everywhere, a short enough path (107 bytes) and TCP-less tools.

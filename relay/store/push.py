@@ -1,13 +1,13 @@
 """Pushes on PostgreSQL (PROTOCOL §6, §9): one transaction for a group of pushes.
 
-A group is one push, or several that arrived together (`relay.push_groups`). The
+A group is one push, or several that arrived together (`relay.services.push_groups`). The
 transaction first locks the row of every vault in the group, one statement per vault in
 vault-id order, so two groups (in this process or another replica) never deadlock. It
 then decides each push in arrival order exactly as if it ran alone after the ones before
 it, and writes each vault's accepted blobs with one statement (on Citus each of these is
 one task on the vault's shard: deploy/SCALING.md §3). Sequence numbers are handed out
 under the vault locks, so sequence order equals commit order (§9). A push refused as a
-whole (`relay.domain_errors.QuotaExceededError`) gets that as its result and writes
+whole (`relay.domain.domain_errors.QuotaExceededError`) gets that as its result and writes
 nothing; the others in its group go on.
 """
 
@@ -21,14 +21,14 @@ from typing import Any, NamedTuple
 import asyncpg
 from msgspec.structs import replace
 
-from engram_sync.relay.domain_errors import (
+from engram_sync.relay.domain.domain_errors import (
     PushRefusedError,
     QuotaExceededError,
     VaultRetiredError,
 )
-from engram_sync.relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
+from engram_sync.relay.domain.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
 from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
-from engram_sync.relay.store.feed import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
+from engram_sync.relay.store.feed_notify import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
 from engram_sync.relay.store.overlap import while_answered
 from engram_sync.shared_format.digest import (
     bucket_and_version_hash,
@@ -76,7 +76,7 @@ class PushOutcome:
     cursor: int
 
 
-# A refusal is a value here (one push of a group); relay.push_groups raises it.
+# A refusal is a value here (one push of a group); relay.services.push_groups raises it.
 PushResult = PushOutcome | PushRefusedError
 
 

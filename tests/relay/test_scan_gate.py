@@ -1,4 +1,4 @@
-"""Whole-vault scans are bounded (relay.scan_gate, docs/digest.md "Bounded scans").
+"""Whole-vault scans are bounded (relay.services.scan_gate, docs/digest.md "Bounded scans").
 
 The gate's admission is checked on its own (asyncio, no database); its statement timeout
 against real PostgreSQL through a real relay: a vault of 60,000 rows is narrowed under a
@@ -16,13 +16,13 @@ import asyncpg
 import httpx
 import pytest
 
-from engram_sync.relay.client_address import parse_trusted_proxies
-from engram_sync.relay.config import config_from_env
-from engram_sync.relay.domain_errors import BusyError, ScanTimeoutError
-from engram_sync.relay.errors import answer_of_busy
-from engram_sync.relay.keys import parse_static_keys
-from engram_sync.relay.scan_admission import ScanClaim, ScanLimits
-from engram_sync.relay.scan_gate import ScanGate
+from engram_sync.relay.domain.api_keys import parse_static_keys
+from engram_sync.relay.domain.client_address import parse_trusted_proxies
+from engram_sync.relay.domain.domain_errors import BusyError, ScanTimeoutError
+from engram_sync.relay.domain.scan_admission import ScanClaim, ScanLimits
+from engram_sync.relay.http.errors import answer_of_busy
+from engram_sync.relay.services.config import config_from_env
+from engram_sync.relay.services.scan_gate import ScanGate
 from engram_sync.shared_format.digest import PREFIX_BYTES, SUB_BUCKETS, bucket_of
 from tests.relay.conftest import ADMIN_KEY, Relay, base_config
 from tests.relay.support import (
