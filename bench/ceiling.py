@@ -19,9 +19,9 @@ from typing import Any
 import asyncpg
 
 from bench.corpus import Corpus
-from engram_sync.relay.config import DEFAULT_MAX_PAGE_BYTES
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.push_rules import CheckedBlob
+from engram_sync.relay.domain.push_rules import CheckedBlob
+from engram_sync.relay.services.config import DEFAULT_MAX_PAGE_BYTES
 from engram_sync.relay.store.push import BLOB_UPSERT, blob_columns
 from engram_sync.relay.store.sync import PULL_PAGE, split_page
 from engram_sync.shared_format.timestamps import parse_rfc3339

@@ -101,8 +101,9 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
         "    for job in jobs:\n        hashed: list[tuple[int, int]] = []\n",
         1,
     ),
-    ("        bucket, version = hashed[item.index]\n", "", 1),
-    ("        vault.versions.append((memory_id, bucket, version, replaced))\n", "", 1),
+    # in PushDecision.accept
+    ("            bucket, version = hashed[item.index]\n", "", 1),
+    ("            vault.versions.append((memory_id, bucket, version, replaced))\n", "", 1),
     (
         "    await while_answered(\n"
         "        conn.executemany(BLOB_UPSERT, [blob_columns(rows[v.vault_id]) for v in vaults]),\n"

@@ -43,8 +43,8 @@ from bench.relay_process import RelayProcess
 from bench.settings import default_workers
 from bench.stats import percentile
 from bench.targets import live_feed_targets
-from engram_sync.relay.config import DEFAULT_EVENTS_PING_S
 from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.services.config import DEFAULT_EVENTS_PING_S
 from engram_sync.shared_format import BlobCipher, SyncKeys
 from engram_sync.shared_format.wire import ChangeEvent
 

@@ -25,7 +25,7 @@ import httpx
 from bench import ceiling
 from bench.relay_load import BenchError, headers, pull_page
 from bench.settings import PULL_PAGE
-from engram_sync.relay.config import DEFAULT_MAX_PAGE_BYTES
+from engram_sync.relay.services.config import DEFAULT_MAX_PAGE_BYTES
 from engram_sync.relay.store.push import BLOB_UPSERT
 from engram_sync.shared_format import BlobCipher, SyncKeys
 from engram_sync.shared_format.blob import NONCE_LEN, TAG_LEN

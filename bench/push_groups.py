@@ -1,6 +1,6 @@
 """Push groups over many vaults: the database transaction of one group (relay.store.push).
 
-A group is what the relay's push lane commits at once (relay/push_groups.py): under load,
+A group is what the relay's push lane commits at once (relay/services/push_groups.py): under load,
 the pushes of many devices, each in a vault of its own. This figure calls
 `relay.store.push.push_group` in process on an asyncpg pool (no HTTP), with groups of
 1, 8, 32 and 128 vaults, one new blob per vault and push, and reports the median
@@ -19,7 +19,7 @@ from typing import Any, Final
 import asyncpg
 
 from bench.corpus import Corpus
-from engram_sync.relay.push_rules import CheckedBlob
+from engram_sync.relay.domain.push_rules import CheckedBlob
 from engram_sync.relay.store.push import PushJob, PushLimits, PushResult, Quota, push_group
 from engram_sync.shared_format.timestamps import parse_rfc3339
 

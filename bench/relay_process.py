@@ -44,8 +44,8 @@ def free_port() -> int:
 
 def serve() -> None:
     """Child side: serve the relay until SIGTERM, like `engram-relay serve --workers N`."""
-    from engram_sync.relay.config import config_from_env
-    from engram_sync.relay.serving import export_for_workers, serve_app
+    from engram_sync.relay.services.config import config_from_env
+    from engram_sync.relay.serving.server import export_for_workers, serve_app
 
     # The bench's key as a static key (SYNC_API_KEYS), so that every worker knows it.
     os.environ["SYNC_API_KEYS"] = f"{os.environ[ENV_KEY]}:{KEY_RATE}"

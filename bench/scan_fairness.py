@@ -31,7 +31,7 @@ import httpx
 
 from bench import anti_entropy, ceiling
 from bench.stats import latency_summary
-from engram_sync.relay.store.keys import create_key
+from engram_sync.relay.store.minted_keys import create_key
 from engram_sync.shared_format.digest import PREFIX_BYTES, SUB_BUCKETS, bucket_of
 
 if TYPE_CHECKING:

@@ -38,7 +38,7 @@ from bench.import_jsonl import write_jsonl
 from engram_sync.client._session import VaultSession
 from engram_sync.client._vault.transfer import Importer, jsonl_items
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.maintenance import sweep
+from engram_sync.relay.services.maintenance import sweep
 from engram_sync.relay.store.scrub import scrub_vault
 
 FULL_MEMORIES: Final = 100_000

@@ -36,7 +36,7 @@ import psutil
 from bench.relay_load import headers
 from bench.relay_process import RelayProcess, scratch_relay
 from bench.stats import latency_summary
-from engram_sync.relay.connections import ENV_HEADER_TIMEOUT, ENV_MAX_CONNECTIONS
+from engram_sync.relay.serving.connections import ENV_HEADER_TIMEOUT, ENV_MAX_CONNECTIONS
 
 HALF_REQUEST: Final = b"GET /health HTTP/1.1\r\nHost: relay\r\nUser-Agent: slow"
 IDLE_REQUESTS: Final = 100

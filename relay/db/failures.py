@@ -3,7 +3,7 @@
 asyncpg, psycopg (under SQLAlchemy, for the migrations) and the socket layer each word
 the same few problems differently, psycopg over several lines with a link. `explain`
 turns any of them into one line saying what is wrong and what to do, naming the
-database by its URL with the password redacted; `relay.runtime.database` raises it as
+database by its URL with the password redacted; `relay.db.runtime.database` raises it as
 a `DatabaseFailureError` (chained to the original, which `--debug` shows), so every command
 gets it without a try/except of its own.
 """

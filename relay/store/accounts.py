@@ -20,10 +20,10 @@ from typing import Final, TypeAlias
 
 import asyncpg
 
-from engram_sync.relay.grant_roles import MEMBER, Role
+from engram_sync.relay.domain.grant_roles import MEMBER, Role
 from engram_sync.relay.store import owners
-from engram_sync.relay.store.feed import announce_revocation
-from engram_sync.relay.store.keys import insert_api_key
+from engram_sync.relay.store.feed_notify import announce_revocation
+from engram_sync.relay.store.minted_keys import insert_api_key
 from engram_sync.shared_format.b64 import b64url_encode
 
 SESSION_PREFIX: Final = "ses_"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from engram_sync.relay.store.feed import announce_revocation
+from engram_sync.relay.store.feed_notify import announce_revocation
 from engram_sync.shared_format.timestamps import format_rfc3339
 from engram_sync.shared_format.wire import DeviceEntry
 

@@ -1,4 +1,5 @@
-"""The `idempotency_keys` table (migration 0007; relay/idempotency.py says what is stored).
+"""The `idempotency_keys` table (migration 0007; relay/domain/idempotency_keys.py says what is
+stored).
 
 `claim` runs first in the transaction of the work it guards: the row's primary key makes a
 concurrent repeat wait for that transaction, and then either find the row (the first one
@@ -13,7 +14,7 @@ from typing import Final
 
 import asyncpg
 
-from engram_sync.relay.idempotency import IdempotentRequest
+from engram_sync.relay.domain.idempotency_keys import IdempotentRequest
 
 TTL: Final = timedelta(hours=24)
 _PENDING: Final = b""  # the answer until `remember` stores it, in the same transaction
@@ -68,6 +69,6 @@ async def release(conn: asyncpg.Connection, request: IdempotentRequest) -> None:
 
 
 async def purge_expired_keys(conn: asyncpg.Connection) -> int:
-    """Delete rows past their 24 hours; how many (relay.maintenance runs it)."""
+    """Delete rows past their 24 hours; how many (relay.services.maintenance runs it)."""
     status = await conn.execute("DELETE FROM idempotency_keys WHERE expires_at <= now()")
     return int(status.split()[-1])

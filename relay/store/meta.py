@@ -3,7 +3,7 @@
 Made by migration 0004_generation and replaced by `engram-relay restore`, so a device
 that sees it change knows the relay may have forgotten what it pushed. Relay processes
 read it at startup (`read_generation`) and in the periodic health refresh's query
-(relay.app), never per request.
+(relay.serving.app), never per request.
 """
 
 from __future__ import annotations

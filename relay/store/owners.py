@@ -8,7 +8,7 @@ wins and the loser's write rolls back. The relay never moves ownership afterward
 (deleting a wrap does not free the id: a freed id could be squatted).
 An account may mint keys and store wraps for a vault it owns or was granted
 (`vault_grants`, written by an admin of the vault: docs/vault-ownership.md). A grant
-carries a role, `member` or `admin` (revision 0016; relay.grant_roles decides who may
+carries a role, `member` or `admin` (revision 0016; relay.domain.grant_roles decides who may
 do what); removing a grant revokes the keys the account minted for the vault.
 """
 
@@ -21,8 +21,8 @@ from typing import Final, TypeAlias
 
 import asyncpg
 
-from engram_sync.relay.grant_roles import ADMIN, MEMBER, Role, Standing, account_standing
-from engram_sync.relay.store.feed import announce_revocation
+from engram_sync.relay.domain.grant_roles import ADMIN, MEMBER, Role, Standing, account_standing
+from engram_sync.relay.store.feed_notify import announce_revocation
 
 Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
@@ -143,7 +143,8 @@ async def grant_role(
 
 
 async def standing(conn: Conn, vault_id: str, account_id: str) -> Standing:
-    """The account's standing in the vault (relay.grant_roles): owner, admin, member, none."""
+    """The account's standing in the vault (relay.domain.grant_roles): owner, admin, member,
+    none."""
     row = await conn.fetchrow(
         "SELECT (SELECT account_id FROM vault_owners WHERE vault_id = $1) AS owner,"
         " (SELECT role FROM vault_grants WHERE vault_id = $1 AND account_id = $2) AS role",
@@ -213,8 +214,8 @@ async def revoke_grant(
     removing a grant revokes the keys minted under it); False when there was none.
 
     `check` is called with the grant's role (None: no grant), read under the grant's row
-    lock, and may raise to refuse (relay.grant_roles.check_grant_removal). The keys' next
-    request is refused (relay.auth reads `revoked_at` on every request) and their event
+    lock, and may raise to refuse (relay.domain.grant_roles.check_grant_removal). The keys' next
+    request is refused (relay.http.auth reads `revoked_at` on every request) and their event
     streams end."""
     async with conn.transaction():
         if check is not None:

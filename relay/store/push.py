@@ -1,34 +1,34 @@
 """Pushes on PostgreSQL (PROTOCOL §6, §9): one transaction for a group of pushes.
 
-A group is one push, or several that arrived together (`relay.push_groups`). The
+A group is one push, or several that arrived together (`relay.services.push_groups`). The
 transaction first locks the row of every vault in the group, one statement per vault in
 vault-id order, so two groups (in this process or another replica) never deadlock. It
 then decides each push in arrival order exactly as if it ran alone after the ones before
 it, and writes each vault's accepted blobs with one statement (on Citus each of these is
 one task on the vault's shard: deploy/SCALING.md §3). Sequence numbers are handed out
 under the vault locks, so sequence order equals commit order (§9). A push refused as a
-whole (`relay.domain_errors.QuotaExceededError`) gets that as its result and writes
+whole (`relay.domain.domain_errors.QuotaExceededError`) gets that as its result and writes
 nothing; the others in its group go on.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import asyncpg
 from msgspec.structs import replace
 
-from engram_sync.relay.domain_errors import (
+from engram_sync.relay.domain.domain_errors import (
     PushRefusedError,
     QuotaExceededError,
     VaultRetiredError,
 )
-from engram_sync.relay.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
+from engram_sync.relay.domain.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
 from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
-from engram_sync.relay.store.feed import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
+from engram_sync.relay.store.feed_notify import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
 from engram_sync.relay.store.overlap import while_answered
 from engram_sync.shared_format.digest import (
     bucket_and_version_hash,
@@ -76,12 +76,12 @@ class PushOutcome:
     cursor: int
 
 
-# A refusal is a value here (one push of a group); relay.push_groups raises it.
+# A refusal is a value here (one push of a group); relay.services.push_groups raises it.
 PushResult = PushOutcome | PushRefusedError
 
 
 @dataclass
-class _LockedVault:
+class LockedVault:
     """One locked vault as its group goes: sequence, size, limits, active devices."""
 
     vault_id: str
@@ -108,7 +108,7 @@ class _LockedVault:
 
 # Made per blob of a push (500 a batch): named tuples cost under half of what frozen
 # dataclasses cost to create (0.36 against 0.86 us).
-class _Stored(NamedTuple):
+class StoredBlob(NamedTuple):
     """A memory's stored version, the device that pushed it, and whether it is a tombstone."""
 
     version: StoredVersion
@@ -116,7 +116,7 @@ class _Stored(NamedTuple):
     deleted: bool
 
 
-class _Write(NamedTuple):
+class HeldWrite(NamedTuple):
     vault_id: str
     item: CheckedBlob
     seq: int
@@ -125,7 +125,7 @@ class _Write(NamedTuple):
 # An accepted blob as the digest sees it (PROTOCOL §18), and what it replaced: (memory_id,
 # bucket, version_hash of the accepted version, the stored one it replaced). A plain
 # tuple: one is made per blob, at a seventh of a named tuple's cost.
-_NewVersion = tuple[str, int, int, _Stored | None]
+_NewVersion = tuple[str, int, int, StoredBlob | None]
 
 
 def _hashes(jobs: list[PushJob]) -> list[list[tuple[int, int]]]:
@@ -321,7 +321,7 @@ def committed_changes(jobs: list[PushJob], results: list[PushResult]) -> list[Co
     """Each vault a group wrote to: its sequence before and after the group's commit and,
     for a small commit, the blobs written (PROTOCOL §15; docs/live-feed.md "Blobs in the
     event"). A push's accepted blobs took the sequence numbers after the vault's, in
-    order (`_decide`), and a later push of the group replaced an earlier one's blob of
+    order (`PushDecision.accept`), and a later push of the group replaced an earlier one's blob of
     the same memory before anything was written: what is left is what a pull gives."""
     spans: dict[str, list[int]] = {}  # vault -> [after, seq]
     written: dict[str, dict[str, tuple[int, SyncBlob]]] = {}
@@ -350,16 +350,16 @@ def committed_changes(jobs: list[PushJob], results: list[PushResult]) -> list[Co
 
 async def _lock_vaults(
     conn: asyncpg.Connection, vault_ids: list[str], default: Quota
-) -> dict[str, _LockedVault]:
+) -> dict[str, LockedVault]:
     """The vaults' rows, locked for this transaction (PROTOCOL §6), with quotas; every one
     of `vault_ids` existed before (see `push_group`)."""
     await conn.executemany(_LOCK_VAULT, [(vault_id,) for vault_id in vault_ids])
     return _locked(await conn.fetch(_READ_VAULTS, vault_ids), default)
 
 
-def _locked(rows: list[asyncpg.Record], default: Quota) -> dict[str, _LockedVault]:
+def _locked(rows: list[asyncpg.Record], default: Quota) -> dict[str, LockedVault]:
     return {
-        r["vault_id"]: _LockedVault(
+        r["vault_id"]: LockedVault(
             r["vault_id"],
             r["seq"],
             r["bytes_used"],
@@ -385,7 +385,7 @@ def _locked(rows: list[asyncpg.Record], default: Quota) -> dict[str, _LockedVaul
 async def _decide_and_write(
     conn: asyncpg.Connection,
     jobs: list[PushJob],
-    locked: dict[str, _LockedVault],
+    locked: dict[str, LockedVault],
     limits: PushLimits,
 ) -> list[PushResult]:
     pushers: dict[str, set[str]] = {}
@@ -393,8 +393,6 @@ async def _decide_and_write(
     for j in jobs:
         pushers.setdefault(j.vault_id, set()).update(c.blob.device_id for c in j.checked)
         memories.setdefault(j.vault_id, set()).update(c.blob.memory_id for c in j.checked)
-    revoked: set[tuple[str, str]] = set()
-    stored: dict[tuple[str, str], _Stored] = {}
     # PROTOCOL §18: the buckets and version hashes while the stored versions are read
     known, hashes = await while_answered(
         conn.fetchmany(
@@ -402,87 +400,169 @@ async def _decide_and_write(
         ),
         lambda: _hashes(jobs),
     )
-    for r in known:
-        if r["revoked"]:
-            revoked.add((r["vault_id"], r["id"]))
-        else:
-            stored[(r["vault_id"], r["id"])] = _Stored(
-                StoredVersion(r["clock"], r["size"]), r["owner"], r["deleted"]
-            )
-    writes: dict[tuple[str, str], _Write] = {}
+    decision = PushDecision.read(locked, known, limits.max_blob_bytes)
     results: list[PushResult] = []
     for job, hashed in zip(jobs, hashes, strict=True):
         try:
-            results.append(await _decide(conn, job, locked[job.vault_id], stored, revoked,
-                                         hashed, writes, limits.max_blob_bytes))  # fmt: skip
+            results.append(await _decide(conn, decision, job, hashed))
         except PushRefusedError as refused:  # this push alone is refused (quota)
             results.append(refused)
-    if writes:
+    if decision.writes:
         # Every device that had a blob accepted was seen, even if a later push of the
         # group replaced that blob before it was ever written.
         seen = {(j.vault_id, c.blob.device_id) for j, r in zip(jobs, results, strict=True)
                 if isinstance(r, PushOutcome) for c in r.plan.accepted}  # fmt: skip
-        changed = sorted({w.vault_id for w in writes.values()})
-        await _write(conn, list(writes.values()), [locked[v] for v in changed], sorted(seen))
+        writes = list(decision.writes.values())
+        changed = sorted({w.vault_id for w in writes})
+        await _write(conn, writes, [locked[v] for v in changed], sorted(seen))
     return results
 
 
 async def _decide(
-    conn: asyncpg.Connection,
-    job: PushJob,
-    vault: _LockedVault,
-    stored: dict[tuple[str, str], _Stored],
-    revoked: set[tuple[str, str]],
-    hashed: list[tuple[int, int]],
-    writes: dict[tuple[str, str], _Write],
-    max_blob_bytes: int,
+    conn: asyncpg.Connection, decision: PushDecision, job: PushJob, hashed: list[tuple[int, int]]
 ) -> PushOutcome:
-    """Steps 2-7 and the quota for one push, on the state the pushes before it left."""
-    if vault.retired is not None:  # PROTOCOL §19: from the retire on, every push is refused
-        gone = vault.retired
-        raise VaultRetiredError(job.vault_id, gone.successor, gone.statement, gone.stated_at)
-    memory_ids = {c.blob.memory_id for c in job.checked}
-    device_ids = {c.blob.device_id for c in job.checked}
-    mine = {m: stored[key].version for m in memory_ids if (key := (job.vault_id, m)) in stored}
-    plan = plan_push(
-        job.checked,
-        vault_id=job.vault_id,
-        bound_device=job.bound_device,
-        max_blob_bytes=max_blob_bytes,
-        revoked={d for d in device_ids if (job.vault_id, d) in revoked},
-        stored=mine,
-    )
+    """Steps 2-7 and the quota for one push, on the state the pushes before it left: the
+    decision answers, and the vault's active devices are read the first time its device
+    quota needs them."""
+    stored = decision.stored_versions(job)
+    plan = decision.plan(job, stored)
     if not plan.accepted:
+        return PushOutcome(plan=plan, cursor=decision.vaults[job.vault_id].seq)
+    if decision.needs_active_devices(job):
+        rows = await conn.fetch(_ACTIVE_DEVICES, job.vault_id)
+        decision.vaults[job.vault_id].active_devices = Counter(
+            {r["device_id"]: r["n"] for r in rows}
+        )
+    new_bytes = decision.projected_bytes(job, plan, stored)
+    return decision.accept(job, plan, hashed, new_bytes)
+
+
+@dataclass
+class PushDecision:
+    """The decision of one push group (PROTOCOL §6 steps 2-7 and the quota), push by push in
+    arrival order, as a value: each push is judged on what the pushes before it left.
+
+    It holds the decision's inputs: the group's locked vaults (sequence, counts, quota,
+    retirement), the stored version of every memory pushed and the revoked devices among
+    the pushers (`read` from the rows `_READ_KNOWN` gave under the locks), and the writes
+    held so far (a later push's blob of a memory replaces an earlier one's before anything
+    is written). No I/O: `_decide` asks it and reads what it lacks (a vault's active
+    devices); tests ask it directly (tests/relay/store/test_push_decision.py)."""
+
+    vaults: dict[str, LockedVault]
+    stored: dict[tuple[str, str], StoredBlob]  # (vault, memory) -> the version stored
+    revoked: set[tuple[str, str]]  # (vault, device): revoked devices among the pushers
+    max_blob_bytes: int
+    writes: dict[tuple[str, str], HeldWrite] = field(default_factory=dict)
+
+    @classmethod
+    def read(
+        cls,
+        vaults: dict[str, LockedVault],
+        known: Iterable[Mapping[str, Any]],
+        max_blob_bytes: int,
+    ) -> PushDecision:
+        """The decision over `vaults` from the rows of `_READ_KNOWN` (a revoked device, or a
+        memory's stored version)."""
+        revoked: set[tuple[str, str]] = set()
+        stored: dict[tuple[str, str], StoredBlob] = {}
+        for r in known:
+            if r["revoked"]:
+                revoked.add((r["vault_id"], r["id"]))
+            else:
+                stored[(r["vault_id"], r["id"])] = StoredBlob(
+                    StoredVersion(r["clock"], r["size"]), r["owner"], r["deleted"]
+                )
+        return cls(vaults, stored, revoked, max_blob_bytes)
+
+    def stored_versions(self, job: PushJob) -> dict[str, StoredVersion]:
+        """The version the vault holds of each memory `job` pushes, where it holds one."""
+        stored, vault_id = self.stored, job.vault_id
+        memory_ids = {c.blob.memory_id for c in job.checked}
+        return {m: stored[key].version for m in memory_ids if (key := (vault_id, m)) in stored}
+
+    def plan(self, job: PushJob, stored: dict[str, StoredVersion]) -> PushPlan:
+        """Steps 2-7 for `job` (`stored`: its `stored_versions`); VaultRetiredError when the
+        vault was retired (PROTOCOL §19: from the retire on, every push is refused)."""
+        gone = self.vaults[job.vault_id].retired
+        if gone is not None:
+            raise VaultRetiredError(job.vault_id, gone.successor, gone.statement, gone.stated_at)
+        device_ids = {c.blob.device_id for c in job.checked}
+        return plan_push(
+            job.checked,
+            vault_id=job.vault_id,
+            bound_device=job.bound_device,
+            max_blob_bytes=self.max_blob_bytes,
+            revoked={d for d in device_ids if (job.vault_id, d) in self.revoked},
+            stored=stored,
+        )
+
+    def needs_active_devices(self, job: PushJob) -> bool:
+        """True when the device quota of `job`'s vault must count its devices and they were
+        not read yet (`LockedVault.active_devices`)."""
+        vault = self.vaults[job.vault_id]
+        return vault.quota.max_devices > 0 and vault.active_devices is None
+
+    def projected_bytes(
+        self, job: PushJob, plan: PushPlan, stored: dict[str, StoredVersion]
+    ) -> int:
+        """The vault's bytes with `plan` accepted; QuotaExceededError when its devices or
+        bytes would grow past the quota (PROTOCOL §6). Only growth is refused: a vault
+        already over a lowered limit keeps syncing."""
+        vault = self.vaults[job.vault_id]
+        new_bytes = vault.bytes_used + sum(
+            item.size_bytes - (stored[m].size_bytes if (m := item.blob.memory_id) in stored else 0)
+            for item in plan.accepted
+        )
+        quota = vault.quota
+        if quota.max_devices > 0:
+            if vault.active_devices is None:
+                raise RuntimeError("the vault's active devices were not read")
+            known = {device for device, blobs in vault.active_devices.items() if blobs > 0}
+            devices = known | {i.blob.device_id for i in plan.accepted}
+            if len(devices) > quota.max_devices and len(devices) > len(known):
+                raise QuotaExceededError("devices", quota.max_devices, len(devices))
+        if quota.max_bytes > 0 and new_bytes > max(quota.max_bytes, vault.bytes_used):
+            raise QuotaExceededError("bytes", quota.max_bytes, new_bytes)
+        return new_bytes
+
+    def accept(
+        self, job: PushJob, plan: PushPlan, hashed: list[tuple[int, int]], new_bytes: int
+    ) -> PushOutcome:
+        """`plan`'s accepted blobs taken: each gets the vault's next sequence number and is
+        held for writing (replacing an earlier push's blob of the same memory), becomes the
+        stored version the next push is judged on, and moves the vault's counts; `hashed`
+        is each blob's bucket and version hash (PROTOCOL §18), by `CheckedBlob.index`."""
+        vault = self.vaults[job.vault_id]
+        stored, writes = self.stored, self.writes
+        for item in plan.accepted:
+            vault.seq += 1
+            blob = item.blob
+            memory_id = blob.memory_id
+            key = (job.vault_id, memory_id)
+            bucket, version = hashed[item.index]
+            writes[key] = HeldWrite(job.vault_id, item, vault.seq)  # a later push's wins
+            replaced = stored.get(key)
+            deleted = blob.deleted
+            stored[key] = StoredBlob(StoredVersion(blob.vector_clock, item.size_bytes),
+                                  blob.device_id, deleted)  # fmt: skip
+            # PROTOCOL §18: the new version in and the replaced one out, hashed by
+            # `_fold_digests` while the blobs are written (under the vault lock already held)
+            vault.versions.append((memory_id, bucket, version, replaced))
+            if replaced is not None:
+                vault.live_blobs -= not replaced.deleted  # the counts of /health and stats
+                vault.tombstones -= replaced.deleted
+            vault.live_blobs += not deleted
+            vault.tombstones += deleted
+            if vault.active_devices is not None:  # keep the device counts of the quota exact
+                if replaced is not None and vault.active_devices[replaced.device_id] > 0:
+                    vault.active_devices[replaced.device_id] -= 1
+                vault.active_devices[item.blob.device_id] += 1
+        vault.bytes_used = new_bytes
         return PushOutcome(plan=plan, cursor=vault.seq)
-    new_bytes = await _check_quota(conn, vault, plan, mine)
-    for item in plan.accepted:
-        vault.seq += 1
-        blob = item.blob
-        memory_id = blob.memory_id
-        key = (job.vault_id, memory_id)
-        bucket, version = hashed[item.index]
-        writes[key] = _Write(job.vault_id, item, vault.seq)  # a later push's wins
-        replaced = stored.get(key)
-        deleted = blob.deleted
-        stored[key] = _Stored(StoredVersion(blob.vector_clock, item.size_bytes), blob.device_id,
-                              deleted)  # fmt: skip
-        # PROTOCOL §18: the new version in and the replaced one out, hashed by
-        # `_fold_digests` while the blobs are written (under the vault lock already held)
-        vault.versions.append((memory_id, bucket, version, replaced))
-        if replaced is not None:
-            vault.live_blobs -= not replaced.deleted  # the counts of /health and stats
-            vault.tombstones -= replaced.deleted
-        vault.live_blobs += not deleted
-        vault.tombstones += deleted
-        if vault.active_devices is not None:  # keep the device counts of the quota exact
-            if replaced is not None and vault.active_devices[replaced.device_id] > 0:
-                vault.active_devices[replaced.device_id] -= 1
-            vault.active_devices[item.blob.device_id] += 1
-    vault.bytes_used = new_bytes
-    return PushOutcome(plan=plan, cursor=vault.seq)
 
 
-def _fold_digests(vaults: list[_LockedVault]) -> None:
+def _fold_digests(vaults: list[LockedVault]) -> None:
     """PROTOCOL §18: each vault's accepted versions of the group into its digest (each in,
     the one it replaced out: O(1) a blob) and its buckets' prefixes (the first 8 bytes of
     the same XOR, revision 0012) and counts (a memory new to the vault: one more)."""
@@ -505,36 +585,10 @@ def _fold_digests(vaults: list[_LockedVault]) -> None:
         )
 
 
-async def _check_quota(
-    conn: asyncpg.Connection,
-    vault: _LockedVault,
-    plan: PushPlan,
-    stored: dict[str, StoredVersion],
-) -> int:
-    """Project the vault's devices and bytes over the accepted set (PROTOCOL §6); new bytes."""
-    new_bytes = vault.bytes_used + sum(
-        item.size_bytes - (stored[m].size_bytes if (m := item.blob.memory_id) in stored else 0)
-        for item in plan.accepted
-    )
-    quota = vault.quota
-    if quota.max_devices > 0:
-        if vault.active_devices is None:
-            rows = await conn.fetch(_ACTIVE_DEVICES, vault.vault_id)
-            vault.active_devices = Counter({r["device_id"]: r["n"] for r in rows})
-        known = {device for device, blobs in vault.active_devices.items() if blobs > 0}
-        devices = known | {i.blob.device_id for i in plan.accepted}
-        # Only growth is refused: a vault already over a lowered limit keeps syncing.
-        if len(devices) > quota.max_devices and len(devices) > len(known):
-            raise QuotaExceededError("devices", quota.max_devices, len(devices))
-    if quota.max_bytes > 0 and new_bytes > max(quota.max_bytes, vault.bytes_used):
-        raise QuotaExceededError("bytes", quota.max_bytes, new_bytes)
-    return new_bytes
-
-
 async def _write(
     conn: asyncpg.Connection,
-    writes: list[_Write],
-    vaults: list[_LockedVault],
+    writes: list[HeldWrite],
+    vaults: list[LockedVault],
     devices: list[tuple[str, str]],
 ) -> None:
     """The blobs, vault rows and devices of each vault: one statement each per vault, in

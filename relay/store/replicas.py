@@ -2,7 +2,7 @@
 
 Issue 18, deploy/SCALING.md §1: a key's rate limit holds across replicas and `--workers`
 when every process enforces rate/N of it, N the relay processes alive on this database.
-Each process writes its heartbeat in the periodic health refresh (relay.app) and counts
+Each process writes its heartbeat in the periodic health refresh (relay.serving.app) and counts
 the rows whose heartbeat has not expired; requests never query this table.
 
 Two plain statements, never one with a data-modifying CTE: on Citus the table is a

@@ -19,8 +19,8 @@ from typing import TypeAlias
 
 import asyncpg
 
-from engram_sync.relay.domain_errors import AlreadyRetiredError, VaultRetiredError
-from engram_sync.relay.store.feed import announce_revocation
+from engram_sync.relay.domain.domain_errors import AlreadyRetiredError, VaultRetiredError
+from engram_sync.relay.store.feed_notify import announce_revocation
 
 Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
@@ -39,7 +39,7 @@ class Retirement:
     stated_at: str | None = None
 
     def refusal(self) -> VaultRetiredError:
-        """The 410 `vault_retired` of this vault (answered by relay.errors)."""
+        """The 410 `vault_retired` of this vault (answered by relay.http.errors)."""
         return VaultRetiredError(self.vault_id, self.successor, self.statement, self.stated_at)
 
 

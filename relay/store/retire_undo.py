@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from engram_sync.relay.domain_errors import VaultRetiredError
+from engram_sync.relay.domain.domain_errors import VaultRetiredError
 
 _LOCK = (
     "SELECT retired_at IS NOT NULL AS retired, erase_after <= now() AS erased, successor"

@@ -8,7 +8,7 @@ from datetime import datetime
 import asyncpg
 from msgspec import UNSET
 
-from engram_sync.relay.domain_errors import ResyncRequiredError
+from engram_sync.relay.domain.domain_errors import ResyncRequiredError
 from engram_sync.relay.store.retire import Retirement, retirement
 from engram_sync.shared_format.wire import SyncBlob
 
@@ -180,11 +180,11 @@ async def pull_by_cursor(
                                      rows[0]["erase_after"], rows[0]["erased"],
                                      rows[0]["successor_statement"],
                                      rows[0]["successor_stated_at"])  # fmt: skip
-                if retired.erased:  # the grace period is over: 410 (relay.errors)
+                if retired.erased:  # the grace period is over: 410 (relay.http.errors)
                     raise retired.refusal()
         start = cursor if origin is None else min(origin, cursor)
         if 0 < start < horizon:
-            raise ResyncRequiredError(cursor, horizon)  # answered 409 by relay.errors
+            raise ResyncRequiredError(cursor, horizon)  # answered 409 by relay.http.errors
         rows, has_more = split_page(rows, limit)
         # Read in the page's snapshot, the head is never below a seq sent; it is never
         # raised to the request's cursor either: a head below it is how a device sees a

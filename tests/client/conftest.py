@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from engram_sync.relay.config import RelayConfig
+from engram_sync.relay.services.config import RelayConfig
 from tests.relay.conftest import Relay, RelayThread, base_config
 
 StartRelay = Callable[[RelayConfig], Relay]

@@ -14,10 +14,10 @@ import asyncpg
 import pytest
 from typer.testing import CliRunner
 
-from engram_sync.relay.cli import app
+from engram_sync.relay.cli.backup import OpsError, pick_tool, split_password
+from engram_sync.relay.cli.main import app
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.ops import OpsError, pick_tool, split_password
-from engram_sync.relay.store.keys import create_key
+from engram_sync.relay.store.minted_keys import create_key
 from tests.conftest import _execute, database_url_for
 from tests.deploy.support import BIN, child_env
 
@@ -240,7 +240,7 @@ def test_a_restore_that_cannot_renew_the_generation_fails_loudly(
     async def broken(conn: asyncpg.Connection) -> str:
         raise ConnectionResetError("connection lost")
 
-    monkeypatch.setattr("engram_sync.relay.ops.new_generation", broken)
+    monkeypatch.setattr("engram_sync.relay.cli.backup.new_generation", broken)
     code, stderr = relay_in_process("restore", "-i", str(dump), "--yes", "--database-url", url)
     assert code == 1
     assert "devices would not notice the restore" in stderr

@@ -113,7 +113,7 @@ def test_image_layout_finds_the_migrations(tmp_path: Path) -> None:
                 into.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, into)
     probe = (
-        "import engram_sync.relay as relay, engram_sync.relay.cli\n"
+        "import engram_sync.relay as relay, engram_sync.relay.cli.main\n"
         "from engram_sync.relay.db.migrate import alembic_dir, head_revision\n"
         "print(relay.__file__); print(alembic_dir()); print(head_revision())\n"
     )
@@ -312,9 +312,9 @@ def test_systemd_units(tmp_path: Path) -> None:
 #: The files that read the relay container's ENGRAM_RELAY_* settings: the relay's own,
 #: the entrypoint's and the health check's.
 SETTING_READERS = (
-    ROOT / "relay" / "config.py",
-    ROOT / "relay" / "cli.py",
-    ROOT / "relay" / "serving.py",
+    ROOT / "relay" / "services" / "config.py",
+    ROOT / "relay" / "cli" / "main.py",
+    ROOT / "relay" / "serving" / "server.py",
     ROOT / "relay" / "db" / "url.py",
     DEPLOY / "entrypoint.sh",
     DEPLOY / "healthcheck.py",

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from engram_sync.relay.client_address import client_address
-from engram_sync.relay.config import config_from_env
+from engram_sync.relay.domain.client_address import client_address
+from engram_sync.relay.services.config import config_from_env
 from tests.deploy.support import DEPLOY, ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"

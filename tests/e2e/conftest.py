@@ -13,7 +13,7 @@ import pytest
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.relay_client import RelayClient
-from engram_sync.relay.config import RelayConfig
+from engram_sync.relay.services.config import RelayConfig
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
 
 PASSPHRASE = "e2e correct horse battery staple"

@@ -16,7 +16,7 @@ import typer
 
 from engram_sync import __version__
 from engram_sync.client._cli.main import app as client_app
-from engram_sync.relay.cli import app as relay_app
+from engram_sync.relay.cli.main import app as relay_app
 
 BIN = Path(sys.executable).parent
 INTERNAL_NAMES = ("NoSuchOption", "NoArgsIsHelpError", "BadParameter", "MissingParameter",

@@ -11,13 +11,13 @@ from __future__ import annotations
 import uvicorn
 
 from engram_sync.client._sync.relay_client import KEEPALIVE_EXPIRY_S
-from engram_sync.relay.connections import ConnectionLimits
-from engram_sync.relay.serving import KEEP_ALIVE_S, _uvicorn_config
+from engram_sync.relay.serving.connections import ConnectionLimits
+from engram_sync.relay.serving.server import KEEP_ALIVE_S, _uvicorn_config
 
 
 def test_the_client_lets_idle_connections_go_before_the_relay_does() -> None:
     served = _uvicorn_config(
-        "engram_sync.relay.serving:app_from_env",
+        "engram_sync.relay.serving.server:app_from_env",
         "127.0.0.1",
         0,
         limits=ConnectionLimits(),

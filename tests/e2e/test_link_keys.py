@@ -2,7 +2,7 @@
 
 The relay lets a key bound to a device label that device, an admin key label any
 device, and any other key of the vault give a device its first label or repeat it
-(relay/routes/devices.py); these are the keys `link` is run with.
+(relay/http/routes/devices.py); these are the keys `link` is run with.
 """
 
 from __future__ import annotations

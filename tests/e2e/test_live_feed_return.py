@@ -18,8 +18,8 @@ import pytest
 import uvicorn
 
 from engram_sync.client import Vault
-from engram_sync.relay.app import create_app
-from engram_sync.relay.config import RelayConfig
+from engram_sync.relay.services.config import RelayConfig
+from engram_sync.relay.serving.app import create_app
 from tests.e2e.conftest import PASSPHRASE, make_device
 from tests.e2e.live_support import FAST_FEED, Watcher, wait_for
 from tests.relay.conftest import Relay, base_config, free_port

@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.routes import system
+from engram_sync.relay.http.routes import system
 from engram_sync.relay.store.scrub import scrub_vault
 from tests.e2e.conftest import PASSPHRASE, VAULT_ID, DeviceHandle
 from tests.e2e.helpers import add, contents, sync_all

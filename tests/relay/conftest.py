@@ -15,11 +15,11 @@ import httpx
 import pytest
 import uvicorn
 
-from engram_sync.relay.app import create_app
-from engram_sync.relay.config import RelayConfig
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.keys import parse_static_keys
-from engram_sync.relay.store.keys import create_key
+from engram_sync.relay.domain.api_keys import parse_static_keys
+from engram_sync.relay.services.config import RelayConfig
+from engram_sync.relay.serving.app import create_app
+from engram_sync.relay.store.minted_keys import create_key
 
 ADMIN_KEY = "test-operator-key-0123456789abcdef"
 METRICS_TOKEN = "test-metrics-token-0123456789abcdef"
@@ -44,7 +44,8 @@ class RelayThread:
                 host="127.0.0.1",
                 port=self.port,
                 log_level="warning",
-                proxy_headers=False,  # as relay.serving serves it (relay.client_address)
+                # as relay.serving.server serves it (relay.domain.client_address)
+                proxy_headers=False,
             )
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -76,7 +77,7 @@ class Relay:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
 
     def scrape(self) -> str:
-        """GET /metrics with the metrics token (relay.routes.system)."""
+        """GET /metrics with the metrics token (relay.http.routes.system)."""
         response = httpx.get(
             f"{self.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=30
         )

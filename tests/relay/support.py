@@ -25,9 +25,9 @@ import httpx
 import msgspec
 import pytest
 
-from engram_sync.relay.config import RelayConfig
 from engram_sync.relay.db.migrate import upgrade_to_head
 from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.services.config import RelayConfig
 from engram_sync.shared_format import BlobCipher, SyncBlob, SyncKeys
 from tests.conftest import backend_database, database_url_for, takes_backend
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from engram_sync.relay.keys import parse_static_keys
-from engram_sync.relay.store.keys import create_key, revoke_key
+from engram_sync.relay.domain.api_keys import parse_static_keys
+from engram_sync.relay.store.minted_keys import create_key, revoke_key
 from tests.relay.conftest import ADMIN_KEY, Relay
 from tests.relay.support import (
     SSL,

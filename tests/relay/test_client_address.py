@@ -1,11 +1,12 @@
-"""The client address the per-address limits count (relay/client_address.py, issue 14 item 7)."""
+"""The client address the per-address limits count (relay/domain/client_address.py, issue 14
+item 7)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engram_sync.relay.client_address import client_address, limit_key, parse_trusted_proxies
-from engram_sync.relay.config import config_from_env
+from engram_sync.relay.domain.client_address import client_address, limit_key, parse_trusted_proxies
+from engram_sync.relay.services.config import config_from_env
 
 CADDY = parse_trusted_proxies("172.30.87.254")
 

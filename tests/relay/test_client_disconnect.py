@@ -82,7 +82,7 @@ def test_a_client_leaving_mid_body_is_no_500_and_no_traceback(
         r.getMessage() for r in relay_records
     ]
     assert not [r for r in relay_records if r.exc_info], "a traceback was logged"
-    said = [r for r in relay_records if r.name == "engram_sync.relay.errors"]
+    said = [r for r in relay_records if r.name == "engram_sync.relay.http.errors"]
     assert said, [r.getMessage() for r in relay_records]
     assert all(r.levelno in (logging.INFO, logging.WARNING) for r in said)
     assert any("client disconnected" in r.getMessage() for r in said)

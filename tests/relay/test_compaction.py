@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.domain_errors import ResyncRequiredError
+from engram_sync.relay.domain.domain_errors import ResyncRequiredError
 from engram_sync.relay.store.compaction import CompactionResult, compact_all, compact_vault
 from engram_sync.relay.store.sync import Page, pull_by_cursor
 from tests.relay.conftest import Relay

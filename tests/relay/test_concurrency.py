@@ -19,9 +19,9 @@ import asyncpg
 import httpx
 import pytest
 
-from engram_sync.relay.config import RelayConfig
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.push_rules import check_structure
+from engram_sync.relay.domain.push_rules import check_structure
+from engram_sync.relay.services.config import RelayConfig
 from engram_sync.relay.store.push import PushJob, PushLimits, PushOutcome, Quota, push_group
 from tests.relay.conftest import Relay, RelayThread, base_config
 from tests.relay.support import (

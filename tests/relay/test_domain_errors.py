@@ -1,6 +1,6 @@
 """The rules and store layers make no HTTP errors (issue 19, "Errors"; STYLE "Errors have
-one owner per layer"): they raise `relay.domain_errors`, and `relay.errors` maps every one
-of those to its answer (the answers themselves: tests/relay/test_refusal_bodies.py).
+one owner per layer"): they raise `relay.domain.domain_errors`, and `relay.http.errors` maps
+every one of those to its answer (the answers themselves: tests/relay/test_refusal_bodies.py).
 """
 
 from __future__ import annotations
@@ -10,21 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from engram_sync.relay import domain_errors
-from engram_sync.relay.errors import EXCEPTION_HANDLERS
+from engram_sync.relay.domain import domain_errors
+from engram_sync.relay.http.errors import EXCEPTION_HANDLERS
 
 RELAY = Path(__file__).resolve().parents[2] / "relay"
 # Below the HTTP edge: pure rules, the group commit, the store, the refusals themselves.
 BELOW_THE_EDGE = sorted(
     [
-        RELAY / "domain_errors.py",
-        RELAY / "push_rules.py",
-        RELAY / "push_groups.py",
+        RELAY / "domain" / "domain_errors.py",
+        RELAY / "domain" / "push_rules.py",
+        RELAY / "services" / "push_groups.py",
         *(RELAY / "store").glob("*.py"),
     ]
 )
 # The web framework, and the module that turns refusals into HTTP answers.
-HTTP_MODULES = ("litestar", "engram_sync.relay.errors")
+HTTP_MODULES = ("litestar", "engram_sync.relay.http.errors")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -59,9 +59,11 @@ def test_no_http_below_the_edge(path: Path) -> None:
 
 def test_the_scan_sees_http_imports_where_they_are() -> None:
     """The positive case next to the exclusion: the scan does find them at the edge."""
-    assert "engram_sync.relay.errors.bad_request" in http_imports(RELAY / "routes" / "sync.py")
-    assert "litestar" in http_imports(RELAY / "routes" / "sync.py")
-    assert "litestar.exceptions" in http_imports(RELAY / "errors.py")
+    assert "engram_sync.relay.http.errors.bad_request" in http_imports(
+        RELAY / "http" / "routes" / "sync.py"
+    )
+    assert "litestar" in http_imports(RELAY / "http" / "routes" / "sync.py")
+    assert "litestar.exceptions" in http_imports(RELAY / "http" / "errors.py")
     assert len(BELOW_THE_EDGE) > 10  # the store's modules are all in the scan
 
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 import uvicorn
 
-from engram_sync.relay.app import create_app
-from engram_sync.relay.connections import ConnectionLimits, GuardedConfig
+from engram_sync.relay.serving.app import create_app
+from engram_sync.relay.serving.connections import ConnectionLimits, GuardedConfig
 from tests.relay.conftest import ADMIN_KEY, Relay, base_config, free_port
 from tests.relay.sse import Message, messages, next_event
 from tests.relay.support import (
@@ -250,7 +250,7 @@ def test_idle_streams_send_no_query(postgres_url: str) -> None:
         events_ping_s=PING_S,
         health_refresh_secs=3600,  # its one round runs at start-up
         maintenance_interval_secs=0,
-        events_max_per_key=10,  # ten streams of each vault's key (relay.stream_holders)
+        events_max_per_key=10,  # ten streams of each vault's key (relay.domain.stream_holders)
     )
     with migrated_database(postgres_url) as url, serve(replace(config, database_url=url)) as r:
         vaults = [new_vault_id(), new_vault_id()]
@@ -317,7 +317,7 @@ def test_a_hang_up_gives_the_place_back_without_a_ping(postgres_url: str) -> Non
 def test_a_graceful_stop_ends_open_streams_at_once(postgres_url: str) -> None:
     """A relay stopping (SIGTERM: uvicorn's graceful shutdown) ends its open streams with
     the end of their body instead of waiting out its shutdown timeout and then cutting
-    them off (relay.connections `STOP_ON_SHUTDOWN`). Served with the relay's own uvicorn
+    them off (relay.http.scope_keys `STOP_ON_SHUTDOWN`). Served with the relay's own uvicorn
     protocol, as `engram-relay serve` serves it; pings an hour apart, so the only way
     the stream ends is the stop."""
     config = replace(base_config("unused"), events_ping_s=3600)

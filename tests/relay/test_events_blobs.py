@@ -16,11 +16,11 @@ import httpx
 import msgspec
 import pytest
 
-from engram_sync.relay.domain_errors import QuotaExceededError
-from engram_sync.relay.feed import KEPT_COMMITS, ChangeHub
-from engram_sync.relay.push_rules import PushPlan, check_structure
-from engram_sync.relay.routes.events import change_message
-from engram_sync.relay.store.feed import (
+from engram_sync.relay.domain.domain_errors import QuotaExceededError
+from engram_sync.relay.domain.push_rules import PushPlan, check_structure
+from engram_sync.relay.http.routes.events import change_message
+from engram_sync.relay.services.change_hub import KEPT_COMMITS, ChangeHub
+from engram_sync.relay.store.feed_notify import (
     INLINE_MAX_BLOBS,
     MAX_NOTIFY_PAYLOAD,
     Commit,

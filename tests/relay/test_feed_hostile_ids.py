@@ -24,9 +24,9 @@ import msgspec
 import pytest
 from msgspec.structs import replace as struct_replace
 
-from engram_sync.relay.feed import ChangeHub
-from engram_sync.relay.feed_listener import FeedListener
-from engram_sync.relay.store.feed import (
+from engram_sync.relay.services.change_hub import ChangeHub
+from engram_sync.relay.services.feed_listener import FeedListener
+from engram_sync.relay.store.feed_notify import (
     MAX_NOTIFY_PAYLOAD,
     Commit,
     commit_payload,

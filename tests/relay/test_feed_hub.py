@@ -1,4 +1,4 @@
-"""The change hub of one relay process (relay/feed.py, PROTOCOL §15) on its own: pure
+"""The change hub of one relay process (relay/services/change_hub.py, PROTOCOL §15) on its own: pure
 asyncio, no database. And which vaults a group commit announces (relay/store/push.py)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from engram_sync.relay.config import config_from_env
-from engram_sync.relay.domain_errors import QuotaExceededError
-from engram_sync.relay.feed import ChangeHub, HubFullError
-from engram_sync.relay.push_rules import PushPlan, check_structure
+from engram_sync.relay.domain.domain_errors import QuotaExceededError
+from engram_sync.relay.domain.push_rules import PushPlan, check_structure
+from engram_sync.relay.services.change_hub import ChangeHub, HubFullError
+from engram_sync.relay.services.config import config_from_env
 from engram_sync.relay.store.push import PushJob, PushOutcome, committed_changes
 from engram_sync.shared_format.wire import MAX_BLOBS_PER_PUSH
 from tests.relay.support import Sealer

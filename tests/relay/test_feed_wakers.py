@@ -1,4 +1,4 @@
-"""The wakers an idle event stream registers on its vault's watch (relay/feed.py,
+"""The wakers an idle event stream registers on its vault's watch (relay/services/change_hub.py,
 PROTOCOL §15): called on every wake of that vault, and only while registered. Pure
 asyncio, no database; the stream itself is tested over HTTP in test_events.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engram_sync.relay.feed import ChangeHub
+from engram_sync.relay.services.change_hub import ChangeHub
 
 
 def test_a_waker_is_called_on_each_wake_of_its_vault_only() -> None:

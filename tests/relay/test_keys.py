@@ -1,4 +1,5 @@
-"""Unit tests of relay/keys.py: `SYNC_API_KEYS` parsing (PROTOCOL §5), minting, hashing."""
+"""Unit tests of relay/domain/api_keys.py: `SYNC_API_KEYS` parsing (PROTOCOL §5), minting,
+hashing."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import logging
 
 import pytest
 
-from engram_sync.relay.config import config_from_env
-from engram_sync.relay.keys import (
+from engram_sync.relay.domain.api_keys import (
     DEFAULT_KEY_RATE,
     Principal,
     hash_key,
@@ -16,6 +16,7 @@ from engram_sync.relay.keys import (
     mint_key,
     parse_static_keys,
 )
+from engram_sync.relay.services.config import config_from_env
 from engram_sync.shared_format.b64 import b64url_decode
 
 KEY_A = "a" * 16
@@ -74,7 +75,7 @@ def test_empty_scope_means_every_vault() -> None:
 
 
 def test_keys_shorter_than_16_characters_are_ignored(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="engram_sync.relay.keys"):
+    with caplog.at_level(logging.WARNING, logger="engram_sync.relay.domain.api_keys"):
         keys = parse_static_keys(f"{'x' * 15},{KEY_A}:3,short:9:v")
     assert [k.principal.rate for k in keys] == [3]  # exactly 16 characters is enough
     assert keys[0].key_hash == hash_key(KEY_A)

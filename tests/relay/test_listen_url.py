@@ -20,8 +20,8 @@ import asyncpg
 import httpx
 import pytest
 
-from engram_sync.relay.config import RelayConfig, config_from_env
 from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.services.config import RelayConfig, config_from_env
 from tests.relay.conftest import Relay
 from tests.relay.support import Sealer, new_vault_id, push_ok
 

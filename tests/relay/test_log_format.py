@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from engram_sync.relay.logs import JsonFormatter
-from engram_sync.relay.request_context import RequestIdFilter, request_id_var
+from engram_sync.relay.serving.logs import JsonFormatter
+from engram_sync.relay.serving.request_context import RequestIdFilter, request_id_var
 from tests.relay.conftest import ADMIN_KEY, free_port
 from tests.relay.support import wait_for
 from tests.terminal import read_until_closed

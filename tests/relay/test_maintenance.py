@@ -1,4 +1,4 @@
-"""Background maintenance (relay.maintenance, issue 14 item 17): a serving relay compacts
+"""Background maintenance (relay.services.maintenance, issue 14 item 17): a serving relay compacts
 tombstones and erases expired rows without `engram-relay gc`, one process at a time.
 
 Real relays over HTTP on a real database. Nothing is timed: a test waits, up to a
@@ -16,9 +16,9 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engram_sync.relay.config import RelayConfig, config_from_env
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.maintenance import MAINTENANCE_LOCK_KEY
+from engram_sync.relay.services.config import RelayConfig, config_from_env
+from engram_sync.relay.services.maintenance import MAINTENANCE_LOCK_KEY
 from engram_sync.relay.store.accounts import create_account, create_session
 from tests.relay.conftest import Relay, RelayThread
 from tests.relay.support import Sealer, client, new_vault_id, pull_ok, push_ok, serve, wait_for

@@ -13,9 +13,9 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from engram_sync.relay.config import RelayConfig, config_from_env
-from engram_sync.relay.logs import JsonFormatter
-from engram_sync.relay.request_context import RequestIdFilter
+from engram_sync.relay.services.config import RelayConfig, config_from_env
+from engram_sync.relay.serving.logs import JsonFormatter
+from engram_sync.relay.serving.request_context import RequestIdFilter
 from tests.relay.conftest import ADMIN_KEY, METRICS_TOKEN, Relay
 from tests.relay.support import Sealer, assert_error, push_ok, serve
 

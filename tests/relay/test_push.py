@@ -8,7 +8,7 @@ import httpx
 import msgspec
 import pytest
 
-from engram_sync.relay.config import DEFAULT_MAX_BLOB_BYTES
+from engram_sync.relay.services.config import DEFAULT_MAX_BLOB_BYTES
 from engram_sync.shared_format import SyncBlob
 from engram_sync.shared_format.b64 import b64encode_std
 from tests.relay.conftest import Relay

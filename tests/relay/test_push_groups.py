@@ -1,4 +1,4 @@
-"""Group commit of pushes (relay/push_groups.py, relay/store/push.py) on a real PostgreSQL.
+"""Group commit of pushes (relay/services/push_groups.py, relay/store/push.py) on a real PostgreSQL.
 
 The central property: a group of pushes run as one transaction answers and stores
 exactly what the same pushes give when each runs alone, one after the other.
@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.domain_errors import PushRefusedError, QuotaExceededError
-from engram_sync.relay.push_groups import PushGroups
-from engram_sync.relay.push_rules import check_structure
+from engram_sync.relay.domain.domain_errors import PushRefusedError, QuotaExceededError
+from engram_sync.relay.domain.push_rules import check_structure
+from engram_sync.relay.services.push_groups import PushGroups
 from engram_sync.relay.store.push import PushJob, PushLimits, PushResult, Quota, push_group
 from engram_sync.shared_format import SyncBlob
 from tests.conftest import backend_of, takes_backend

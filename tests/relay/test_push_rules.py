@@ -1,4 +1,4 @@
-"""Unit tests of relay/push_rules.py: PROTOCOL §6 steps 1-7 as pure functions."""
+"""Unit tests of relay/domain/push_rules.py: PROTOCOL §6 steps 1-7 as pure functions."""
 
 from __future__ import annotations
 
@@ -7,8 +7,17 @@ from typing import Any
 import msgspec
 import pytest
 
-from engram_sync.relay.domain_errors import BatchTooLargeError, EmptyBatchError, InvalidBlobError
-from engram_sync.relay.push_rules import CheckedBlob, StoredVersion, check_structure, plan_push
+from engram_sync.relay.domain.domain_errors import (
+    BatchTooLargeError,
+    EmptyBatchError,
+    InvalidBlobError,
+)
+from engram_sync.relay.domain.push_rules import (
+    CheckedBlob,
+    StoredVersion,
+    check_structure,
+    plan_push,
+)
 from engram_sync.shared_format import SyncBlob
 from engram_sync.shared_format.b64 import b64encode_std
 from tests.relay.support import Sealer

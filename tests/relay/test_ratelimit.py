@@ -1,10 +1,10 @@
-"""Unit tests of relay/ratelimit.py with an injected clock (PROTOCOL §5: burst = rate)."""
+"""Unit tests of relay/domain/ratelimit.py with an injected clock (PROTOCOL §5: burst = rate)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engram_sync.relay.ratelimit import RateLimiter
+from engram_sync.relay.domain.ratelimit import RateLimiter
 
 
 class FakeClock:

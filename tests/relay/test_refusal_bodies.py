@@ -2,7 +2,7 @@
 
 Golden values, written down once from the relay's answers before issue 19 ("Errors")
 moved these refusals out of the HTTP layer: the store and rules layers now raise domain
-exceptions (`relay.domain_errors`) and `relay.errors` alone turns each into its status,
+exceptions (`relay.domain.domain_errors`) and `relay.http.errors` alone turns each into its status,
 headers and body. Never recompute them from the code under test.
 """
 
@@ -15,8 +15,8 @@ import httpx
 import msgspec
 import pytest
 
-from engram_sync.relay.push_groups import PushGroups
-from engram_sync.relay.state import RelayState
+from engram_sync.relay.services.push_groups import PushGroups
+from engram_sync.relay.services.state import RelayState
 from engram_sync.relay.store.push import PushJob, PushResult
 from engram_sync.shared_format.b64 import b64encode_std
 from tests.relay.conftest import Relay, RelayThread, base_config
@@ -209,7 +209,7 @@ async def _cancelled(jobs: list[PushJob]) -> list[PushResult]:
 
 
 def test_push_cut_short_by_shutdown(postgres_url: str) -> None:
-    """The 503 a waiting push gets when its lane stops (relay.push_groups), over real HTTP:
+    """The 503 a waiting push gets when its lane stops (relay.services.push_groups), over real HTTP:
     the relay's own app with a group runner that is cancelled as at shutdown."""
     with migrated_database(postgres_url) as url:
         config = base_config(url)

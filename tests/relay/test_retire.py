@@ -24,9 +24,9 @@ import httpx
 import pytest
 
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.domain_errors import VaultRetiredError
-from engram_sync.relay.maintenance import sweep
-from engram_sync.relay.push_rules import check_structure
+from engram_sync.relay.domain.domain_errors import VaultRetiredError
+from engram_sync.relay.domain.push_rules import check_structure
+from engram_sync.relay.services.maintenance import sweep
 from engram_sync.relay.store import retire as retire_store
 from engram_sync.relay.store.push import PushJob, PushLimits, PushOutcome, Quota, push_group
 from engram_sync.shared_format.handoff import new_handoff_keypair

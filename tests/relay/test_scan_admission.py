@@ -1,4 +1,4 @@
-"""Fair admission of whole-vault scans (relay.scan_admission; docs/digest.md "Bounded
+"""Fair admission of whole-vault scans (relay.domain.scan_admission; docs/digest.md "Bounded
 scans"; issue 31 finding 7), the decision alone: no asyncio, no database. The gate that
 executes it, against a real relay: tests/relay/test_scan_gate.py."""
 
@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from engram_sync.relay.scan_admission import Refusal, ScanClaim, ScanLimits, ScanQueue, Ticket
+from engram_sync.relay.domain.scan_admission import (
+    Refusal,
+    ScanClaim,
+    ScanLimits,
+    ScanQueue,
+    Ticket,
+)
 
 
 def _ticket(queue: ScanQueue, vault: str, *clients: str) -> Ticket:

@@ -1,4 +1,4 @@
-"""Whole-vault scans are bounded (relay.scan_gate, docs/digest.md "Bounded scans").
+"""Whole-vault scans are bounded (relay.services.scan_gate, docs/digest.md "Bounded scans").
 
 The gate's admission is checked on its own (asyncio, no database); its statement timeout
 against real PostgreSQL through a real relay: a vault of 60,000 rows is narrowed under a
@@ -16,12 +16,13 @@ import asyncpg
 import httpx
 import pytest
 
-from engram_sync.relay.client_address import parse_trusted_proxies
-from engram_sync.relay.config import config_from_env
-from engram_sync.relay.errors import RelayError
-from engram_sync.relay.keys import parse_static_keys
-from engram_sync.relay.scan_admission import ScanClaim, ScanLimits
-from engram_sync.relay.scan_gate import ScanGate
+from engram_sync.relay.domain.api_keys import parse_static_keys
+from engram_sync.relay.domain.client_address import parse_trusted_proxies
+from engram_sync.relay.domain.domain_errors import BusyError, ScanTimeoutError
+from engram_sync.relay.domain.scan_admission import ScanClaim, ScanLimits
+from engram_sync.relay.http.errors import answer_of_busy
+from engram_sync.relay.services.config import config_from_env
+from engram_sync.relay.services.scan_gate import ScanGate
 from engram_sync.shared_format.digest import PREFIX_BYTES, SUB_BUCKETS, bucket_of
 from tests.relay.conftest import ADMIN_KEY, Relay, base_config
 from tests.relay.support import (
@@ -60,11 +61,12 @@ def test_the_gate_admits_up_to_its_cap_and_answers_busy_past_it() -> None:
         await asyncio.sleep(0.01)
         assert not second.is_set()  # it waits for the one slot
         assert gate.stats.admitted == 2
-        with pytest.raises(RelayError) as refused:
+        with pytest.raises(BusyError) as refused:
             async with gate.admit(ScanClaim("v")):
                 raise AssertionError("a third scan was admitted past running + waiting")
-        assert (refused.value.status, refused.value.code) == (503, "busy")
-        assert refused.value.headers == {"Retry-After": "1"}
+        answer = answer_of_busy(refused.value)
+        assert (answer.status, answer.code) == (503, "busy")
+        assert answer.headers == {"Retry-After": "1"}
         leave.set()
         await asyncio.gather(running, waiting)
         assert second.is_set()  # the waiting one ran once the slot was free
@@ -81,10 +83,10 @@ def test_a_scan_waits_for_a_slot_no_longer_than_the_timeout() -> None:
         entered, leave = asyncio.Event(), asyncio.Event()
         holder = asyncio.create_task(_hold(gate, entered, leave))
         await entered.wait()
-        with pytest.raises(RelayError) as refused:
+        with pytest.raises(BusyError) as refused:
             async with gate.admit(ScanClaim("v")):
                 raise AssertionError("admitted while the only slot was held")
-        assert refused.value.code == "busy"
+        assert answer_of_busy(refused.value).code == "busy"
         leave.set()
         await holder
         async with gate.admit(ScanClaim("v")):
@@ -97,12 +99,13 @@ def test_a_scan_waits_for_a_slot_no_longer_than_the_timeout() -> None:
 def test_a_cancelled_statement_is_503_scan_timeout_and_other_errors_pass() -> None:
     async def go() -> None:
         gate = _gate(1, 0, 2)
-        with pytest.raises(RelayError) as stopped:
+        with pytest.raises(ScanTimeoutError) as stopped:
             async with gate.admit(ScanClaim("v")):
                 raise asyncpg.QueryCanceledError("canceling statement due to statement timeout")
-        assert (stopped.value.status, stopped.value.code) == (503, "scan_timeout")
-        assert "ENGRAM_RELAY_SCAN_TIMEOUT_S" in stopped.value.message
-        assert stopped.value.headers == {"Retry-After": "5"}
+        answer = answer_of_busy(stopped.value)
+        assert (answer.status, answer.code) == (503, "scan_timeout")
+        assert "ENGRAM_RELAY_SCAN_TIMEOUT_S" in answer.message
+        assert answer.headers == {"Retry-After": "5"}
         with pytest.raises(ValueError, match="other"):
             async with gate.admit(ScanClaim("v")):
                 raise ValueError("other")

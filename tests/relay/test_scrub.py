@@ -25,10 +25,10 @@ import asyncpg
 import httpx
 import pytest
 
-from engram_sync.relay.config import RelayConfig, config_from_env
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.maintenance import ScrubPlan, maintenance_round
-from engram_sync.relay.metrics import RelayMetrics
+from engram_sync.relay.services.config import RelayConfig, config_from_env
+from engram_sync.relay.services.maintenance import ScrubPlan, maintenance_round
+from engram_sync.relay.services.metrics import RelayMetrics
 from engram_sync.relay.store.bucket_prefixes import count_list
 from engram_sync.relay.store.scrub import scrub_vault
 from engram_sync.shared_format.digest import bucket_of, digest_int, digest_text
@@ -145,7 +145,7 @@ def test_a_row_deleted_by_hand_is_found_counted_and_the_digest_made_true(
     wait_for(lambda: scrub_meta(relay, vault)[0] is not None, "the first scrub")
     lose_row(relay, vault, "m3")
     assert stored(relay, vault) != truth(relay, vault)  # the running total still claims it
-    with caplog.at_level("WARNING", logger="engram_sync.relay.maintenance"):
+    with caplog.at_level("WARNING", logger="engram_sync.relay.services.maintenance"):
         wait_for(lambda: scrub_meta(relay, vault)[1] == 1, "the scrub to find the lost row")
         wait_for(
             lambda: any(getattr(r, "vault_id", None) == vault for r in caplog.records),
@@ -364,7 +364,7 @@ def test_a_flood_of_deep_digests_is_bounded_by_the_scan_gate(postgres_url: str) 
     # 12 threads ask ?deep=1 of a 60,000-row vault without pause: the gate admits one at a
     # time per vault (two more wait) and answers the rest 503 busy, naming the bound, and
     # never more than its places run in the database at once.
-    from engram_sync.relay.keys import parse_static_keys
+    from engram_sync.relay.domain.api_keys import parse_static_keys
 
     config = replace(
         base_config(""),

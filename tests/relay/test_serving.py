@@ -1,4 +1,4 @@
-"""The pieces `relay.serving` adds around uvicorn: per-worker sockets and the frozen heap."""
+"""The pieces `relay.serving.server` adds around uvicorn: per-worker sockets and the frozen heap."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from multiprocessing.reduction import ForkingPickler
 
 import pytest
 
-from engram_sync.relay import serving
-from engram_sync.relay.app import create_app
-from engram_sync.relay.config import RelayConfig
+from engram_sync.relay.services.config import RelayConfig
+from engram_sync.relay.serving import server as serving
+from engram_sync.relay.serving.app import create_app
 
 linux_only = pytest.mark.skipif(
     not serving._PER_WORKER_SOCKETS, reason="per-worker sockets are Linux-only"

@@ -1,5 +1,5 @@
 """Slowloris (issue 14 item 6): header and body read timeouts and the per-process connection
-cap of relay.connections, against a real `engram-relay serve` process on loopback.
+cap of relay.serving.connections, against a real `engram-relay serve` process on loopback.
 
 Bounded counts only: how many connections the relay holds (never more than the cap), that
 every half-open one is eventually closed (polled with a generous deadline), and that a
@@ -24,7 +24,7 @@ import httpx
 import psutil
 import pytest
 
-from engram_sync.relay.connections import (
+from engram_sync.relay.serving.connections import (
     MAX_HEADER_BYTES,
     ConnectionLimits,
     ensure_fd_limit,

@@ -1,10 +1,10 @@
 """One holder's event streams cannot take every connection (issue 31 finding 2; PROTOCOL
-§15, relay/stream_holders.py, relay/connections.py), over real HTTP on a real relay and
-PostgreSQL:
+§15, relay/domain/stream_holders.py, relay/serving/connections.py), over real HTTP on a real
+relay and PostgreSQL:
 
 - a key past its cap ends its own oldest stream (or held pull) to admit its newest, while
   another key's stream, push and pull go on;
-- a client address (as relay.client_address counts it: X-Forwarded-For believed only
+- a client address (as relay.domain.client_address counts it: X-Forwarded-For believed only
   from a trusted proxy, its left part never) past its cap is refused 429 JSON naming the
   cap, and nobody's stream ends; another address's stream is let in;
 - with the connection cap small and one key holding every connection with streams

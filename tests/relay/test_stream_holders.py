@@ -1,4 +1,4 @@
-"""Who may hold how many event streams and long-polls (relay/stream_holders.py, PROTOCOL
+"""Who may hold how many event streams and long-polls (relay/domain/stream_holders.py, PROTOCOL
 §15, issue 31 finding 2), on its own: the pure admission decision (holder counts -> admit,
 evict whose oldest, or refuse), its executor, and the connection guard's choice of the
 heaviest holder. No database, no HTTP: tests/relay/test_stream_caps.py holds the same
@@ -10,8 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from engram_sync.relay.config import RelayConfig, config_from_env
-from engram_sync.relay.stream_holders import (
+from engram_sync.relay.domain.stream_holders import (
     ADMIT,
     Evict,
     Holder,
@@ -22,6 +21,7 @@ from engram_sync.relay.stream_holders import (
     admission,
     heaviest_holder,
 )
+from engram_sync.relay.services.config import RelayConfig, config_from_env
 
 CAPS = StreamCaps(per_key=2, per_account=3, per_address=4)
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from engram_sync.relay import __version__
-from engram_sync.relay.config import DEFAULT_MAX_BLOB_BYTES
+from engram_sync.relay.services.config import DEFAULT_MAX_BLOB_BYTES
 from tests.relay.conftest import ADMIN_KEY, METRICS_TOKEN, Relay, base_config
 from tests.relay.support import (
     Sealer,

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engram_sync.relay.instants import parse_storable
+from engram_sync.relay.domain.instants import parse_storable
 from tests.relay.conftest import Relay
 from tests.relay.support import (
     Sealer,

@@ -2,7 +2,7 @@
 
 A real `serve` process with two workers on a real database. Requests go over new
 connections, which the kernel spreads over the workers' sockets (SO_REUSEPORT,
-relay.serving); before, each scrape answered with the counters of whichever worker
+relay.serving.server); before, each scrape answered with the counters of whichever worker
 took it (about half of them).
 """
 
@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.relay_process import listening_workers
-from engram_sync.relay import serving
+from engram_sync.relay.serving import server as serving
 from tests.relay.conftest import METRICS_TOKEN, free_port
 from tests.relay.support import wait_for
 from tests.relay.test_cli import BIN, _env, _wait_ready

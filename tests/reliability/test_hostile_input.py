@@ -19,8 +19,8 @@ from schemathesis.checks import (
     response_schema_conformance,
 )
 
-from engram_sync.relay.config import RelayConfig
-from engram_sync.relay.ratelimit import RateLimiter
+from engram_sync.relay.domain.ratelimit import RateLimiter
+from engram_sync.relay.services.config import RelayConfig
 from tests.conftest import takes_backend
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
 from tests.relay.support import Sealer, migrated_backend_database, wire

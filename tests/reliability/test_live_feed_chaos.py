@@ -317,7 +317,7 @@ def listeners_held_down(database_url: str, hold_after_s: float = 0.3) -> Iterato
     """Every LISTEN connection terminated, and each new one terminated as soon as it
     shows, until `hold_after_s` after the block: a notification sent meanwhile reaches no
     relay process but the pushing one's own hub, so only the re-read after the reconnect
-    (relay.feed_listener) brings the other devices to the head."""
+    (relay.services.feed_listener) brings the other devices to the head."""
     done = threading.Event()
     terminated: list[int] = []
 

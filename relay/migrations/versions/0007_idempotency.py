@@ -1,7 +1,7 @@
 """Idempotency keys: a retried request that creates something answers what the first one made.
 
 `idempotency_keys` holds one row per (scope, route, Idempotency-Key) for 24 hours
-(docs/retries.md, relay/idempotency.py). The relay stores no key and no answer in the
+(docs/retries.md, relay/domain/idempotency_keys.py). The relay stores no key and no answer in the
 clear: `lookup` is a SHA-256 over the scope, the route and the client's key; `request_mac`
 an HMAC of the request body under a key derived from the client's key (a sign-up body
 holds a password); `answer` the first answer sealed with AES-GCM under another key

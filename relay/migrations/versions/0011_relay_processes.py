@@ -5,7 +5,7 @@ One row per running relay process (each `--workers` worker, each replica): a ran
 secret) and a heartbeat the periodic health refresh writes (relay.store.replicas).
 `expires_at` is the heartbeat plus three of the writer's own refresh periods, so
 processes with different periods still agree on who is alive. Every process counts the
-rows not yet expired and enforces rate/N of each key locally (relay.ratelimit); a
+rows not yet expired and enforces rate/N of each key locally (relay.domain.ratelimit); a
 process that stops cleanly deletes its row, one that crashes expires.
 
 No vault id: on Citus a reference table (relay.db.citus, deploy/SCALING.md §1).

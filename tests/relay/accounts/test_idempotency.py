@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.idempotency import (
+from engram_sync.relay.domain.idempotency_keys import (
     IdempotencyKeyReusedError,
     IdempotentRequest,
     InvalidIdempotencyKeyError,

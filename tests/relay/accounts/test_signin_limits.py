@@ -19,12 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from engram_sync.relay import passwords
-from engram_sync.relay.routes.accounts import (
+from engram_sync.relay.http.routes.accounts import (
     REDEEM_PER_MINUTE,
     SIGNIN_PER_ACCOUNT_PER_MINUTE,
     SIGNIN_PER_MINUTE,
 )
+from engram_sync.relay.services import passwords
 from tests.relay.accounts.helpers import PASSWORD, http, new_email, signin, signup
 from tests.relay.conftest import Relay
 from tests.relay.support import Sealer, assert_error, client, module_relay, new_vault_id, push_ok

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from engram_sync.relay.cli_vaults import claim_static_vaults
-from engram_sync.relay.keys import parse_static_keys
+from engram_sync.relay.cli.vaults import claim_static_vaults
+from engram_sync.relay.domain.api_keys import parse_static_keys
 from tests.relay.accounts.helpers import PASSWORD, Account, http, signup
 from tests.relay.conftest import ADMIN_KEY, Relay
 from tests.relay.support import Sealer, assert_error, client, new_vault_id, push, push_ok
@@ -189,7 +189,7 @@ def test_adopting_with_an_admin_key_is_a_grant(served: Relay) -> None:
 
 
 def served_key_id(relay: Relay, key: str) -> str:
-    from engram_sync.relay.keys import hash_key
+    from engram_sync.relay.domain.api_keys import hash_key
 
     rows = relay.sql("SELECT id FROM api_keys WHERE key_hash = $1", hash_key(key))
     return str(rows[0]["id"])

@@ -12,11 +12,11 @@ import asyncpg
 import pytest
 
 from engram_sync.relay.db.embedded import (
-    SYSTEM_USER,
     EmbeddedPostgres,
     EmbeddedPostgresError,
     default_data_dir,
 )
+from engram_sync.relay.db.embedded_install import SYSTEM_USER
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 # The password is generated (secrets.token_urlsafe): see test_db_embedded_auth.py.

@@ -21,8 +21,9 @@ from urllib.parse import unquote, urlsplit
 import asyncpg
 import pytest
 
-from engram_sync.relay.db import embedded
-from engram_sync.relay.db.embedded import PASSWORD_FILE, EmbeddedPostgres
+from engram_sync.relay.db import embedded_install
+from engram_sync.relay.db.embedded import EmbeddedPostgres
+from engram_sync.relay.db.embedded_auth import PASSWORD_FILE
 from engram_sync.relay.db.migrate import current_revision, head_revision, upgrade_to_head
 from tests.relay.conftest import free_port
 from tests.relay.test_cli import BIN, _env, _relay, _wait_ready
@@ -38,7 +39,7 @@ def psql(
     port: int, sql: str, *, password: str | None, as_user: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """The bundled psql on 127.0.0.1:`port` as the superuser, as OS user `as_user` (or us)."""
-    argv = [str(embedded._bin_dir() / "psql"), "-X", "-w", "-q", "-t", "-A"]
+    argv = [str(embedded_install.bin_dir() / "psql"), "-X", "-w", "-q", "-t", "-A"]
     argv += ["-v", "ON_ERROR_STOP=1", "-c", sql]
     argv += ["-d", f"host=127.0.0.1 port={port} user=postgres dbname=postgres"]
     if as_user is not None:
@@ -77,7 +78,7 @@ def old_style_data_dir(data_dir: Path) -> EmbeddedPostgres:
     account = pg._prepare()
     result = pg._run(
         account,
-        [str(embedded._bin_dir() / "initdb"), "-D", str(pg.data_dir), "-U", "postgres",
+        [str(embedded_install.bin_dir() / "initdb"), "-D", str(pg.data_dir), "-U", "postgres",
          "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-instructions"],
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -263,7 +264,8 @@ def test_not_root_the_server_runs_as_the_caller_and_keeps_others_out(scratch_dir
     probe = _nobody_python("probe", "/nonexistent")  # stop() on a missing dir is a no-op
     if probe.returncode != 0:
         pytest.skip(f"{_SYSTEM_PYTHON} cannot run our packages as nobody: {probe.stderr[-300:]}")
-    embedded._open_install_to(embedded._ensure_system_user())  # binaries runnable by others
+    # binaries runnable by others
+    embedded_install.open_install_to(embedded_install.ensure_system_user())
     nobody = pwd.getpwnam("nobody")
     os.chown(scratch_dir, nobody.pw_uid, nobody.pw_gid)
     data_dir = scratch_dir / "pgdata"

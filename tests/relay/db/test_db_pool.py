@@ -57,7 +57,7 @@ def test_a_pool_size_of_one_clamps_the_minimum_and_the_relay_serves(
     start-up (asyncpg: min_size greater than max_size). The minimum is clamped now."""
     import httpx
 
-    from engram_sync.relay.config import config_from_env
+    from engram_sync.relay.services.config import config_from_env
     from tests.relay.conftest import ADMIN_KEY, RelayThread
     from tests.relay.support import Sealer, pull_ok, push
 

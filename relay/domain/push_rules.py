@@ -1,0 +1,151 @@
+"""The push validation of PROTOCOL §6, as pure functions (no I/O, no HTTP).
+
+Step 1 (structure) rejects the whole request with the blob's index and reason
+(`relay.domain.domain_errors`).
+Steps 2-7 decide per blob; the first failing check decides.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import NamedTuple
+
+from engram_sync.relay.domain.domain_errors import (
+    BatchTooLargeError,
+    EmptyBatchError,
+    InvalidBlobError,
+)
+from engram_sync.relay.domain.instants import parse_storable
+from engram_sync.shared_format.b64 import Base64Error, b64decode_std
+from engram_sync.shared_format.blob import HMAC_LEN, MIN_CIPHERTEXT_BYTES
+from engram_sync.shared_format.ids import check_id
+from engram_sync.shared_format.wire import SyncBlob
+
+
+@dataclass(frozen=True)
+class CheckedBlob:
+    """A structurally valid blob with what the relay derives from it."""
+
+    index: int
+    blob: SyncBlob
+    created_at_ts: datetime
+    size_bytes: int
+
+
+class _Problem(NamedTuple):
+    field: str  # the blob's field at fault
+    reason: str
+
+
+def _structure_problem(blob: SyncBlob) -> _Problem | datetime:
+    """The first structural problem of the blob, else its created_at instant."""
+    for name in ("vault_id", "memory_id", "device_id"):
+        problem = check_id(getattr(blob, name), name)
+        if problem:
+            return _Problem(name, problem)
+    try:
+        raw = b64decode_std(blob.ciphertext)
+    except Base64Error as exc:
+        return _Problem("ciphertext", f"ciphertext is not valid base64: {exc}")
+    if len(raw) < MIN_CIPHERTEXT_BYTES:
+        return _Problem(
+            "ciphertext",
+            f"ciphertext decodes to {len(raw)} bytes, fewer than {MIN_CIPHERTEXT_BYTES}",
+        )
+    try:
+        mac = b64decode_std(blob.hmac)
+    except Base64Error as exc:
+        return _Problem("hmac", f"hmac is not valid base64: {exc}")
+    if len(mac) != HMAC_LEN:
+        return _Problem("hmac", f"hmac decodes to {len(mac)} bytes, not {HMAC_LEN}")
+    try:
+        return parse_storable(blob.created_at)  # RFC 3339, and within the database's range
+    except ValueError as exc:
+        return _Problem("created_at", f"created_at: {exc}")
+
+
+def check_structure(blobs: list[SyncBlob], max_blobs: int) -> list[CheckedBlob]:
+    """PROTOCOL §6 step 1 (and the 1..1000 batch size of §5): the whole request is refused
+    (`relay.domain.domain_errors.InvalidBatchError`, answered 400 by `relay.http.errors`)."""
+    if not blobs:
+        raise EmptyBatchError(max_blobs)
+    if len(blobs) > max_blobs:
+        raise BatchTooLargeError(len(blobs), max_blobs)
+    checked: list[CheckedBlob] = []
+    for index, blob in enumerate(blobs):
+        found = _structure_problem(blob)
+        if isinstance(found, _Problem):
+            raise InvalidBlobError(index, found.field, found.reason)
+        checked.append(CheckedBlob(index, blob, found, len(blob.ciphertext)))
+    return checked
+
+
+class StoredVersion(NamedTuple):
+    """What the relay holds for one memory."""
+
+    vector_clock: int
+    size_bytes: int
+
+
+@dataclass
+class PushPlan:
+    """The outcome of steps 2-7: what to write and what to answer."""
+
+    accepted: list[CheckedBlob] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    revoked_devices: list[str] = field(default_factory=list)
+    reasons: Counter[str] = field(default_factory=Counter)  # rejection reason -> blobs
+
+
+def plan_push(
+    checked: list[CheckedBlob],
+    *,
+    vault_id: str,
+    bound_device: str | None,
+    max_blob_bytes: int,
+    revoked: set[str],
+    stored: dict[str, StoredVersion],
+) -> PushPlan:
+    """Steps 2-7 of PROTOCOL §6 for one batch, in order; the first failing check decides.
+
+    `rejected` lists the memory_id of every rejected blob once, in batch order,
+    including the lower-clock duplicates of step 7 (whose memory may also have
+    an accepted version in the same batch).
+    """
+    plan = PushPlan()
+    losers: list[CheckedBlob] = []
+    best: dict[str, CheckedBlob] = {}
+
+    def reject(item: CheckedBlob, reason: str) -> None:
+        losers.append(item)
+        plan.reasons[reason] += 1
+
+    for item in checked:
+        blob = item.blob
+        stored_version = stored.get(blob.memory_id)
+        if len(blob.ciphertext) > max_blob_bytes:  # step 2
+            reject(item, "too_large")
+        elif blob.vault_id != vault_id:  # step 3
+            reject(item, "wrong_vault")
+        elif blob.device_id in revoked:  # step 4
+            reject(item, "device_revoked")
+            if blob.device_id not in plan.revoked_devices:
+                plan.revoked_devices.append(blob.device_id)
+        elif bound_device is not None and blob.device_id != bound_device:  # step 5
+            reject(item, "wrong_device")
+        elif stored_version is not None and blob.vector_clock <= stored_version.vector_clock:
+            reject(item, "stale_clock")  # step 6: equal is stale, the first writer wins
+        else:  # step 7: only the highest clock per memory; the first of equal clocks wins
+            current = best.get(blob.memory_id)
+            if current is None or blob.vector_clock > current.blob.vector_clock:
+                if current is not None:
+                    reject(current, "superseded_in_batch")
+                best[blob.memory_id] = item
+            else:
+                reject(item, "superseded_in_batch")
+    plan.accepted = sorted(best.values(), key=lambda c: c.index)
+    losers.sort(key=lambda c: c.index)
+    plan.rejected = list(dict.fromkeys(item.blob.memory_id for item in losers))
+    return plan
