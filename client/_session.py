@@ -120,6 +120,15 @@ class VaultSession:
             self._keys = session_sync_keys(self.vault.conn, self.config.vault_id, secret)
         return self._keys
 
+    def set_keys(self, keys: SyncKeys) -> None:
+        """Sync with these keys from now on: a re-key or a switch to a successor vault
+        changed the linked vault and already holds its keys."""
+        self._keys = keys
+
+    def forget_keys(self) -> None:
+        """Pick the sync keys again when next needed: the linked vault changed."""
+        self._keys = None
+
     def writer(self, *, source: str = "user", tool: str | None = None) -> Writer:
         """This device writing now (the local history's record of who wrote a version)."""
         return local_writer(self.device.device_id, self.device.label, source=source, tool=tool)

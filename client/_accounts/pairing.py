@@ -81,7 +81,7 @@ def save_link(session: VaultSession, server_url: str, api_key: str, vault_id: st
     save_sync_config(session.path, session.config)
     session.state.bind(session.config.server_url or "", vault_id)
     session.state.relinked()  # the next sync asks the relay again (client._sync.revocation)
-    session._keys = None  # the linked vault changed: pick its keys again
+    session.forget_keys()  # the linked vault changed: pick its keys again
 
 
 # --- the whole codes this device keeps (PROTOCOL §14 step 4) ------------------------------

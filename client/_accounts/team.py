@@ -368,7 +368,7 @@ def request_key(
         _forget_requests(conn, vault_id)
         if saved.pairing_id is not None:
             pairing.forget_code(conn, saved.pairing_id, "requester")
-    session._keys = None
+    session.forget_keys()
     return vault_id
 
 

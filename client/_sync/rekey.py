@@ -770,7 +770,7 @@ class Rekey:
         with session.vault.transaction() as conn:  # the new vault holds none of them
             forget_kept_local_clocks(conn)
         save_sync_config(session.path, session.config)
-        session._keys = new.keys  # the cached keys follow the switch
+        session.set_keys(new.keys)  # the cached keys follow the switch
         record.step = "switched"
         record.save(session.path)
         self.report.steps.append("switched")

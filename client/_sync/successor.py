@@ -217,7 +217,10 @@ def _switch(
     session.state.rekeyed_from = old
     session.state.last_error = None
     session.state.save()
-    session._keys = keys
+    if keys is None:
+        session.forget_keys()  # K comes with the handoff
+    else:
+        session.set_keys(keys)
     log.info("switched from retired vault %s to its successor %s (%s)", old, vault_id, source)
 
 
