@@ -44,10 +44,10 @@ if TYPE_CHECKING:
         SyncError,
         VaultRetiredError,
     )
+    from engram_sync.client._flows.live import LiveStatus
+    from engram_sync.client._flows.rekey import RekeyError, RekeyReport
     from engram_sync.client._session import NotLinkedError
     from engram_sync.client._sync.engine import SyncReport
-    from engram_sync.client._sync.live import LiveStatus
-    from engram_sync.client._sync.rekey import RekeyError, RekeyReport
     from engram_sync.client._vault.history import HistoryError, Retention, Version, Writer
     from engram_sync.client._vault.revert import RevertPlan
     from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
@@ -68,7 +68,7 @@ _WHERE: Final[dict[str, tuple[str, str]]] = {
     "HistoryError": ("engram_sync.client._vault.history", "HistoryError"),
     "Layer": ("engram_sync.client._api", "Layer"),
     "Link": ("engram_sync.shared_format.plaintext", "Link"),
-    "LiveStatus": ("engram_sync.client._sync.live", "LiveStatus"),
+    "LiveStatus": ("engram_sync.client._flows.live", "LiveStatus"),
     "Memory": ("engram_sync.shared_format.plaintext", "MemoryPlaintext"),
     "NotLinkedError": ("engram_sync.client._session", "NotLinkedError"),
     "OutcomeUnknownError": (_ERRORS, "OutcomeUnknownError"),
@@ -76,10 +76,10 @@ _WHERE: Final[dict[str, tuple[str, str]]] = {
     "ProtocolError": (_ERRORS, "ProtocolError"),
     "QuotaExceededError": (_ERRORS, "QuotaExceededError"),
     "RateLimitedError": (_ERRORS, "RateLimitedError"),
-    "RekeyError": ("engram_sync.client._sync.rekey", "RekeyError"),
+    "RekeyError": ("engram_sync.client._flows.rekey", "RekeyError"),
     "Retention": ("engram_sync.client._vault.history", "Retention"),
     "RevertPlan": ("engram_sync.client._vault.revert", "RevertPlan"),
-    "RekeyReport": ("engram_sync.client._sync.rekey", "RekeyReport"),
+    "RekeyReport": ("engram_sync.client._flows.rekey", "RekeyReport"),
     "RelayError": (_ERRORS, "RelayError"),
     "RelayMisbehavedError": (_ERRORS, "RelayMisbehavedError"),
     "RelayUnavailableError": (_ERRORS, "RelayUnavailableError"),

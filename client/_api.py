@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Literal
 
 from engram_sync.client._errors import RateLimitedError, RelayUnavailableError, SyncError
+from engram_sync.client._flows.live import LiveStatus, LiveSync
+from engram_sync.client._flows.rekey import Rekey, RekeyReport
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.engine import SyncReport
-from engram_sync.client._sync.live import LiveStatus, LiveSync
-from engram_sync.client._sync.rekey import Rekey, RekeyReport
 from engram_sync.client._vault import history, local_writes, store
 from engram_sync.client._vault.history import Retention, Version
 from engram_sync.client._vault.privacy import PRIVACY_LEVELS, queue_retraction

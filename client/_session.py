@@ -14,12 +14,12 @@ from engram_sync.client._sync.device import Device
 from engram_sync.client._sync.state import SyncState
 from engram_sync.client._vault.history import Writer, local_writer
 from engram_sync.client._vault.schema import migrate
-from engram_sync.shared_format.keys import SyncKeys, vault_id_v1, vault_id_v2
+from engram_sync.shared_format.sync_keys import SyncKeys, vault_id_v1, vault_id_v2
 from engram_sync.shared_format.vault import Vault, VaultKeyKind, open_vault, open_vault_with_key
 
 if TYPE_CHECKING:  # imported where used: a command that never syncs does not load httpx
+    from engram_sync.client._http.relay_client import RelayClient
     from engram_sync.client._sync.engine import ProgressCallback, Syncer
-    from engram_sync.client._sync.relay_client import RelayClient
 
 
 class NotLinkedError(SyncError):
@@ -109,10 +109,10 @@ class VaultSession:
 
     @property
     def keys(self) -> SyncKeys:
-        """The sync keys, once: a vault key K stored for the linked vault (client._vault.keys),
-        else derived from the passphrase (PROTOCOL §2)."""
+        """The sync keys, once: a vault key K stored for the linked vault
+        (client._vault.vault_key_store), else derived from the passphrase (PROTOCOL §2)."""
         if self._keys is None:
-            from engram_sync.client._vault.keys import session_sync_keys
+            from engram_sync.client._vault.vault_key_store import session_sync_keys
 
             secret = self._passphrase_keys or self.passphrase
             if secret is None:
@@ -140,7 +140,7 @@ class VaultSession:
                 "this vault is not linked to a relay: run `engram-sync link --relay URL "
                 "--api-key KEY` first"
             )
-        from engram_sync.client._sync.relay_client import RelayClient
+        from engram_sync.client._http.relay_client import RelayClient
 
         return RelayClient(
             self.config.server_url,
@@ -153,7 +153,7 @@ class VaultSession:
         """Point the vault at a relay, pin the vault id, register this device's label."""
         if self.vault.key_kind is not VaultKeyKind.PASSPHRASE:
             raise SyncError("a machine-key vault cannot sync: sync keys come from a passphrase")
-        from engram_sync.client._sync.relay_client import RelayClient
+        from engram_sync.client._http.relay_client import RelayClient
         from engram_sync.client._sync.revocation import needs_new_identity, revoked_in_roster
 
         with RelayClient(server_url, api_key, device_id=self.device.device_id) as relay:

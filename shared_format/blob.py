@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
 from engram_sync.shared_format.errors import BlobDecryptError, BlobMalformedError, BlobTamperedError
-from engram_sync.shared_format.keys import SyncKeys
+from engram_sync.shared_format.sync_keys import SyncKeys
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.wire import SyncBlob
 

@@ -72,7 +72,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("shared_format/b64.py", "from engram_sync.client._sync import config", PURE),
         ("shared_format/wire.py", "import httpx", PURE),
         ("shared_format/vault/schema.py", "import asyncpg", PURE),
-        ("shared_format/keys.py", "from litestar import Litestar", PURE),
+        ("shared_format/sync_keys.py", "from litestar import Litestar", PURE),
         ("shared_format/kdf.py", "import sqlalchemy", PURE),
         ("shared_format/kdf.py", "import psycopg", PURE),
         ("shared_format/kdf.py", "import uvicorn", PURE),

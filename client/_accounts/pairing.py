@@ -11,7 +11,7 @@ the secret part (`engram-relay pair`) still redeems; the handoff then goes by
 fingerprints.
 
 A code gives a device access to the vault's ciphertext, not K: after redeeming,
-the vault is marked as waiting for its key (client._vault.keys), and the device
+the vault is marked as waiting for its key (client._vault.vault_key_store), and the device
 asks for K with `engram-sync team request` (client._accounts.team).
 """
 
@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from engram_sync.client._accounts.account_client import AccountClient
 from engram_sync.client._errors import ForbiddenError, RelayError, SyncError
+from engram_sync.client._http.account_client import AccountClient
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.config import SyncConfig, save_sync_config
-from engram_sync.client._vault.keys import expect_vault_key, stored_vault_key
+from engram_sync.client._vault.vault_key_store import expect_vault_key, stored_vault_key
 from engram_sync.shared_format.pairing import (
     PairingCode,
     PairingCodeError,

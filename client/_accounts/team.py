@@ -39,10 +39,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from msgspec import UnsetType
 
 from engram_sync.client._accounts import pairing
-from engram_sync.client._accounts.account_client import AccountClient
 from engram_sync.client._errors import ForbiddenError, RelayError, SyncError
+from engram_sync.client._http.account_client import AccountClient
 from engram_sync.client._session import VaultSession
-from engram_sync.client._vault.keys import (
+from engram_sync.client._vault.vault_key_store import (
     keys_open_relay_blobs,
     pack_keys,
     store_vault_key,
@@ -67,8 +67,8 @@ from engram_sync.shared_format.handoff_pake import (
     pake_password,
     seal_vault_key_with_code,
 )
-from engram_sync.shared_format.keys import SyncKeys
 from engram_sync.shared_format.pairing import PairingCode
+from engram_sync.shared_format.sync_keys import SyncKeys
 from engram_sync.shared_format.timestamps import parse_rfc3339, utc_now_rfc3339
 from engram_sync.shared_format.wire import HandoffClaimed
 from engram_sync.shared_format.wraps import VaultKey

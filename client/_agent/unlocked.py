@@ -12,7 +12,7 @@ from engram_sync.client._agent import control
 from engram_sync.client._agent.messages import HeldKeys
 from engram_sync.client._session import VaultSession
 from engram_sync.shared_format.errors import VaultError
-from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys
+from engram_sync.shared_format.sync_keys import SyncKeys, derive_sync_keys
 from engram_sync.shared_format.vault import (
     VaultKeyKind,
     machine_vault_key,

@@ -181,7 +181,7 @@ def link(
     from engram_sync.client._accounts import account as account_ops
     from engram_sync.client._accounts import pairing
     from engram_sync.client._cli.teams import account_password
-    from engram_sync.client._vault import keys as vault_keys
+    from engram_sync.client._vault import vault_key_store as vault_keys
 
     if account and code:
         raise CliError("use either --account or --code, not both")
@@ -225,7 +225,7 @@ def _warn_if_keys_open_nothing(session: VaultSession, vault_id: str) -> None:
     """Issue 35: say at once when this device's keys open none of the vault's blobs (a
     typo, or a member device before its handoff); `sync` refuses to go on until they do.
     Only a note: a member device must be linked before it can request the key."""
-    from engram_sync.client._vault import keys as vault_keys
+    from engram_sync.client._vault import vault_key_store as vault_keys
 
     try:
         with session.relay() as client:
@@ -474,7 +474,7 @@ def watch(
     """Sync live until Ctrl-C or SIGTERM: pull as soon as another device pushes, push as
     soon as this vault changes (docs/live-sync.md)."""
     from engram_sync.client._cli.watch_view import watch_view
-    from engram_sync.client._sync.live import LiveSync
+    from engram_sync.client._flows.live import LiveSync
 
     stop = threading.Event()
 
@@ -527,7 +527,7 @@ def _watch_retries(error: SyncError) -> bool:
     refused key, a revoked device, a vault the device cannot open and a relay refusing the
     request itself (a 4xx such as 400, 404, 413, 422) end it at once with the error; so do
     keys that open none of the vault's blobs (issue 35: the same keys fail again)."""
-    from engram_sync.client._vault.keys import KeysDoNotOpenVaultError
+    from engram_sync.client._vault.vault_key_store import KeysDoNotOpenVaultError
 
     if isinstance(error, KeysDoNotOpenVaultError):
         return False
@@ -544,7 +544,7 @@ def _watch_retries(error: SyncError) -> bool:
 def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
     """Where this device stands: ids, clock, cursor, pending work, problems."""
     from engram_sync.client._cli import rekey_join
-    from engram_sync.client._vault import keys as vault_keys
+    from engram_sync.client._vault import vault_key_store as vault_keys
 
     with open_session() as session:
         conn = session.vault.conn

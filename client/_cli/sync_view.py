@@ -25,9 +25,9 @@ from rich.progress import (
 
 from engram_sync.client._cli.support import err
 from engram_sync.client._errors import SyncError
+from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.engine import ProgressCallback, SyncReport
-from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.client._vault.store import count_to_push
 
 #: The exit status after Ctrl-C (128 + SIGINT, the shell's convention).

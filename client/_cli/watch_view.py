@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.text import Text
 
 from engram_sync.client._cli.support import out
-from engram_sync.client._sync.live import LiveStatus
+from engram_sync.client._flows.live import LiveStatus
 
 _MODES: Final = {"events": "live events", "long-poll": "long-poll", "poll": "timer only"}
 _STYLES: Final = {

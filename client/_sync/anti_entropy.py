@@ -46,8 +46,8 @@ from engram_sync.client._vault.held_versions import (
     mark_compacted,
     requeue,
 )
-from engram_sync.client._vault.keys import key_source
 from engram_sync.client._vault.store import apply_memory, known_version, local_state
+from engram_sync.client._vault.vault_key_store import key_source
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
 from engram_sync.shared_format.digest import (
     BUCKETS,

@@ -16,14 +16,6 @@ from engram_sync.shared_format.vault.content_hash import (
     normalized_hash,
     strip_prefixes,
 )
-from engram_sync.shared_format.vault.keys import (
-    MachineIdSource,
-    is_vault_key,
-    legacy_passphrase_vault_key,
-    machine_vault_key,
-    passphrase_vault_key,
-    read_machine_id,
-)
 from engram_sync.shared_format.vault.salt import FALLBACK_SALT_TAG, SALT_FILE_NAME, vault_salt16
 from engram_sync.shared_format.vault.schema import (
     LAYERS,
@@ -37,6 +29,14 @@ from engram_sync.shared_format.vault.sqlcipher import (
     Error,
     IntegrityError,
     OperationalError,
+)
+from engram_sync.shared_format.vault.sqlcipher_key import (
+    MachineIdSource,
+    is_vault_key,
+    legacy_passphrase_vault_key,
+    machine_vault_key,
+    passphrase_vault_key,
+    read_machine_id,
 )
 from engram_sync.shared_format.vault.store import (
     DB_FILE_NAME,

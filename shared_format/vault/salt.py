@@ -10,7 +10,7 @@ from typing import Final
 
 from engram_sync.shared_format.errors import VaultError
 from engram_sync.shared_format.kdf import domain_salt
-from engram_sync.shared_format.vault.keys import SALT_LEN
+from engram_sync.shared_format.vault.sqlcipher_key import SALT_LEN
 
 SALT_FILE_NAME: Final = "salt"
 FALLBACK_SALT_TAG: Final = "axiom-engram-vault-v2"

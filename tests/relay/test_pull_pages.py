@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 from msgspec import UNSET
 
-from engram_sync.client._sync.relay_client import PULL_PAGE_BUDGET_BYTES
+from engram_sync.client._http.relay_client import PULL_PAGE_BUDGET_BYTES
 from engram_sync.relay.config import DEFAULT_MAX_BLOB_BYTES, DEFAULT_MAX_PAGE_BYTES, config_from_env
 from engram_sync.relay.store.sync import PULL_PAGE, split_page
 from engram_sync.shared_format.wire import MAX_PULL_LIMIT, RelayInfo, decode_json

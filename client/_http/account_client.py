@@ -20,7 +20,7 @@ from typing import NoReturn
 from msgspec import UNSET
 
 from engram_sync.client._errors import RelayMisbehavedError, one_line
-from engram_sync.client._sync.relay_client import RelayClient, Retry, path_segment
+from engram_sync.client._http.relay_client import RelayClient, Retry, path_segment
 from engram_sync.shared_format.login import normalize_email
 from engram_sync.shared_format.timestamps import parse_rfc3339
 from engram_sync.shared_format.wire import (

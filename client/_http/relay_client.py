@@ -338,7 +338,7 @@ class RelayClient:
     @contextlib.contextmanager
     def events(self, vault_id: str, *, cursor: int, blobs: bool = False) -> Iterator[EventStream]:
         """`GET /v1/vaults/{vault_id}/events?cursor=N` (PROTOCOL §15), one attempt: the
-        stream's raw bytes as they arrive (client._sync.sse parses them), closed on exit.
+        stream's raw bytes as they arrive (client._http.sse parses them), closed on exit.
         `blobs`: ask for small commits' blobs in the change events (`blobs=1`, ours).
 
         Read with the client's timeout between bytes (longer than the relay's 15 s ping).

@@ -44,20 +44,12 @@ from typing import Final
 
 from engram_sync.client._atomic import read_json, write_json_atomic
 from engram_sync.client._errors import ForbiddenError, RelayError, SyncError
+from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.config import SyncConfig, save_sync_config
 from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.lock import sync_lock
-from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.client._vault.held_versions import by_bucket, held_versions
-from engram_sync.client._vault.keys import (
-    forget_vault_key,
-    key_source,
-    keys_open_relay_blobs,
-    pack_keys,
-    store_vault_key,
-    stored_vault_key,
-)
 from engram_sync.client._vault.privacy import (
     forget_kept_local_clocks,
     kept_local_ids,
@@ -67,6 +59,14 @@ from engram_sync.client._vault.store import (
     memories_of_rows,
     row_needs_push,
     rows_of,
+)
+from engram_sync.client._vault.vault_key_store import (
+    forget_vault_key,
+    key_source,
+    keys_open_relay_blobs,
+    pack_keys,
+    store_vault_key,
+    stored_vault_key,
 )
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std
 from engram_sync.shared_format.blob import BlobCipher
@@ -80,7 +80,6 @@ from engram_sync.shared_format.digest import (
     fold,
 )
 from engram_sync.shared_format.errors import FormatError
-from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v2
 from engram_sync.shared_format.padding import pad_plaintext
 from engram_sync.shared_format.plaintext import (
     MemoryPlaintext,
@@ -89,10 +88,11 @@ from engram_sync.shared_format.plaintext import (
     tombstone_plaintext,
 )
 from engram_sync.shared_format.successor_statement import make_statement
+from engram_sync.shared_format.sync_keys import SyncKeys, derive_sync_keys, vault_id_v2
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.vault import sqlcipher
-from engram_sync.shared_format.vault.keys import passphrase_vault_key
 from engram_sync.shared_format.vault.salt import vault_salt16
+from engram_sync.shared_format.vault.sqlcipher_key import passphrase_vault_key
 from engram_sync.shared_format.wire import PushResponse, RetireResponse, SyncBlob
 
 log = logging.getLogger(__name__)
@@ -373,7 +373,7 @@ class Rekey:
         _kill_point("step:pulled")
         k = pack_keys(new.keys, new.vault_id)
         with session.vault.transaction() as conn:
-            # the new K before anything is pushed under it (client._vault.keys): a random
+            # the new K before anything is pushed under it (client._vault.vault_key_store): a random
             # K exists nowhere else until the account holds its wrap
             store_vault_key(conn, k, "passphrase" if kind == "passphrase" else "account")
         # The record before any key is minted: a run killed after the mint (the account
