@@ -30,7 +30,6 @@ from engram_sync.client._cli.support import (
     OPTIONS,
     CliError,
     err,
-    memory_summary,
     open_session,
     out,
     print_json,
@@ -46,6 +45,7 @@ from engram_sync.client._errors import (
     SyncError,
     VaultRetiredError,
 )
+from engram_sync.client._render import LAYERS, list_items, render_list
 from engram_sync.client._session import NotLinkedError, VaultSession
 from engram_sync.client._sync.config import DEFAULT_INTERVAL_SECS, load_sync_config
 from engram_sync.client._sync.device import ClockExhaustedError
@@ -64,23 +64,17 @@ from engram_sync.client._vault.store import add_memory as store_add
 from engram_sync.client._vault.store import (
     count_to_push,
     get_memory,
-    list_memories,
 )
 from engram_sync.shared_format.errors import FormatError, WrongPassphraseError
 from engram_sync.shared_format.plaintext import encode_memory
 
 if TYPE_CHECKING:
-    from sqlite3 import Connection
-
-    from rich.console import Console
-
     from engram_sync.client._sync.engine import SyncReport
 
 # A command imports what only it needs in its body (the relay client and httpx, the sync
 # engine, spake2, zxcvbn, rich's progress bars), so `list` does not pay for `sync` (issue 17,
 # docs/agent.md; tests/client/test_cli_imports.py pins it).
 
-LAYERS: Final = ("episodic", "semantic", "imagined")
 
 app = typer.Typer(
     help="Engram Sync: end-to-end encrypted sync of an Engram memory vault through a relay.",
@@ -269,28 +263,6 @@ _PRIVACY_HELP: Final = (
 def _check_privacy(level: str) -> None:
     if level not in PRIVACY_LEVELS:
         raise CliError(f"--privacy must be one of {', '.join(PRIVACY_LEVELS)}")
-
-
-def list_items(conn: Connection) -> list[dict[str, Any]]:
-    """What `list` shows, oldest first: each memory's summary and whether it is synced."""
-    return [memory_summary(conn, memory) for memory in list_memories(conn)]
-
-
-def render_list(items: list[dict[str, Any]], json_out: bool, out: Console, err: Console) -> None:
-    """Print `list`'s output; the key agent runs this too (client._agent.reads)."""
-    if json_out:
-        print_json(items, out)
-        return
-    for item in items:
-        first_line = item["content"].splitlines()[0] if item["content"] else ""
-        if item["privacy_level"] == "strict_local":  # docs/privacy.md: never pushed
-            mark = "  [strict_local]"
-        else:
-            mark = "" if item["synced"] else " *"
-        line = f"{item['id']}  {item['modified_at'][:19]}  {first_line[:80]}{mark}"
-        out.print(line, markup=False)  # user text, printed as it is
-    if not items:
-        err.print("no memories yet: `engram-sync add TEXT`")
 
 
 @app.command("list")
