@@ -14,7 +14,7 @@ import sys
 import threading
 from dataclasses import asdict
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from typing import Annotated, Any, Final
 
 import typer
 
@@ -23,6 +23,7 @@ from engram_sync.client._agent import control as agent_control
 from engram_sync.client._cli import agent as cli_agent
 from engram_sync.client._cli import history as cli_history
 from engram_sync.client._cli import search as cli_search
+from engram_sync.client._cli import sync_command as cli_sync
 from engram_sync.client._cli import teams as cli_teams
 from engram_sync.client._cli import transfer as cli_transfer
 from engram_sync.client._cli.rekey import rekey as cli_rekey
@@ -67,9 +68,6 @@ from engram_sync.client._vault.store import (
 )
 from engram_sync.shared_format.errors import FormatError, WrongPassphraseError
 from engram_sync.shared_format.plaintext import encode_memory
-
-if TYPE_CHECKING:
-    from engram_sync.client._sync.engine import SyncReport
 
 # A command imports what only it needs in its body (the relay client and httpx, the sync
 # engine, spake2, zxcvbn, rich's progress bars), so `list` does not pay for `sync` (issue 17,
@@ -331,7 +329,7 @@ def retract(
                 markup=False,
             )
             return
-    sync(json_out=False)
+    cli_sync.sync(json_out=False)
     with open_session() as session:
         left = set(pending_retractions(session.vault.conn))
     done = [m for m in memory_ids if m not in left]
@@ -357,77 +355,7 @@ def delete(memory_id: Annotated[str, typer.Argument(help="Memory id.")]) -> None
     out.print(f"deleted {memory_id}", markup=False)
 
 
-def _repair_notice(report: SyncReport) -> str | None:
-    """What a full re-pull did, said once, on the sync that did it (PROTOCOL §17)."""
-    if report.restored:
-        return (
-            "the relay has lost changes this device had seen (it was restored from an older "
-            "backup, or its vault sequence went back): this device pulled everything again "
-            f"and pushed back {report.repushed} version(s) the relay lacked; nothing was "
-            "deleted here"
-        )
-    if report.resynced:
-        return (
-            "the relay asked for a full re-pull (resync_required): done; "
-            f"{report.repushed} version(s) the relay lacked were pushed back, nothing was "
-            "deleted here"
-        )
-    return None
-
-
-def _report_dict(report: SyncReport) -> dict[str, Any]:
-    return asdict(report)
-
-
-@app.command()
-def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
-    """Pull remote changes, then push local ones."""
-    from engram_sync.client._cli import rekey_join
-    from engram_sync.client._cli.sync_view import run_sync as _run_sync
-
-    with open_session() as session:
-        try:
-            report = _run_sync(session, show_progress=not json_out and err.is_terminal)
-        except VaultRetiredError:  # PROTOCOL §19: an account vault follows with the wrap
-            if not rekey_join.follow_successor(session):
-                raise
-            report = _run_sync(session, show_progress=not json_out and err.is_terminal)
-    if json_out:
-        print_json(_report_dict(report))
-        _exit_if_unpushable(report)
-        return
-    parts = [f"pulled {report.pulled} (applied {report.applied}), pushed {report.pushed}"]
-    notice = _repair_notice(report)
-    if notice:
-        err.print(notice, highlight=False, markup=False)
-    if report.conflicts:
-        parts.append(f"{report.conflicts} conflict(s) kept: see `engram-sync conflicts`")
-    if report.invalid:
-        parts.append(f"{report.invalid} invalid blob(s) skipped: see `engram-sync status`")
-    if report.oversized:
-        parts.append(f"{len(report.oversized)} memory(ies) too large to sync")
-    out.print(", ".join(parts), markup=False)
-    for refused in report.unpushable[:SHOWN_UNPUSHABLE]:
-        err.print(
-            f"not pushed: memory {shown_id(refused.memory_id)}: {refused.reason}; it stays in "
-            "this vault only (add its content again with `engram-sync add`, then delete it)",
-            markup=False,
-        )
-    if len(report.unpushable) > SHOWN_UNPUSHABLE:
-        err.print(f"  ... and {len(report.unpushable) - SHOWN_UNPUSHABLE} more not pushed")
-    _exit_if_unpushable(report)
-
-
-#: issue 31: the memories a sync names as not pushed (one line each); the rest are counted
-SHOWN_UNPUSHABLE: Final = 20
-#: the exit status of a sync that ran but kept memories local the relay refuses (issue 31)
-EXIT_UNPUSHABLE: Final = 3
-
-
-def _exit_if_unpushable(report: SyncReport) -> None:
-    """A sync that pushed everything else but set memories aside ends with its own status."""
-    if report.unpushable:
-        raise typer.Exit(EXIT_UNPUSHABLE)
+app.command()(cli_sync.sync)  # client/_cli/sync_command.py, also run by `revert`
 
 
 @app.command()
@@ -475,7 +403,7 @@ def watch(
             )
             try:
                 for report in live.run():
-                    notice = _repair_notice(report)
+                    notice = cli_sync.repair_notice(report)
                     if notice:
                         view.say(notice)
                     if report.applied or report.pushed or report.conflicts or report.invalid:
