@@ -14,17 +14,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from engram_sync.client._errors import RateLimitedError, RelayUnavailableError, SyncError
-from engram_sync.client._flows.live import LiveStatus, LiveSync
-from engram_sync.client._flows.rekey import Rekey, RekeyReport
-from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import SyncReport
-from engram_sync.client._vault import history, local_writes, store
-from engram_sync.client._vault.history import Retention, Version
-from engram_sync.client._vault.privacy import PRIVACY_LEVELS, queue_retraction
-from engram_sync.client._vault.revert import RevertPlan, Selector, plan_revert, run_revert
-from engram_sync.client._vault.search import SearchFilters, search_memories
 from engram_sync.shared_format.plaintext import MemoryPlaintext, PrivacyLevel
+
+from ._errors import RateLimitedError, RelayUnavailableError, SyncError
+from ._flows.live import LiveStatus, LiveSync
+from ._flows.rekey import Rekey, RekeyReport
+from ._session import VaultSession
+from ._sync.engine import SyncReport
+from ._vault import history, local_writes, store
+from ._vault.history import Retention, Version
+from ._vault.privacy import PRIVACY_LEVELS, queue_retraction
+from ._vault.revert import RevertPlan, Selector, plan_revert, run_revert
+from ._vault.search import SearchFilters, search_memories
 
 Layer = Literal["episodic", "semantic", "imagined"]
 #: Called with the phase ("pull" or "push") and the counts so far, during a sync.

@@ -14,9 +14,10 @@ from typing import IO, Any, Final
 
 from rich.console import Console
 
-from engram_sync.client._vault.search import SearchFilters, search
-from engram_sync.client._vault.store import get_row, list_memories, row_needs_push
 from engram_sync.shared_format.plaintext import MemoryPlaintext
+
+from ._vault.search import SearchFilters, search
+from ._vault.store import get_row, list_memories, row_needs_push
 
 LAYERS: Final = ("episodic", "semantic", "imagined")
 _MODE_NOTE: Final = {

@@ -22,11 +22,6 @@ import time
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from engram_sync.client._errors import ForbiddenError, RelayError, SyncError
-from engram_sync.client._http.account_client import AccountClient
-from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.config import SyncConfig, save_sync_config
-from engram_sync.client._vault.vault_key_store import expect_vault_key, stored_vault_key
 from engram_sync.shared_format.pairing import (
     PairingCode,
     PairingCodeError,
@@ -37,6 +32,12 @@ from engram_sync.shared_format.pairing import (
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.vault import VaultKeyKind
 from engram_sync.shared_format.wire import PairingRedeemed
+
+from .._errors import ForbiddenError, RelayError, SyncError
+from .._http.account_client import AccountClient
+from .._session import VaultSession
+from .._sync.config import SyncConfig, save_sync_config
+from .._vault.vault_key_store import expect_vault_key, stored_vault_key
 
 CODE_INVALID = "this pairing code is invalid, used or expired: ask the admin for a new one"
 # How long a whole code is kept for its handoff: the relay part lives 10 minutes, a

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from engram_sync.client._agent.messages import (
+from .messages import (
     MAX_OUTPUT,
     STDERR,
     STDOUT,
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
     from rich.console import Console
 
-    from engram_sync.client._session import VaultSession
+    from .._session import VaultSession
 
 SEND_TIMEOUT_S: Final = 10.0  # a command that stops reading its reply is dropped
 STOP_JOIN_S: Final = 5.0
@@ -99,7 +99,7 @@ def console_size(
 def _console(
     number: int, terminal: Terminal, chunks: list[tuple[int, bytearray]]
 ) -> tuple[Console, io.TextIOWrapper]:
-    from engram_sync.client._render import console
+    from .._render import console
 
     is_out = number == STDOUT
     stream = io.TextIOWrapper(
@@ -117,8 +117,8 @@ def _console(
 def render(session: VaultSession, request: Read) -> list[tuple[int, bytes]]:
     """The command's output, (STDOUT or STDERR, bytes) in write order: the CLI's own code
     for `list` or `search`. Raises what the CLI would raise (the command then runs it)."""
-    from engram_sync.client import _render as rendering
-    from engram_sync.client._vault.search import DEFAULT_LIMIT
+    from .. import _render as rendering
+    from .._vault.search import DEFAULT_LIMIT
 
     chunks: list[tuple[int, bytearray]] = []
     out, out_stream = _console(STDOUT, request.terminal, chunks)
@@ -162,8 +162,8 @@ class OpenVaults:
     def session(self, vault: str, keys: HeldKeys) -> VaultSession | None:
         """The open session of `vault` for `keys`, opened now if needed; None when the
         keys do not open it or it is gone."""
-        from engram_sync.client._agent.unlocked import sync_keys_of
-        from engram_sync.client._session import VaultSession
+        from .._session import VaultSession
+        from .unlocked import sync_keys_of
 
         file_id = _file_id(vault)
         held = self._open.get(vault)
@@ -275,7 +275,7 @@ class ReadWorker:
             self.vaults.close(job.vault)
         elif isinstance(job, _WarmJob):
             with contextlib.suppress(Exception):
-                from engram_sync.client import _render  # noqa: F401 - warm-up
+                from .. import _render  # noqa: F401 - warm-up
 
                 self.vaults.session(job.vault, job.keys)
         else:

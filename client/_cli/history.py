@@ -17,15 +17,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
-from engram_sync.client._cli.sync_command import sync
-from engram_sync.client._vault import history
-from engram_sync.client._vault.revert import RevertPlan, Selector, plan_revert, run_revert
 from engram_sync.shared_format.plaintext import encode_memory
 from engram_sync.shared_format.timestamps import parse_rfc3339
 
+from .._vault import history
+from .._vault.revert import RevertPlan, Selector, plan_revert, run_revert
+from .support import CliError, err, open_session, out, print_json
+from .sync_command import sync
+
 if TYPE_CHECKING:
-    from engram_sync.client._session import VaultSession
+    from .._session import VaultSession
 
 _RELATIVE = re.compile(r"^(\d{1,6})([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}

@@ -19,26 +19,11 @@ from typing import Annotated, Any, Final
 import typer
 
 from engram_sync import __version__
-from engram_sync.client._agent import control as agent_control
-from engram_sync.client._cli import agent as cli_agent
-from engram_sync.client._cli import history as cli_history
-from engram_sync.client._cli import search as cli_search
-from engram_sync.client._cli import sync_command as cli_sync
-from engram_sync.client._cli import teams as cli_teams
-from engram_sync.client._cli import transfer as cli_transfer
-from engram_sync.client._cli.rekey import rekey as cli_rekey
-from engram_sync.client._cli.support import (
-    OPTIONS,
-    CliError,
-    err,
-    open_session,
-    out,
-    print_json,
-)
-from engram_sync.client._cli.usage import plain_help, usage_exit, version_callback
-from engram_sync.client._cli.vault_registry import resolve_vault, vaults_app
-from engram_sync.client._cli.verify import verify
-from engram_sync.client._errors import (
+from engram_sync.shared_format.errors import FormatError, WrongPassphraseError
+from engram_sync.shared_format.plaintext import encode_memory
+
+from .._agent import control as agent_control
+from .._errors import (
     AuthError,
     DeviceRevokedError,
     ForbiddenError,
@@ -46,14 +31,14 @@ from engram_sync.client._errors import (
     SyncError,
     VaultRetiredError,
 )
-from engram_sync.client._render import LAYERS, list_items, render_list
-from engram_sync.client._session import NotLinkedError, VaultSession
-from engram_sync.client._sync.config import DEFAULT_INTERVAL_SECS, load_sync_config
-from engram_sync.client._sync.device import ClockExhaustedError
-from engram_sync.client._sync.unpushable import shown_id
-from engram_sync.client._vault import conflicts as conflict_ops
-from engram_sync.client._vault import local_writes
-from engram_sync.client._vault.privacy import (
+from .._render import LAYERS, list_items, render_list
+from .._session import NotLinkedError, VaultSession
+from .._sync.config import DEFAULT_INTERVAL_SECS, load_sync_config
+from .._sync.device import ClockExhaustedError
+from .._sync.unpushable import shown_id
+from .._vault import conflicts as conflict_ops
+from .._vault import local_writes
+from .._vault.privacy import (
     PRIVACY_LEVELS,
     RetractRefusedError,
     level_change_notice,
@@ -61,13 +46,29 @@ from engram_sync.client._vault.privacy import (
     pending_retractions,
     queue_retraction,
 )
-from engram_sync.client._vault.store import add_memory as store_add
-from engram_sync.client._vault.store import (
+from .._vault.store import add_memory as store_add
+from .._vault.store import (
     count_to_push,
     get_memory,
 )
-from engram_sync.shared_format.errors import FormatError, WrongPassphraseError
-from engram_sync.shared_format.plaintext import encode_memory
+from . import agent as cli_agent
+from . import history as cli_history
+from . import search as cli_search
+from . import sync_command as cli_sync
+from . import teams as cli_teams
+from . import transfer as cli_transfer
+from .rekey import rekey as cli_rekey
+from .support import (
+    OPTIONS,
+    CliError,
+    err,
+    open_session,
+    out,
+    print_json,
+)
+from .usage import plain_help, usage_exit, version_callback
+from .vault_registry import resolve_vault, vaults_app
+from .verify import verify
 
 # A command imports what only it needs in its body (the relay client and httpx, the sync
 # engine, spake2, zxcvbn, rich's progress bars), so `list` does not pay for `sync` (issue 17,
@@ -137,7 +138,7 @@ def init(
     is named and needs a confirmation, or --force)."""
     if (OPTIONS.vault / "engrams.db").exists():
         raise CliError(f"a vault already exists at {OPTIONS.vault}")
-    from engram_sync.client._cli.passphrase import ask_new_passphrase
+    from .passphrase import ask_new_passphrase
 
     passphrase = ask_new_passphrase(force=force)  # client._cli.passphrase (zxcvbn)
     OPTIONS.vault.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -170,10 +171,10 @@ def link(
     label: Annotated[str | None, typer.Option("--label", help="This device's name.")] = None,
 ) -> None:
     """Link the vault to a relay: with an API key, your account (--account) or a pairing code."""
-    from engram_sync.client._accounts import account as account_ops
-    from engram_sync.client._accounts import pairing
-    from engram_sync.client._cli.teams import account_password
-    from engram_sync.client._vault import vault_key_store as vault_keys
+    from .._accounts import account as account_ops
+    from .._accounts import pairing
+    from .._vault import vault_key_store as vault_keys
+    from .teams import account_password
 
     if account and code:
         raise CliError("use either --account or --code, not both")
@@ -217,7 +218,7 @@ def _warn_if_keys_open_nothing(session: VaultSession, vault_id: str) -> None:
     """Issue 35: say at once when this device's keys open none of the vault's blobs (a
     typo, or a member device before its handoff); `sync` refuses to go on until they do.
     Only a note: a member device must be linked before it can request the key."""
-    from engram_sync.client._vault import vault_key_store as vault_keys
+    from .._vault import vault_key_store as vault_keys
 
     try:
         with session.relay() as client:
@@ -373,8 +374,8 @@ def watch(
 ) -> None:
     """Sync live until Ctrl-C or SIGTERM: pull as soon as another device pushes, push as
     soon as this vault changes (docs/live-sync.md)."""
-    from engram_sync.client._cli.watch_view import watch_view
-    from engram_sync.client._flows.live import LiveSync
+    from .._flows.live import LiveSync
+    from .watch_view import watch_view
 
     stop = threading.Event()
 
@@ -427,7 +428,7 @@ def _watch_retries(error: SyncError) -> bool:
     refused key, a revoked device, a vault the device cannot open and a relay refusing the
     request itself (a 4xx such as 400, 404, 413, 422) end it at once with the error; so do
     keys that open none of the vault's blobs (issue 35: the same keys fail again)."""
-    from engram_sync.client._vault.vault_key_store import KeysDoNotOpenVaultError
+    from .._vault.vault_key_store import KeysDoNotOpenVaultError
 
     if isinstance(error, KeysDoNotOpenVaultError):
         return False
@@ -443,8 +444,8 @@ def _watch_retries(error: SyncError) -> bool:
 @app.command()
 def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
     """Where this device stands: ids, clock, cursor, pending work, problems."""
-    from engram_sync.client._cli import rekey_join
-    from engram_sync.client._vault import vault_key_store as vault_keys
+    from .._vault import vault_key_store as vault_keys
+    from . import rekey_join
 
     with open_session() as session:
         conn = session.vault.conn
@@ -502,7 +503,7 @@ def _last_error(session: VaultSession) -> str | None:
     """The last sync's failure in words; a revocation says so and what to do (the relay's
     last word, asked again by the next sync: client._sync.revocation)."""
     if session.state.revoked:
-        from engram_sync.client._sync.revocation import revoked_message
+        from .._sync.revocation import revoked_message
 
         return revoked_message(session.device.device_id, session.config.vault_id)
     return session.state.last_error

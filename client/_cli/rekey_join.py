@@ -16,9 +16,9 @@ from typing import Any
 
 import typer
 
-from engram_sync.client._cli.support import OPTIONS, CliError, ask_passphrase, err, out, print_json
-from engram_sync.client._cli.teams import account_password
-from engram_sync.client._flows.successor import (
+from engram_sync.shared_format.errors import WrongPassphraseError
+
+from .._flows.successor import (
     JoinReport,
     UnprovenSuccessorError,
     join_kind,
@@ -29,8 +29,9 @@ from engram_sync.client._flows.successor import (
     successor_proved,
     unproven_what,
 )
-from engram_sync.client._session import VaultSession
-from engram_sync.shared_format.errors import WrongPassphraseError
+from .._session import VaultSession
+from .support import OPTIONS, CliError, ask_passphrase, err, out, print_json
+from .teams import account_password
 
 ACCOUNT_PASSWORD_ENV = "ENGRAM_ACCOUNT_PASSWORD"  # noqa: S105 - a variable name
 NEW_PASSPHRASE_ENV = "ENGRAM_NEW_PASSPHRASE"  # noqa: S105 - as `rekey` reads it

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from engram_sync.client._cli.support import err, open_session, out
-from engram_sync.client._render import check_search, render_search, search_items
-from engram_sync.client._vault.search import DEFAULT_LIMIT
+from .._render import check_search, render_search, search_items
+from .._vault.search import DEFAULT_LIMIT
+from .support import err, open_session, out
 
 
 def register(app: typer.Typer) -> None:

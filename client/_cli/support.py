@@ -13,11 +13,11 @@ from typing import Any, Final
 import typer
 from rich.console import Console
 
-from engram_sync.client import _render as render
-from engram_sync.client._agent.unlocked import unlocked_session
-from engram_sync.client._render import CliError as CliError  # raised by every command
-from engram_sync.client._render import console
-from engram_sync.client._session import VaultSession
+from .. import _render as render
+from .._agent.unlocked import unlocked_session
+from .._render import CliError as CliError  # raised by every command
+from .._render import console
+from .._session import VaultSession
 
 DEFAULT_VAULT: Final = Path("~/.engram/vault")
 

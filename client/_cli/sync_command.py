@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
-from engram_sync.client._cli.support import err, open_session, out, print_json
-from engram_sync.client._errors import VaultRetiredError
-from engram_sync.client._sync.unpushable import shown_id
+from .._errors import VaultRetiredError
+from .._sync.unpushable import shown_id
+from .support import err, open_session, out, print_json
 
 if TYPE_CHECKING:
-    from engram_sync.client._sync.engine import SyncReport
+    from .._sync.engine import SyncReport
 
 
 def repair_notice(report: SyncReport) -> str | None:
@@ -40,8 +40,8 @@ def _report_dict(report: SyncReport) -> dict[str, Any]:
 
 def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
     """Pull remote changes, then push local ones."""
-    from engram_sync.client._cli import rekey_join
-    from engram_sync.client._cli.sync_view import run_sync as _run_sync
+    from . import rekey_join
+    from .sync_view import run_sync as _run_sync
 
     with open_session() as session:
         try:

@@ -26,19 +26,6 @@ from urllib.parse import quote
 import httpx
 
 from engram_sync import __version__
-from engram_sync.client._errors import (
-    AnswerTooLargeError,
-    FeedUnavailableError,
-    OutcomeUnknownError,
-    ProtocolError,
-    RateLimitedError,
-    RelayError,
-    RelayUnavailableError,
-    SyncError,
-    body_excerpt,
-    one_line,
-    relay_error,
-)
 from engram_sync.shared_format.digest import (
     DigestAnswer,
     FetchRequest,
@@ -63,6 +50,20 @@ from engram_sync.shared_format.wire import (
     VaultStats,
     decode_json,
     encode_json,
+)
+
+from .._errors import (
+    AnswerTooLargeError,
+    FeedUnavailableError,
+    OutcomeUnknownError,
+    ProtocolError,
+    RateLimitedError,
+    RelayError,
+    RelayUnavailableError,
+    SyncError,
+    body_excerpt,
+    one_line,
+    relay_error,
 )
 
 log = logging.getLogger(__name__)

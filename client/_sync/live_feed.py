@@ -36,7 +36,9 @@ from typing import Final
 import httpx
 import msgspec
 
-from engram_sync.client._errors import (
+from engram_sync.shared_format.wire import MAX_PULL_LIMIT, ChangeEvent, PullResponse
+
+from .._errors import (
     AuthError,
     DeviceRevokedError,
     FeedUnavailableError,
@@ -47,9 +49,8 @@ from engram_sync.client._errors import (
     VaultRetiredError,
     one_line,
 )
-from engram_sync.client._http.relay_client import EventStream, RelayClient
-from engram_sync.client._http.sse import SseComment, SseEvent, SseParser, SseRetry, SseTooLargeError
-from engram_sync.shared_format.wire import MAX_PULL_LIMIT, ChangeEvent, PullResponse
+from .._http.relay_client import EventStream, RelayClient
+from .._http.sse import SseComment, SseEvent, SseParser, SseRetry, SseTooLargeError
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from engram_sync.client._errors import VaultRetiredError, statement_hint, vault_id_hint
-from engram_sync.client._sync.state import RetiredHint, SyncState
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
+
+from .._errors import VaultRetiredError, statement_hint, vault_id_hint
+from .state import RetiredHint, SyncState
 
 SOURCES: Final = ("push", "pull", "events")
 

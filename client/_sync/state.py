@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from engram_sync.client._atomic import read_json, write_json_atomic
-from engram_sync.client._sync.own_pushes import MAX_OWN_SKIPS, OwnSkip
+from .._atomic import read_json, write_json_atomic
+from .own_pushes import MAX_OWN_SKIPS, OwnSkip
 
 STATE_FILE: Final = "sync_state.json"
 MAX_SKIPPED_KEPT: Final = 200

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-from engram_sync.client._errors import SyncError
+from .._errors import SyncError
 
 SCHEMA_TABLE: Final = "sync_schema"
 

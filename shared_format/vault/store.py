@@ -11,11 +11,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
-from engram_sync.shared_format.vault import sqlcipher
-from engram_sync.shared_format.vault.salt import salt_path, vault_salt16, write_new_salt
-from engram_sync.shared_format.vault.schema import apply_schema
-from engram_sync.shared_format.vault.sqlcipher_key import (
+from ..errors import VaultError, WrongPassphraseError
+from . import sqlcipher
+from .salt import salt_path, vault_salt16, write_new_salt
+from .schema import apply_schema
+from .sqlcipher_key import (
     MachineIdSource,
     legacy_passphrase_vault_key,
     machine_vault_key,
