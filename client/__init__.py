@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
     from engram_sync.shared_format.plaintext import Link, MemoryPlaintext
 
-    from ._api import Layer, Progress, Vault
+    from ._api import Layer, Progress, Vault, VaultStatus
     from ._errors import (
         AnswerTooLargeError,
         AuthError,
@@ -88,6 +88,7 @@ _WHERE: Final[dict[str, tuple[str, str]]] = {
     "SyncError": (_ERRORS, "SyncError"),
     "SyncReport": ("engram_sync.client._sync.engine", "SyncReport"),
     "Vault": ("engram_sync.client._api", "Vault"),
+    "VaultStatus": ("engram_sync.client._api", "VaultStatus"),
     "VaultError": (_FORMAT_ERRORS, "VaultError"),
     "VaultRetiredError": (_ERRORS, "VaultRetiredError"),
     "Version": ("engram_sync.client._vault.history", "Version"),
@@ -139,6 +140,7 @@ __all__ = [
     "Vault",
     "VaultError",
     "VaultRetiredError",
+    "VaultStatus",
     "Version",
     "Writer",
     "WrongPassphraseError",

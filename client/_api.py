@@ -9,12 +9,19 @@ from __future__ import annotations
 import builtins
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from engram_sync.shared_format.plaintext import MemoryPlaintext, PrivacyLevel
+from engram_sync.shared_format.plaintext import (
+    LINK_TYPES,
+    SOURCES,
+    LinkType,
+    MemoryPlaintext,
+    PrivacyLevel,
+)
 
 from ._errors import RateLimitedError, RelayUnavailableError, SyncError
 from ._flows.live import LiveStatus, LiveSync
@@ -30,6 +37,19 @@ from ._vault.search import SearchFilters, search_memories
 Layer = Literal["episodic", "semantic", "imagined"]
 #: Called with the phase ("pull" or "push") and the counts so far, during a sync.
 Progress = Callable[[str, SyncReport], None]
+SCOPES = ("moment", "episode", "narrative", "rule")  # VAULT §3
+
+
+@dataclass(frozen=True)
+class VaultStatus:
+    """Where a vault stands for sync, read from this device alone (no relay call)."""
+
+    relay: str | None  # the linked relay's URL, None before `link`
+    vault_id: str | None
+    last_sync_at: str | None  # the last sync that finished (RFC 3339), by any program
+    pending_pushes: int  # memories written here and not yet pushed
+    pending_tombstones: int  # deletions not yet pushed
+    local_only: int  # strict_local memories (never pushed)
 
 
 class Vault:
@@ -50,6 +70,26 @@ class Vault:
         written then.
         """
         return cls(VaultSession.open(Path(path).expanduser(), passphrase, create=create))
+
+    @classmethod
+    def open_unlocked(cls, path: str | os.PathLike[str]) -> Vault | None:
+        """Open the vault in directory `path` with the keys the unlock agent holds for it
+        (`engram-sync unlock`, docs/agent.md): no passphrase needed. None when no agent
+        runs, it holds no keys for this vault, or they no longer open it."""
+        from ._agent.unlocked import unlocked_session
+
+        session = unlocked_session(Path(path).expanduser())
+        return None if session is None else cls(session)
+
+    @staticmethod
+    def is_unlocked(path: str | os.PathLike[str]) -> bool:
+        """Whether the unlock agent holds the keys of the vault in `path` now. A program
+        that opened it with `open_unlocked` asks this before each use, to follow
+        `engram-sync lock`; asking counts as a use of the keys, as a command does, so the
+        agent's idle timeout runs from the last one (docs/agent.md)."""
+        from ._agent.control import held_keys
+
+        return held_keys(Path(path).expanduser()) is not None
 
     def close(self) -> None:
         """Close the vault's database."""
@@ -86,18 +126,29 @@ class Vault:
         project: str | None = None,
         layer: Layer = "episodic",
         privacy_level: PrivacyLevel = "cloud_first",
+        scope: str = "moment",
+        source: str = "user",
+        context: Mapping[str, Any] | None = None,
     ) -> str:
         """Write a new memory; returns its id. It is pushed by the next `sync`, unless its
         `privacy_level` is "strict_local": then it never leaves this device
-        (docs/privacy.md)."""
+        (docs/privacy.md). `source` says who wrote it (VAULT §3, e.g. "ai-tool") and
+        `context` is its JSON context object: an AI tool's name goes in
+        `{"tool": {"name": ..., "version": ...}}`, which `revert(tool=...)` selects on
+        (docs/history.md)."""
         if not content.strip():
             raise ValueError("a memory's content must not be empty")
         if privacy_level not in PRIVACY_LEVELS:
             raise ValueError(f"privacy_level must be one of {', '.join(PRIVACY_LEVELS)}")
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}")
+        if source not in SOURCES:
+            raise ValueError(f"source must be one of {', '.join(SOURCES)}")
         with self._session.vault.transaction() as conn:
             return store.add_memory(
-                conn, content, layer=layer, tags=tags, project=project, privacy_level=privacy_level
-            )
+                conn, content, layer=layer, tags=tags, project=project,
+                privacy_level=privacy_level, scope=scope, source=source, context=context,
+            )  # fmt: skip
 
     def get(self, memory_id: str) -> MemoryPlaintext | None:
         """One memory, or None when there is none with this id."""
@@ -106,6 +157,15 @@ class Vault:
     def list(self) -> list[MemoryPlaintext]:
         """Every memory, oldest first."""
         return store.list_memories(self._session.vault.conn)
+
+    def recent(
+        self, limit: int = 20, *, project: str | None = None
+    ) -> builtins.list[MemoryPlaintext]:
+        """The `limit` most recently modified memories (only `project`'s, when given),
+        newest first."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        return store.recent_memories(self._session.vault.conn, limit, project)
 
     def search(
         self,
@@ -129,11 +189,14 @@ class Vault:
         content: str | None = None,
         *,
         privacy_level: PrivacyLevel | None = None,
+        source: str = "user",
+        tool: str | None = None,
     ) -> bool:
         """Replace a memory's content, or change its privacy level, or both; False when
         there is no such memory. Made "strict_local", its later versions stay on this
         device (the copy already synced stays elsewhere until `retract`); made syncing
-        again, it is pushed by the next `sync` (docs/privacy.md)."""
+        again, it is pushed by the next `sync` (docs/privacy.md). `source` and `tool` (an
+        AI tool's name) are recorded as the writer in the local history (docs/history.md)."""
         if content is None and privacy_level is None:
             raise ValueError("nothing to change: give content or privacy_level")
         if content is not None and not content.strip():
@@ -143,7 +206,7 @@ class Vault:
         session = self._session
         with session.vault.transaction() as conn:
             previous = local_writes.edit(
-                conn, memory_id, content, privacy_level, session.writer(),
+                conn, memory_id, content, privacy_level, session.writer(source=source, tool=tool),
                 own_device=session.device.device_id,
             )  # fmt: skip
         return previous is not None
@@ -155,13 +218,41 @@ class Vault:
         with self._session.vault.transaction() as conn:
             queue_retraction(conn, memory_id)
 
-    def delete(self, memory_id: str) -> bool:
-        """Delete a memory (the deletion syncs too); False when there is no such memory."""
+    def delete(self, memory_id: str, *, source: str = "user", tool: str | None = None) -> bool:
+        """Delete a memory (the deletion syncs too); False when there is no such memory.
+        `source` and `tool` are recorded as the writer in the local history."""
         session = self._session
+        by = session.writer(source=source, tool=tool)
         with session.vault.transaction() as conn:
-            return local_writes.delete(
-                conn, memory_id, session.writer(), own_device=session.device.device_id
-            )
+            return local_writes.delete(conn, memory_id, by, own_device=session.device.device_id)
+
+    def link_memories(
+        self,
+        source_id: str,
+        target_id: str,
+        link_type: LinkType = "associative",
+        *,
+        weight: float = 0.5,
+        source: str = "user",
+        tool: str | None = None,
+    ) -> bool:
+        """Link memory `source_id` to `target_id` (replacing a link between them), as a
+        new version of the source memory that the next `sync` pushes; False when either is
+        missing. `link_type`: associative, causal, analogical or temporal; `weight` in
+        [0, 1]. A link to a strict_local memory never leaves this device."""
+        if link_type not in LINK_TYPES:
+            raise ValueError(f"link_type must be one of {', '.join(sorted(LINK_TYPES))}")
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError("weight must be between 0 and 1")
+        if source_id == target_id:
+            raise ValueError("a memory cannot link to itself")
+        session = self._session
+        by = session.writer(source=source, tool=tool)
+        with session.vault.transaction() as conn:
+            return local_writes.link(
+                conn, source_id, target_id, link_type, weight, by,
+                own_device=session.device.device_id,
+            )  # fmt: skip
 
     # -- history (docs/history.md) ---------------------------------------------------------
 
@@ -178,14 +269,15 @@ class Vault:
         with session.vault.transaction() as conn:
             history.restore(conn, memory_id, version, session.writer(), own_device=self.device_id)
 
-    def undelete(self, *memory_ids: str) -> None:
+    def undelete(self, *memory_ids: str, source: str = "user", tool: str | None = None) -> None:
         """Bring deleted memories back (each its newest kept version), as new versions the
         next `sync` pushes. `HistoryError` (nothing changed) when one is not deleted or has
-        no version kept."""
+        no version kept. `source` and `tool` are recorded as the writer."""
         session = self._session
+        by = session.writer(source=source, tool=tool)
         with session.vault.transaction() as conn:
             for memory_id in memory_ids:
-                history.undelete(conn, memory_id, session.writer(), own_device=self.device_id)
+                history.undelete(conn, memory_id, by, own_device=self.device_id)
 
     def revert(
         self,
@@ -219,6 +311,27 @@ class Vault:
             return history.retention(conn)
 
     # -- sync -------------------------------------------------------------------------------
+
+    def status(self) -> VaultStatus:
+        """Where the vault stands for sync (docs/python-api.md), read from this device's
+        files now, so a sync by another program (`engram-sync sync`) shows."""
+        from ._sync.config import load_sync_config
+        from ._sync.state import SyncState
+
+        config = load_sync_config(self.path)
+        conn = self._session.vault.conn
+        pushes, tombstones = store.count_to_push(conn)
+        local_only = conn.execute(
+            "SELECT count(*) FROM engrams WHERE privacy_level = 'strict_local'"
+        ).fetchone()[0]
+        return VaultStatus(
+            relay=config.server_url or None,
+            vault_id=config.vault_id,
+            last_sync_at=SyncState.load(self.path).last_sync_at,
+            pending_pushes=pushes,
+            pending_tombstones=tombstones,
+            local_only=int(local_only),
+        )
 
     def link(
         self, relay_url: str, api_key: str, *, vault_id: str | None = None, label: str | None = None

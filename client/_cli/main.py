@@ -53,6 +53,7 @@ from .._vault.store import (
 )
 from . import agent as cli_agent
 from . import history as cli_history
+from . import mcp_command as cli_mcp
 from . import search as cli_search
 from . import sync_command as cli_sync
 from . import teams as cli_teams
@@ -96,6 +97,7 @@ cli_search.register(app)
 app.add_typer(vaults_app, name="vaults")
 cli_agent.register(app)  # unlock, lock: the key agent (docs/agent.md)
 cli_history.register(app)  # history, undelete, restore, revert (docs/history.md)
+cli_mcp.register(app)  # mcp: the MCP server for AI tools (docs/mcp.md)
 
 
 @app.callback()

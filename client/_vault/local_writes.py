@@ -8,7 +8,7 @@ import sqlite3
 
 from .history import DELETE, EDIT, Writer, replacing
 from .privacy import set_privacy
-from .store import delete_memory, edit_memory, get_row
+from .store import delete_memory, edit_memory, get_row, link_memory
 
 
 def edit(
@@ -42,4 +42,23 @@ def delete(conn: sqlite3.Connection, memory_id: str, by: Writer, *, own_device: 
         return False
     with replacing(conn, memory_id, DELETE, by, own_device=own_device, deletion=True):
         delete_memory(conn, memory_id)
+    return True
+
+
+def link(
+    conn: sqlite3.Connection,
+    source_id: str,
+    target_id: str,
+    link_type: str,
+    weight: float,
+    by: Writer,
+    *,
+    own_device: str,
+) -> bool:
+    """Link `source_id` to `target_id` as a new version of the source memory (the version it
+    replaces is kept); False when either memory is missing."""
+    if get_row(conn, source_id) is None or get_row(conn, target_id) is None:
+        return False
+    with replacing(conn, source_id, EDIT, by, own_device=own_device):
+        link_memory(conn, source_id, target_id, link_type, weight)
     return True

@@ -11,7 +11,7 @@ import json
 import sqlite3
 import struct
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
@@ -205,6 +205,21 @@ def list_memories(conn: sqlite3.Connection) -> list[MemoryPlaintext]:
     return [row_to_plaintext(conn, r) for r in rows.fetchall()]
 
 
+def recent_memories(
+    conn: sqlite3.Connection, limit: int, project: str | None = None
+) -> list[MemoryPlaintext]:
+    """The `limit` most recently modified memories (of `project`), newest first (the
+    modified_at index; ties by id)."""
+    where = "" if project is None else " WHERE project = ?"
+    query = (
+        f"SELECT {_ENGRAM_COLUMNS} FROM engrams{where}"  # noqa: S608 - constants
+        " ORDER BY modified_at DESC, id LIMIT ?"
+    )
+    params: list[Any] = [] if project is None else [project]
+    rows = named_rows(conn, query, [*params, limit]).fetchall()
+    return memories_of_rows(conn, rows)
+
+
 def row_needs_push(row: sqlite3.Row) -> bool:
     """PROTOCOL §8: `synced_at IS NULL OR modified_at > synced_at`."""
     synced = row["synced_at"]
@@ -283,20 +298,23 @@ def add_memory(
     project: str | None = None,
     scope: str = "moment",
     privacy_level: str = "cloud_first",
+    context: Mapping[str, Any] | None = None,
 ) -> str:
-    """Insert a new local memory (needs pushing, unless strict_local); returns its id."""
+    """Insert a new local memory (needs pushing, unless strict_local); returns its id.
+    `context` is the memory's context object (VAULT §3: JSON text; `{}` when None)."""
     memory_id = new_memory_id()
     now = utc_now_rfc3339()
     conn.execute(
         "INSERT INTO engrams (id, layer, source, privacy_level, content, context, created_at,"
         " project, tags, content_hash, scope, content_type, modified_at)"
-        " VALUES (?, ?, ?, ?, ?, '{}', ?, ?, ?, ?, ?, 'text', ?)",
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'text', ?)",
         (
             memory_id,
             layer,
             source,
             privacy_level,
             content,
+            json.dumps(dict(context or {}), ensure_ascii=False, sort_keys=True),
             now,
             project,
             json.dumps(list(tags), ensure_ascii=False),
@@ -320,6 +338,23 @@ def edit_memory(conn: sqlite3.Connection, memory_id: str, content: str) -> bool:
     )
     mark_edited(conn, memory_id, next_modified_at(row["modified_at"], row["synced_at"]))
     _fts_replace(conn, memory_id)
+    return True
+
+
+def link_memory(
+    conn: sqlite3.Connection, source_id: str, target_id: str, link_type: str, weight: float
+) -> bool:
+    """Add (or replace) the link from `source_id` to `target_id` as a local edit of the
+    source memory (links travel inside it, PROTOCOL §4); False when either is missing."""
+    row = get_row(conn, source_id)
+    if row is None or get_row(conn, target_id) is None:
+        return False
+    conn.execute(
+        "INSERT OR REPLACE INTO engram_links (source_id, target_id, weight, link_type)"
+        " VALUES (?, ?, ?, ?)",
+        (source_id, target_id, weight, link_type),
+    )
+    mark_edited(conn, source_id, next_modified_at(row["modified_at"], row["synced_at"]))
     return True
 
 

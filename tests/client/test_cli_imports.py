@@ -59,6 +59,8 @@ NOT_FOR_LIST = (
     "engram_sync.client._http.relay_client",
     "engram_sync.client._accounts.account",
     "engram_sync.shared_format.handoff",
+    "mcp",  # the mcp extra: `engram-sync mcp` alone (docs/mcp.md)
+    "engram_sync.client._mcp.server",
 )
 
 

@@ -46,6 +46,7 @@ PUBLIC = [
     "Vault",
     "VaultError",
     "VaultRetiredError",
+    "VaultStatus",
     "Version",
     "Writer",
     "WrongPassphraseError",
@@ -105,6 +106,45 @@ def test_a_vault_adds_gets_lists_searches_edits_and_deletes(tmp_path: Path) -> N
     # what was written is in the file: a second open reads it back
     with Vault.open(tmp_path / "v", PASSPHRASE) as again:
         assert [m.content for m in again.list()] == ["Deploy with make ship-it"]
+
+
+def test_writes_with_provenance_links_recent_and_status(tmp_path: Path) -> None:
+    """What a program writing for an AI tool needs (issue 33, docs/mcp.md): the source and
+    context of a memory, the tool as the writer of edits and deletions, links, the newest
+    memories and where the vault stands."""
+    tool = {"tool": {"name": "claude-code", "version": "2.1"}}
+    with Vault.open(tmp_path / "v", PASSPHRASE, create=True) as vault:
+        assert Vault.open_unlocked(tmp_path / "v") is None  # no agent holds it
+        first = vault.add("Deploy with make ship", source="ai-tool", context=tool, scope="rule")
+        second = vault.add("The staging box is flaky", project="infra")
+        memory = vault.get(first)
+        assert memory is not None
+        assert (memory.source, memory.context, memory.scope) == ("ai-tool", tool, "rule")
+        assert vault.link_memories(second, first, "causal")
+        assert [(k.target_id, k.link_type) for k in vault.get(second).links] == [  # type: ignore[union-attr]
+            (first, "causal")
+        ]
+        assert not vault.link_memories(second, "no-such-id")
+        assert [m.id for m in vault.recent(1)] == [second]  # the link is its newest version
+        assert [m.id for m in vault.recent(5, project="infra")] == [second]
+        assert vault.edit(second, "rewritten", source="ai-tool", tool="claude-code")
+        assert vault.delete(first, source="ai-tool", tool="claude-code")
+        writers = [v.replaced_by for v in vault.history(second) if v.replaced_by is not None]
+        assert [(w.source, w.tool) for w in writers] == [("user", None), ("ai-tool", "claude-code")]
+        vault.add("local only", privacy_level="strict_local")
+        status = vault.status()
+        assert isinstance(status, api.VaultStatus)
+        assert (status.relay, status.vault_id, status.last_sync_at) == (None, None, None)
+        assert (status.pending_pushes, status.pending_tombstones, status.local_only) == (1, 1, 1)
+        for bad in [
+            lambda: vault.add("x", source="a-robot"),
+            lambda: vault.add("x", scope="forever"),
+            lambda: vault.link_memories(first, second, "sideways"),  # type: ignore[arg-type]
+            lambda: vault.link_memories(second, second),
+            lambda: vault.recent(0),
+        ]:
+            with pytest.raises(ValueError):
+                bad()
 
 
 def test_the_wrong_passphrase_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
