@@ -19,9 +19,9 @@ from typing import Final
 
 from engram_sync.shared_format.b64 import b64encode_std
 from engram_sync.shared_format.blob import NONCE_LEN, TAG_LEN, BlobCipher, blob_hmac
-from engram_sync.shared_format.keys import SyncKeys
 from engram_sync.shared_format.padding import pad_plaintext
 from engram_sync.shared_format.plaintext import MemoryPlaintext, encode_memory
+from engram_sync.shared_format.sync_keys import SyncKeys
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.wire import SyncBlob
 

@@ -8,7 +8,7 @@ real client, under a background of connected devices and pushes.
   on a vault of its own, each B in a process of its own (bench.live_receiver; the As are
   threads here, each waiting on its B between pushes). B runs the live sync behind
   `Vault.watch` / `engram-sync watch`
-  (client._sync.live.LiveSync with its default timing and feed; the timer set to an hour,
+  (client._flows.live.LiveSync with its default timing and feed; the timer set to an hour,
   so only the feed makes it sync). A adds a memory locally, then its real push
   (`Syncer.push`: encode, pad, seal, POST) starts the clock; the clock stops when B's
   pull has applied and committed the page holding that memory (the page's transaction
@@ -17,7 +17,7 @@ real client, under a background of connected devices and pushes.
   whole sync report comes later (the push phase and the digest check of that sync), and
   is reported beside it.
 - One push per pair at a time, the next one `GAP_S` after B applied the last: the live
-  loop never starts two syncs within 0.5 s (client._sync.live.LiveTiming.min_sync_gap_s),
+  loop never starts two syncs within 0.5 s (client._flows.live.LiveTiming.min_sync_gap_s),
   and that floor is not what is measured here.
 
 `python -m bench.live_latency [--quick]` runs this row alone on a scratch database and

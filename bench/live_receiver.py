@@ -5,7 +5,7 @@ receiving devices as threads of the measuring process, their applies and the sen
 pushes took turns for one interpreter lock, which added about 4 ms to the median and most
 of the tail (one pair alone against four, same background). So each receiver runs here:
 `python -m bench.live_receiver DIR RELAY_URL KEY VAULT_ID` opens a SQLCipher vault in
-DIR, links it, and runs the real live sync behind `Vault.watch` (client._sync.live
+DIR, links it, and runs the real live sync behind `Vault.watch` (client._flows.live
 .LiveSync, its default timing and feed, the timer set to an hour so only the feed makes
 it sync).
 
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from engram_sync.client._errors import RateLimitedError, RelayUnavailableError
+from engram_sync.client._flows.live import CONNECTED, LiveStatus, LiveSync
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.engine import Syncer, SyncReport
-from engram_sync.client._sync.live import CONNECTED, LiveStatus, LiveSync
 from engram_sync.client._vault import store as local_store
 
 PASSPHRASE: Final = "engram bench live passphrase: correct horse battery staple"  # noqa: S105

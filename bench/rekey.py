@@ -1,5 +1,5 @@
 """Re-key (PROTOCOL §19, docs/rekey.md "Client"): M memories (and a tenth as many tombstones)
-re-keyed by the real client (client._sync.rekey) through a real relay.
+re-keyed by the real client (client._flows.rekey) through a real relay.
 
 Measured: the whole re-key minus its one-time Argon2id derivations (the new passphrase's
 sync keys and vault id, and its database key for `PRAGMA rekey`, timed apart on the same
@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench.import_jsonl import write_jsonl
+from engram_sync.client._flows.rekey import PUSH_CONCURRENCY, Rekey, passphrase_keys
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.rekey import PUSH_CONCURRENCY, Rekey, passphrase_keys
 from engram_sync.client._vault.store import delete_memory
 from engram_sync.client._vault.transfer import Importer, jsonl_items
-from engram_sync.shared_format.vault.keys import passphrase_vault_key
 from engram_sync.shared_format.vault.salt import vault_salt16
+from engram_sync.shared_format.vault.sqlcipher_key import passphrase_vault_key
 
 OLD_PASSPHRASE: Final = "engram bench rekey: the old passphrase"  # noqa: S105
 NEW_PASSPHRASE: Final = "engram bench rekey: the new passphrase"  # noqa: S105

@@ -27,8 +27,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Final
 
-    from engram_sync.client._api import Layer, Progress, Vault, VaultStatus
-    from engram_sync.client._errors import (
+    from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
+    from engram_sync.shared_format.plaintext import Link, MemoryPlaintext
+
+    from ._api import Layer, Progress, Vault, VaultStatus
+    from ._errors import (
         AnswerTooLargeError,
         AuthError,
         DeviceRevokedError,
@@ -44,14 +47,12 @@ if TYPE_CHECKING:
         SyncError,
         VaultRetiredError,
     )
-    from engram_sync.client._session import NotLinkedError
-    from engram_sync.client._sync.engine import SyncReport
-    from engram_sync.client._sync.live import LiveStatus
-    from engram_sync.client._sync.rekey import RekeyError, RekeyReport
-    from engram_sync.client._vault.history import HistoryError, Retention, Version, Writer
-    from engram_sync.client._vault.revert import RevertPlan
-    from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
-    from engram_sync.shared_format.plaintext import Link, MemoryPlaintext
+    from ._flows.live import LiveStatus
+    from ._flows.rekey import RekeyError, RekeyReport
+    from ._session import NotLinkedError
+    from ._sync.engine import SyncReport
+    from ._vault.history import HistoryError, Retention, Version, Writer
+    from ._vault.revert import RevertPlan
 
     #: A memory as the vault holds it (VAULT.md; PROTOCOL §4).
     Memory = MemoryPlaintext
@@ -68,7 +69,7 @@ _WHERE: Final[dict[str, tuple[str, str]]] = {
     "HistoryError": ("engram_sync.client._vault.history", "HistoryError"),
     "Layer": ("engram_sync.client._api", "Layer"),
     "Link": ("engram_sync.shared_format.plaintext", "Link"),
-    "LiveStatus": ("engram_sync.client._sync.live", "LiveStatus"),
+    "LiveStatus": ("engram_sync.client._flows.live", "LiveStatus"),
     "Memory": ("engram_sync.shared_format.plaintext", "MemoryPlaintext"),
     "NotLinkedError": ("engram_sync.client._session", "NotLinkedError"),
     "OutcomeUnknownError": (_ERRORS, "OutcomeUnknownError"),
@@ -76,10 +77,10 @@ _WHERE: Final[dict[str, tuple[str, str]]] = {
     "ProtocolError": (_ERRORS, "ProtocolError"),
     "QuotaExceededError": (_ERRORS, "QuotaExceededError"),
     "RateLimitedError": (_ERRORS, "RateLimitedError"),
-    "RekeyError": ("engram_sync.client._sync.rekey", "RekeyError"),
+    "RekeyError": ("engram_sync.client._flows.rekey", "RekeyError"),
     "Retention": ("engram_sync.client._vault.history", "Retention"),
     "RevertPlan": ("engram_sync.client._vault.revert", "RevertPlan"),
-    "RekeyReport": ("engram_sync.client._sync.rekey", "RekeyReport"),
+    "RekeyReport": ("engram_sync.client._flows.rekey", "RekeyReport"),
     "RelayError": (_ERRORS, "RelayError"),
     "RelayMisbehavedError": (_ERRORS, "RelayMisbehavedError"),
     "RelayUnavailableError": (_ERRORS, "RelayUnavailableError"),

@@ -15,16 +15,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from engram_sync.client._errors import RateLimitedError, RelayUnavailableError, SyncError
-from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import SyncReport
-from engram_sync.client._sync.live import LiveStatus, LiveSync
-from engram_sync.client._sync.rekey import Rekey, RekeyReport
-from engram_sync.client._vault import history, local_writes, store
-from engram_sync.client._vault.history import Retention, Version
-from engram_sync.client._vault.privacy import PRIVACY_LEVELS, queue_retraction
-from engram_sync.client._vault.revert import RevertPlan, Selector, plan_revert, run_revert
-from engram_sync.client._vault.search import SearchFilters, search_memories
 from engram_sync.shared_format.plaintext import (
     LINK_TYPES,
     SOURCES,
@@ -32,6 +22,17 @@ from engram_sync.shared_format.plaintext import (
     MemoryPlaintext,
     PrivacyLevel,
 )
+
+from ._errors import RateLimitedError, RelayUnavailableError, SyncError
+from ._flows.live import LiveStatus, LiveSync
+from ._flows.rekey import Rekey, RekeyReport
+from ._session import VaultSession
+from ._sync.engine import SyncReport
+from ._vault import history, local_writes, store
+from ._vault.history import Retention, Version
+from ._vault.privacy import PRIVACY_LEVELS, queue_retraction
+from ._vault.revert import RevertPlan, Selector, plan_revert, run_revert
+from ._vault.search import SearchFilters, search_memories
 
 Layer = Literal["episodic", "semantic", "imagined"]
 #: Called with the phase ("pull" or "push") and the counts so far, during a sync.
@@ -75,7 +76,7 @@ class Vault:
         """Open the vault in directory `path` with the keys the unlock agent holds for it
         (`engram-sync unlock`, docs/agent.md): no passphrase needed. None when no agent
         runs, it holds no keys for this vault, or they no longer open it."""
-        from engram_sync.client._agent.unlocked import unlocked_session
+        from ._agent.unlocked import unlocked_session
 
         session = unlocked_session(Path(path).expanduser())
         return None if session is None else cls(session)
@@ -86,7 +87,7 @@ class Vault:
         that opened it with `open_unlocked` asks this before each use, to follow
         `engram-sync lock`; asking counts as a use of the keys, as a command does, so the
         agent's idle timeout runs from the last one (docs/agent.md)."""
-        from engram_sync.client._agent.control import held_keys
+        from ._agent.control import held_keys
 
         return held_keys(Path(path).expanduser()) is not None
 
@@ -314,8 +315,8 @@ class Vault:
     def status(self) -> VaultStatus:
         """Where the vault stands for sync (docs/python-api.md), read from this device's
         files now, so a sync by another program (`engram-sync sync`) shows."""
-        from engram_sync.client._sync.config import load_sync_config
-        from engram_sync.client._sync.state import SyncState
+        from ._sync.config import load_sync_config
+        from ._sync.state import SyncState
 
         config = load_sync_config(self.path)
         conn = self._session.vault.conn

@@ -53,7 +53,7 @@ class VaultRetiredError(RelayError):
     when it named none, or named something that is not a vault id): only a hint, the device
     switches to it only with a key it obtained itself (client._sync.retirement), and only
     once `statement` (with `stated_at`, the successor statement of §19's last bullet)
-    verifies under the old vault's hmac key (client._sync.successor)."""
+    verifies under the old vault's hmac key (client._flows.successor)."""
 
     def __init__(
         self,

@@ -7,19 +7,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engram_sync.client._errors import AuthError, SyncError
-from engram_sync.client._file_modes import tighten_modes
-from engram_sync.client._sync.config import SyncConfig, load_sync_config, save_sync_config
-from engram_sync.client._sync.device import Device
-from engram_sync.client._sync.state import SyncState
-from engram_sync.client._vault.history import Writer, local_writer
-from engram_sync.client._vault.schema import migrate
-from engram_sync.shared_format.keys import SyncKeys, vault_id_v1, vault_id_v2
+from engram_sync.shared_format.sync_keys import SyncKeys, vault_id_v1, vault_id_v2
 from engram_sync.shared_format.vault import Vault, VaultKeyKind, open_vault, open_vault_with_key
 
+from ._errors import AuthError, SyncError
+from ._file_modes import tighten_modes
+from ._sync.config import SyncConfig, load_sync_config, save_sync_config
+from ._sync.device import Device
+from ._sync.state import SyncState
+from ._vault.history import Writer, local_writer
+from ._vault.schema import migrate
+
 if TYPE_CHECKING:  # imported where used: a command that never syncs does not load httpx
-    from engram_sync.client._sync.engine import ProgressCallback, Syncer
-    from engram_sync.client._sync.relay_client import RelayClient
+    from ._http.relay_client import RelayClient
+    from ._sync.engine import ProgressCallback, Syncer
 
 
 class NotLinkedError(SyncError):
@@ -109,16 +110,25 @@ class VaultSession:
 
     @property
     def keys(self) -> SyncKeys:
-        """The sync keys, once: a vault key K stored for the linked vault (client._vault.keys),
-        else derived from the passphrase (PROTOCOL §2)."""
+        """The sync keys, once: a vault key K stored for the linked vault
+        (client._vault.vault_key_store), else derived from the passphrase (PROTOCOL §2)."""
         if self._keys is None:
-            from engram_sync.client._vault.keys import session_sync_keys
+            from ._vault.vault_key_store import session_sync_keys
 
             secret = self._passphrase_keys or self.passphrase
             if secret is None:
                 raise SyncError("a machine-key vault cannot sync: sync keys come from a passphrase")
             self._keys = session_sync_keys(self.vault.conn, self.config.vault_id, secret)
         return self._keys
+
+    def set_keys(self, keys: SyncKeys) -> None:
+        """Sync with these keys from now on: a re-key or a switch to a successor vault
+        changed the linked vault and already holds its keys."""
+        self._keys = keys
+
+    def forget_keys(self) -> None:
+        """Pick the sync keys again when next needed: the linked vault changed."""
+        self._keys = None
 
     def writer(self, *, source: str = "user", tool: str | None = None) -> Writer:
         """This device writing now (the local history's record of who wrote a version)."""
@@ -131,7 +141,7 @@ class VaultSession:
                 "this vault is not linked to a relay: run `engram-sync link --relay URL "
                 "--api-key KEY` first"
             )
-        from engram_sync.client._sync.relay_client import RelayClient
+        from ._http.relay_client import RelayClient
 
         return RelayClient(
             self.config.server_url,
@@ -144,8 +154,8 @@ class VaultSession:
         """Point the vault at a relay, pin the vault id, register this device's label."""
         if self.vault.key_kind is not VaultKeyKind.PASSPHRASE:
             raise SyncError("a machine-key vault cannot sync: sync keys come from a passphrase")
-        from engram_sync.client._sync.relay_client import RelayClient
-        from engram_sync.client._sync.revocation import needs_new_identity, revoked_in_roster
+        from ._http.relay_client import RelayClient
+        from ._sync.revocation import needs_new_identity, revoked_in_roster
 
         with RelayClient(server_url, api_key, device_id=self.device.device_id) as relay:
             chosen = (
@@ -197,7 +207,7 @@ class VaultSession:
         if not self.config.vault_id or not self.config.server_url:
             raise NotLinkedError("this vault is not linked to a relay: run `engram-sync link`")
         self.state.bind(self.config.server_url, self.config.vault_id)
-        from engram_sync.client._sync.engine import Syncer
+        from ._sync.engine import Syncer
 
         return Syncer(
             self.vault,

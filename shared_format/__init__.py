@@ -13,15 +13,15 @@ import importlib
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from engram_sync.shared_format.b64 import (
+    from .b64 import (
         Base64Error,
         b64decode_std,
         b64encode_std,
         b64url_decode,
         b64url_encode,
     )
-    from engram_sync.shared_format.blob import BlobCipher, blob_hmac
-    from engram_sync.shared_format.errors import (
+    from .blob import BlobCipher, blob_hmac
+    from .errors import (
         BlobDecryptError,
         BlobMalformedError,
         BlobTamperedError,
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
         WireDecodeError,
         WrongPassphraseError,
     )
-    from engram_sync.shared_format.handoff import (
+    from .handoff import (
         HandoffKeyPair,
         SealedHandoff,
         new_handoff_keypair,
@@ -43,8 +43,7 @@ if TYPE_CHECKING:
         public_key_fingerprint,
         seal_vault_key,
     )
-    from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v1, vault_id_v2
-    from engram_sync.shared_format.plaintext import (
+    from .plaintext import (
         Link,
         MemoryPlaintext,
         Tombstone,
@@ -52,13 +51,19 @@ if TYPE_CHECKING:
         encode_memory,
         tombstone_plaintext,
     )
-    from engram_sync.shared_format.recovery import (
+    from .recovery import (
         generate_recovery_phrase,
         normalize_recovery_phrase,
         validate_recovery_phrase,
     )
-    from engram_sync.shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
-    from engram_sync.shared_format.wire import (
+    from .sync_keys import (
+        SyncKeys,
+        derive_sync_keys,
+        vault_id_v1,
+        vault_id_v2,
+    )
+    from .timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
+    from .wire import (
         DeviceEntry,
         DeviceRegistered,
         DeviceRevoked,
@@ -79,7 +84,7 @@ if TYPE_CHECKING:
         decode_json,
         encode_json,
     )
-    from engram_sync.shared_format.wraps import (
+    from .wraps import (
         VaultKey,
         derive_wrap_key,
         new_account_key,
@@ -124,7 +129,7 @@ _WHERE: Final[dict[str, str]] = {
     "SealedHandoff": "engram_sync.shared_format.handoff",
     "SyncBlob": "engram_sync.shared_format.wire",
     "SyncHealth": "engram_sync.shared_format.wire",
-    "SyncKeys": "engram_sync.shared_format.keys",
+    "SyncKeys": "engram_sync.shared_format.sync_keys",
     "Tombstone": "engram_sync.shared_format.plaintext",
     "VaultError": "engram_sync.shared_format.errors",
     "VaultKey": "engram_sync.shared_format.wraps",
@@ -139,7 +144,7 @@ _WHERE: Final[dict[str, str]] = {
     "convert": "engram_sync.shared_format.wire",
     "decode_json": "engram_sync.shared_format.wire",
     "decode_plaintext": "engram_sync.shared_format.plaintext",
-    "derive_sync_keys": "engram_sync.shared_format.keys",
+    "derive_sync_keys": "engram_sync.shared_format.sync_keys",
     "derive_wrap_key": "engram_sync.shared_format.wraps",
     "encode_json": "engram_sync.shared_format.wire",
     "encode_memory": "engram_sync.shared_format.plaintext",
@@ -161,8 +166,8 @@ _WHERE: Final[dict[str, str]] = {
     "unwrap_with_secret": "engram_sync.shared_format.wraps",
     "utc_now_rfc3339": "engram_sync.shared_format.timestamps",
     "validate_recovery_phrase": "engram_sync.shared_format.recovery",
-    "vault_id_v1": "engram_sync.shared_format.keys",
-    "vault_id_v2": "engram_sync.shared_format.keys",
+    "vault_id_v1": "engram_sync.shared_format.sync_keys",
+    "vault_id_v2": "engram_sync.shared_format.sync_keys",
     "wrap_secret": "engram_sync.shared_format.wraps",
     "wrap_vault_key": "engram_sync.shared_format.wraps",
     "wrap_with_secret": "engram_sync.shared_format.wraps",

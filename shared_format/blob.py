@@ -19,11 +19,11 @@ from typing import Final
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
-from engram_sync.shared_format.errors import BlobDecryptError, BlobMalformedError, BlobTamperedError
-from engram_sync.shared_format.keys import SyncKeys
-from engram_sync.shared_format.timestamps import utc_now_rfc3339
-from engram_sync.shared_format.wire import SyncBlob
+from .b64 import Base64Error, b64decode_std, b64encode_std
+from .errors import BlobDecryptError, BlobMalformedError, BlobTamperedError
+from .sync_keys import SyncKeys
+from .timestamps import utc_now_rfc3339
+from .wire import SyncBlob
 
 NONCE_LEN: Final = 12
 TAG_LEN: Final = 16

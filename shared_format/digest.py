@@ -17,8 +17,8 @@ from typing import Annotated, Final, NamedTuple
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from engram_sync.shared_format.b64 import b64encode_std
-from engram_sync.shared_format.wire import SyncBlob, VectorClock
+from .b64 import b64encode_std
+from .wire import SyncBlob, VectorClock
 
 DIGEST_BYTES: Final = 32
 BUCKETS: Final = 256

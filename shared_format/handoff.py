@@ -34,9 +34,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from engram_sync.shared_format.b64 import Base64Error, b64url_decode, b64url_encode
-from engram_sync.shared_format.errors import HandoffError, KeyUnwrapError
-from engram_sync.shared_format.wraps import MAX_K_LEN, MIN_K_LEN, VaultKey, unpack_vault_key
+from .b64 import Base64Error, b64url_decode, b64url_encode
+from .errors import HandoffError, KeyUnwrapError
+from .wraps import MAX_K_LEN, MIN_K_LEN, VaultKey, unpack_vault_key
 
 __all__ = [
     "HANDOFF_KDF_TAG",

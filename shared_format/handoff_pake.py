@@ -46,9 +46,9 @@ from typing import Final
 from spake2 import SPAKE2_A, SPAKE2_B, SPAKEError
 from spake2.ed25519_basic import NotOnCurve
 
-from engram_sync.shared_format.b64 import Base64Error, b64url_decode, b64url_encode
-from engram_sync.shared_format.errors import HandoffError, KeyUnwrapError
-from engram_sync.shared_format.handoff import (
+from .b64 import Base64Error, b64url_decode, b64url_encode
+from .errors import HandoffError, KeyUnwrapError
+from .handoff import (
     HandoffKeyPair,
     SealedHandoff,
     decode_public_key,
@@ -56,8 +56,8 @@ from engram_sync.shared_format.handoff import (
     open_sealed_vault_key,
     seal_vault_key,
 )
-from engram_sync.shared_format.pairing import PairingCode
-from engram_sync.shared_format.wraps import VaultKey, unpack_vault_key
+from .pairing import PairingCode
+from .wraps import VaultKey, unpack_vault_key
 
 __all__ = [
     "AUTH_LEN",

@@ -26,8 +26,8 @@ from __future__ import annotations
 import hashlib
 from typing import Final
 
-from engram_sync.shared_format.b64 import b64url_encode
-from engram_sync.shared_format.kdf import argon2id
+from .b64 import b64url_encode
+from .kdf import argon2id
 
 __all__ = [
     "LOGIN_MEMORY_KIB",

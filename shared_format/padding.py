@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from engram_sync.shared_format.errors import PlaintextError
+from .errors import PlaintextError
 
 PAD_BYTE: Final = " "  # ASCII 0x20: JSON whitespace, one byte in UTF-8
 

@@ -14,7 +14,7 @@ from typing import Any, Final, Literal, get_args
 import msgspec
 from msgspec import Struct
 
-from engram_sync.shared_format.errors import PlaintextError
+from .errors import PlaintextError
 
 Layer = Literal["episodic", "semantic", "imagined"]
 PrivacyLevel = Literal["strict_local", "hybrid", "cloud_first", "enterprise"]

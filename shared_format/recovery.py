@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from mnemonic import Mnemonic
 
-from engram_sync.shared_format.errors import RecoveryPhraseError
+from .errors import RecoveryPhraseError
 
 __all__ = [
     "RECOVERY_PHRASE_WORDS",

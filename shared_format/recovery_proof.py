@@ -21,8 +21,8 @@ import hmac
 import secrets
 from dataclasses import dataclass, field
 
-from engram_sync.shared_format.b64 import b64encode_std
-from engram_sync.shared_format.wraps import SALT_LEN, derive_wrap_key, unwrap_secret, wrap_secret
+from .b64 import b64encode_std
+from .wraps import SALT_LEN, derive_wrap_key, unwrap_secret, wrap_secret
 
 __all__ = [
     "RECOVERY_PROOF_TAG",

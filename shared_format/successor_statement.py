@@ -18,7 +18,7 @@ import hashlib
 import hmac
 from typing import Final
 
-from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
+from .b64 import Base64Error, b64decode_std, b64encode_std
 
 TAG: Final = b"engram-successor-v1"
 MAC_BYTES: Final = 32

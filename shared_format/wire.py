@@ -14,7 +14,7 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from engram_sync.shared_format.errors import WireDecodeError
+from .errors import WireDecodeError
 
 MAX_BLOBS_PER_PUSH: Final = 1000  # PROTOCOL §5
 MAX_PULL_LIMIT: Final = 1000  # PROTOCOL §5

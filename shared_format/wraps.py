@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from engram_sync.shared_format.errors import KeyUnwrapError
-from engram_sync.shared_format.kdf import argon2id
+from .errors import KeyUnwrapError
+from .kdf import argon2id
 
 __all__ = [
     "ACCOUNT_KEY_LEN",

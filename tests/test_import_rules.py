@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ INDEPENDENT = "relay and client never import each other"
 PURE = "shared_format imports no relay, client, HTTP or database code"
 HTTP_FREE = "relay store and rules layers import no HTTP code"
 LAYERS = "the relay's layers: cli > serving > http > services > store > domain | db"
+CLIENT_LAYERS = "the client's layers, top to bottom"
 
 
 def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -41,7 +43,9 @@ def test_the_repository_keeps_every_import_contract() -> None:
     assert f"{PURE} KEPT" in result.stdout
     assert f"{HTTP_FREE} KEPT" in result.stdout
     assert f"{LAYERS} KEPT" in result.stdout
-    assert "4 kept, 0 broken" in result.stdout
+    assert f"{CLIENT_LAYERS} KEPT" in result.stdout
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["importlinter"]
+    assert f"{len(contracts['contracts'])} kept, 0 broken" in result.stdout
 
 
 def test_the_shared_vault_format_may_use_sqlcipher() -> None:
@@ -74,7 +78,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("shared_format/b64.py", "from engram_sync.client._sync import config", PURE),
         ("shared_format/wire.py", "import httpx", PURE),
         ("shared_format/vault/schema.py", "import asyncpg", PURE),
-        ("shared_format/keys.py", "from litestar import Litestar", PURE),
+        ("shared_format/sync_keys.py", "from litestar import Litestar", PURE),
         ("shared_format/kdf.py", "import sqlalchemy", PURE),
         ("shared_format/kdf.py", "import psycopg", PURE),
         ("shared_format/kdf.py", "import uvicorn", PURE),
@@ -99,6 +103,13 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("relay/domain/labels.py", "import engram_sync.relay.store.push", LAYERS),
         ("relay/services/maintenance.py", "from engram_sync.relay.cli import main", LAYERS),
         ("relay/db/url.py", "from engram_sync.relay.domain import instants", LAYERS),
+        # the client's layers: the climbs and the circle issue 32 counted, and the HTTP bottom
+        ("client/_vault/store.py", "from engram_sync.client._sync import engine", CLIENT_LAYERS),
+        ("client/_sync/engine.py", "import engram_sync.client._session", CLIENT_LAYERS),
+        ("client/_sync/engine.py", "from engram_sync.client._accounts import team", CLIENT_LAYERS),
+        ("client/_agent/reads.py", "from engram_sync.client._cli import main", CLIENT_LAYERS),
+        ("client/_http/relay_client.py", "import engram_sync.client._vault.store", CLIENT_LAYERS),
+        ("client/_render.py", "from engram_sync.client._api import Vault", CLIENT_LAYERS),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(

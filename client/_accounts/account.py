@@ -17,14 +17,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from engram_sync.client._accounts.account_client import AccountClient
-from engram_sync.client._accounts.pairing import require_passphrase_vault, save_link
-from engram_sync.client._atomic import write_json_atomic
-from engram_sync.client._errors import AuthError, ForbiddenError, RelayError, SyncError
-from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.config import CONFIG_FILE, load_config_file, load_sync_config
-from engram_sync.client._sync.relay_client import RelayClient
-from engram_sync.client._vault.keys import pack_keys, store_vault_key, verify_keys_on_relay
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
 from engram_sync.shared_format.errors import KeyUnwrapError, RecoveryPhraseError
 from engram_sync.shared_format.login import login_secret, normalize_email
@@ -38,6 +30,19 @@ from engram_sync.shared_format.wraps import (
     wrap_vault_key,
     wrap_with_secret,
 )
+
+from .._atomic import write_json_atomic
+from .._errors import AuthError, ForbiddenError, RelayError, SyncError
+from .._http.account_client import AccountClient
+from .._http.relay_client import RelayClient
+from .._session import VaultSession
+from .._sync.config import CONFIG_FILE, load_config_file, load_sync_config
+from .._vault.vault_key_store import (
+    pack_keys,
+    store_vault_key,
+    verify_keys_on_relay,
+)
+from .pairing import require_passphrase_vault, save_link
 
 ACCOUNT_BLOCK: Final = "account"
 MIN_PASSWORD_CHARS: Final = 10

@@ -11,7 +11,7 @@ the secret part (`engram-relay pair`) still redeems; the handoff then goes by
 fingerprints.
 
 A code gives a device access to the vault's ciphertext, not K: after redeeming,
-the vault is marked as waiting for its key (client._vault.keys), and the device
+the vault is marked as waiting for its key (client._vault.vault_key_store), and the device
 asks for K with `engram-sync team request` (client._accounts.team).
 """
 
@@ -22,11 +22,6 @@ import time
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from engram_sync.client._accounts.account_client import AccountClient
-from engram_sync.client._errors import ForbiddenError, RelayError, SyncError
-from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.config import SyncConfig, save_sync_config
-from engram_sync.client._vault.keys import expect_vault_key, stored_vault_key
 from engram_sync.shared_format.pairing import (
     PairingCode,
     PairingCodeError,
@@ -37,6 +32,12 @@ from engram_sync.shared_format.pairing import (
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.vault import VaultKeyKind
 from engram_sync.shared_format.wire import PairingRedeemed
+
+from .._errors import ForbiddenError, RelayError, SyncError
+from .._http.account_client import AccountClient
+from .._session import VaultSession
+from .._sync.config import SyncConfig, save_sync_config
+from .._vault.vault_key_store import expect_vault_key, stored_vault_key
 
 CODE_INVALID = "this pairing code is invalid, used or expired: ask the admin for a new one"
 # How long a whole code is kept for its handoff: the relay part lives 10 minutes, a
@@ -81,7 +82,7 @@ def save_link(session: VaultSession, server_url: str, api_key: str, vault_id: st
     save_sync_config(session.path, session.config)
     session.state.bind(session.config.server_url or "", vault_id)
     session.state.relinked()  # the next sync asks the relay again (client._sync.revocation)
-    session._keys = None  # the linked vault changed: pick its keys again
+    session.forget_keys()  # the linked vault changed: pick its keys again
 
 
 # --- the whole codes this device keeps (PROTOCOL §14 step 4) ------------------------------

@@ -38,17 +38,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from msgspec import UnsetType
 
-from engram_sync.client._accounts import pairing
-from engram_sync.client._accounts.account_client import AccountClient
-from engram_sync.client._errors import ForbiddenError, RelayError, SyncError
-from engram_sync.client._session import VaultSession
-from engram_sync.client._vault.keys import (
-    keys_open_relay_blobs,
-    pack_keys,
-    store_vault_key,
-    stored_vault_key,
-    verify_keys_on_relay,
-)
 from engram_sync.shared_format.b64 import b64url_encode
 from engram_sync.shared_format.errors import HandoffError
 from engram_sync.shared_format.handoff import (
@@ -67,11 +56,23 @@ from engram_sync.shared_format.handoff_pake import (
     pake_password,
     seal_vault_key_with_code,
 )
-from engram_sync.shared_format.keys import SyncKeys
 from engram_sync.shared_format.pairing import PairingCode
+from engram_sync.shared_format.sync_keys import SyncKeys
 from engram_sync.shared_format.timestamps import parse_rfc3339, utc_now_rfc3339
 from engram_sync.shared_format.wire import HandoffClaimed
 from engram_sync.shared_format.wraps import VaultKey
+
+from .._errors import ForbiddenError, RelayError, SyncError
+from .._http.account_client import AccountClient
+from .._session import VaultSession
+from .._vault.vault_key_store import (
+    keys_open_relay_blobs,
+    pack_keys,
+    store_vault_key,
+    stored_vault_key,
+    verify_keys_on_relay,
+)
+from . import pairing
 
 DEFAULT_WAIT_SECS: Final = 900.0
 POLL_SECS: Final = 2.0
@@ -368,7 +369,7 @@ def request_key(
         _forget_requests(conn, vault_id)
         if saved.pairing_id is not None:
             pairing.forget_code(conn, saved.pairing_id, "requester")
-    session._keys = None
+    session.forget_keys()
     return vault_id
 
 

@@ -18,11 +18,12 @@ from typing import Final, TypeVar
 
 from msgspec import UNSET
 
-from engram_sync.client._accounts.account_client import AccountClient
-from engram_sync.client._errors import DeviceRevokedError, ForbiddenError, RelayError, SyncError
-from engram_sync.client._session import VaultSession
 from engram_sync.shared_format.login import normalize_email
 from engram_sync.shared_format.wire import GrantRole, VaultGrantInfo
+
+from .._errors import DeviceRevokedError, ForbiddenError, RelayError, SyncError
+from .._http.account_client import AccountClient
+from .._session import VaultSession
 
 FEATURE: Final = "vault-grants"  # in /v1/info `features` on relays with these routes
 T = TypeVar("T")

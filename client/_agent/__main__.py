@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from engram_sync.client._agent.server import DEFAULT_IDLE_TIMEOUT_S, run
+from .server import DEFAULT_IDLE_TIMEOUT_S, run
 
 
 def _report(word: str) -> None:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Final
 
-from engram_sync.client._agent.messages import (
+from .messages import (
     Forget,
     Get,
     HeldKeys,
@@ -29,8 +29,8 @@ from engram_sync.client._agent.messages import (
     read_reply,
     send,
 )
-from engram_sync.client._agent.paths import ensure_agent_dir, socket_path
-from engram_sync.client._agent.peer import peer_allowed
+from .paths import ensure_agent_dir, socket_path
+from .peer import peer_allowed
 
 CONNECT_TIMEOUT_S: Final = 0.5
 START_TIMEOUT_S: Final = 15.0

@@ -13,9 +13,9 @@ from typing import Final, Literal
 
 import msgspec
 
-from engram_sync.client._agent.frames import MAX_MESSAGE as MAX_MESSAGE
-from engram_sync.client._agent.frames import ProtocolError as ProtocolError
-from engram_sync.client._agent.frames import read_frame, send_frame
+from .frames import MAX_MESSAGE as MAX_MESSAGE
+from .frames import ProtocolError as ProtocolError
+from .frames import read_frame, send_frame
 
 #: A read reply's output (it follows the reply, raw): larger is answered by the CLI itself.
 MAX_OUTPUT: Final = 64 * 1024 * 1024

@@ -1,9 +1,9 @@
 """The agent answering `list` and `search` itself (docs/agent.md "Read commands").
 
 The `engram-sync` fast path (client._cli.fast) sends a `read` request; the agent runs the
-CLI's own functions for it (client._cli.main.list_items/render_list,
-client._cli.search.search_items/render_search) on a vault it keeps open with the keys it
-holds, over consoles built like the CLI's (client._cli.support.console) but writing into
+CLI's own rendering code for it (client._render: list_items/render_list,
+search_items/render_search) on a vault it keeps open with the keys it holds, over
+consoles built like the CLI's (client._render.console) but writing into
 buffers that stand for the command's stdout and stderr: a terminal or not, their encodings,
 the terminal size and the environment variables rich reads, all as the command sees them.
 The reply carries the bytes and the exit status; any failure answers "not answered" and
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from engram_sync.client._agent.messages import (
+from .messages import (
     MAX_OUTPUT,
     STDERR,
     STDOUT,
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
     from rich.console import Console
 
-    from engram_sync.client._session import VaultSession
+    from .._session import VaultSession
 
 SEND_TIMEOUT_S: Final = 10.0  # a command that stops reading its reply is dropped
 STOP_JOIN_S: Final = 5.0
@@ -99,7 +99,7 @@ def console_size(
 def _console(
     number: int, terminal: Terminal, chunks: list[tuple[int, bytearray]]
 ) -> tuple[Console, io.TextIOWrapper]:
-    from engram_sync.client._cli.support import console
+    from .._render import console
 
     is_out = number == STDOUT
     stream = io.TextIOWrapper(
@@ -117,23 +117,22 @@ def _console(
 def render(session: VaultSession, request: Read) -> list[tuple[int, bytes]]:
     """The command's output, (STDOUT or STDERR, bytes) in write order: the CLI's own code
     for `list` or `search`. Raises what the CLI would raise (the command then runs it)."""
-    from engram_sync.client._cli import main as cli_main
-    from engram_sync.client._cli import search as cli_search
-    from engram_sync.client._vault.search import DEFAULT_LIMIT
+    from .. import _render as rendering
+    from .._vault.search import DEFAULT_LIMIT
 
     chunks: list[tuple[int, bytearray]] = []
     out, out_stream = _console(STDOUT, request.terminal, chunks)
     err, err_stream = _console(STDERR, request.terminal, chunks)
     conn = session.vault.conn
     if request.command == "list":
-        cli_main.render_list(cli_main.list_items(conn), request.json_out, out, err)
+        rendering.render_list(rendering.list_items(conn), request.json_out, out, err)
     else:
-        cli_search.check_search(request.query, request.layer)
+        rendering.check_search(request.query, request.layer)
         limit = DEFAULT_LIMIT if request.limit is None else request.limit
-        mode, items = cli_search.search_items(
+        mode, items = rendering.search_items(
             conn, request.query, list(request.tags), request.project, request.layer, limit
         )
-        cli_search.render_search(request.query, mode, items, request.json_out, out, err)
+        rendering.render_search(request.query, mode, items, request.json_out, out, err)
     out_stream.flush()
     err_stream.flush()
     return [(number, bytes(data)) for number, data in chunks]
@@ -163,8 +162,8 @@ class OpenVaults:
     def session(self, vault: str, keys: HeldKeys) -> VaultSession | None:
         """The open session of `vault` for `keys`, opened now if needed; None when the
         keys do not open it or it is gone."""
-        from engram_sync.client._agent.unlocked import sync_keys_of
-        from engram_sync.client._session import VaultSession
+        from .._session import VaultSession
+        from .unlocked import sync_keys_of
 
         file_id = _file_id(vault)
         held = self._open.get(vault)
@@ -276,7 +275,7 @@ class ReadWorker:
             self.vaults.close(job.vault)
         elif isinstance(job, _WarmJob):
             with contextlib.suppress(Exception):
-                from engram_sync.client._cli import main, search  # noqa: F401 - warm-up
+                from .. import _render  # noqa: F401 - warm-up
 
                 self.vaults.session(job.vault, job.keys)
         else:

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
-from engram_sync.client._agent.messages import (
+from .messages import (
     Forget,
     Get,
     HeldKeys,
@@ -33,11 +33,11 @@ from engram_sync.client._agent.messages import (
     read_request,
     send,
 )
-from engram_sync.client._agent.paths import LOCK_NAME, SOCKET_NAME, ensure_agent_dir
-from engram_sync.client._agent.peer import peer_allowed
+from .paths import LOCK_NAME, SOCKET_NAME, ensure_agent_dir
+from .peer import peer_allowed
 
 if TYPE_CHECKING:
-    from engram_sync.client._agent.reads import ReadWorker
+    from .reads import ReadWorker
 
 DEFAULT_IDLE_TIMEOUT_S: Final = 15 * 60.0
 CONNECTION_TIMEOUT_S: Final = 2.0  # a peer that stalls mid-message is dropped, never waited on
@@ -128,7 +128,7 @@ class Agent:
     def _worker(self) -> ReadWorker:
         """The read thread (docs/agent.md "Read commands"), started on first use."""
         if self._reads is None:
-            from engram_sync.client._agent.reads import ReadWorker
+            from .reads import ReadWorker
 
             self._reads = ReadWorker()
         return self._reads

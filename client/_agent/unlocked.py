@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engram_sync.client._agent import control
-from engram_sync.client._agent.messages import HeldKeys
-from engram_sync.client._session import VaultSession
 from engram_sync.shared_format.errors import VaultError
-from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys
+from engram_sync.shared_format.sync_keys import SyncKeys, derive_sync_keys
 from engram_sync.shared_format.vault import (
     VaultKeyKind,
     machine_vault_key,
@@ -20,6 +17,10 @@ from engram_sync.shared_format.vault import (
     read_machine_id,
     vault_salt16,
 )
+
+from .._session import VaultSession
+from . import control
+from .messages import HeldKeys
 
 
 def sync_keys_of(keys: HeldKeys) -> SyncKeys | None:

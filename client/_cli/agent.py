@@ -8,11 +8,11 @@ from typing import Annotated, Final
 
 import typer
 
-from engram_sync.client._agent import control
-from engram_sync.client._agent.server import DEFAULT_IDLE_TIMEOUT_S
-from engram_sync.client._agent.unlocked import derive_keys
-from engram_sync.client._cli.support import OPTIONS, CliError, ask_passphrase, out
-from engram_sync.client._cli.vault_registry import resolve_vault
+from .._agent import control
+from .._agent.server import DEFAULT_IDLE_TIMEOUT_S
+from .._agent.unlocked import derive_keys
+from .support import OPTIONS, CliError, ask_passphrase, out
+from .vault_registry import resolve_vault
 
 MAX_IDLE_TIMEOUT_S: Final = 7 * 24 * 3600.0
 

@@ -22,9 +22,9 @@ import socket
 import sys
 from pathlib import Path
 
-from engram_sync.client._agent.frames import ProtocolError, read_exact, read_frame, send_frame
-from engram_sync.client._agent.paths import socket_path
-from engram_sync.client._agent.peer import peer_allowed
+from .._agent.frames import ProtocolError, read_exact, read_frame, send_frame
+from .._agent.paths import socket_path
+from .._agent.peer import peer_allowed
 
 CONNECT_TIMEOUT_S = 0.5
 REPLY_TIMEOUT_S = 10.0  # the agent answers in milliseconds; a wedged one is left behind
@@ -54,7 +54,7 @@ def main() -> None:
     code = fast_path(sys.argv[1:])
     if code is not None:
         sys.exit(code)
-    from engram_sync.client._cli.main import main as cli_main
+    from .main import main as cli_main
 
     cli_main()
 

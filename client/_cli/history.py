@@ -17,14 +17,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
-from engram_sync.client._vault import history
-from engram_sync.client._vault.revert import RevertPlan, Selector, plan_revert, run_revert
 from engram_sync.shared_format.plaintext import encode_memory
 from engram_sync.shared_format.timestamps import parse_rfc3339
 
+from .._vault import history
+from .._vault.revert import RevertPlan, Selector, plan_revert, run_revert
+from .support import CliError, err, open_session, out, print_json
+from .sync_command import sync
+
 if TYPE_CHECKING:
-    from engram_sync.client._session import VaultSession
+    from .._session import VaultSession
 
 _RELATIVE = re.compile(r"^(\d{1,6})([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -219,8 +221,6 @@ def revert(
     else:
         out.print(f"reverted {done} memories", markup=False)
     if linked:
-        from engram_sync.client._cli.main import sync
-
         sync(json_out=False)  # on every device: the others take it at their next sync
     else:
         err.print("this vault is not linked: the revert stays on this device until `link`")

@@ -14,32 +14,16 @@ import sys
 import threading
 from dataclasses import asdict
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from typing import Annotated, Any, Final
 
 import typer
 
 from engram_sync import __version__
-from engram_sync.client._agent import control as agent_control
-from engram_sync.client._cli import agent as cli_agent
-from engram_sync.client._cli import history as cli_history
-from engram_sync.client._cli import mcp_command as cli_mcp
-from engram_sync.client._cli import search as cli_search
-from engram_sync.client._cli import teams as cli_teams
-from engram_sync.client._cli import transfer as cli_transfer
-from engram_sync.client._cli.rekey import rekey as cli_rekey
-from engram_sync.client._cli.support import (
-    OPTIONS,
-    CliError,
-    err,
-    memory_summary,
-    open_session,
-    out,
-    print_json,
-)
-from engram_sync.client._cli.usage import plain_help, usage_exit, version_callback
-from engram_sync.client._cli.vault_registry import resolve_vault, vaults_app
-from engram_sync.client._cli.verify import verify
-from engram_sync.client._errors import (
+from engram_sync.shared_format.errors import FormatError, WrongPassphraseError
+from engram_sync.shared_format.plaintext import encode_memory
+
+from .._agent import control as agent_control
+from .._errors import (
     AuthError,
     DeviceRevokedError,
     ForbiddenError,
@@ -47,13 +31,14 @@ from engram_sync.client._errors import (
     SyncError,
     VaultRetiredError,
 )
-from engram_sync.client._session import NotLinkedError, VaultSession
-from engram_sync.client._sync.config import DEFAULT_INTERVAL_SECS, load_sync_config
-from engram_sync.client._sync.device import ClockExhaustedError
-from engram_sync.client._sync.unpushable import shown_id
-from engram_sync.client._vault import conflicts as conflict_ops
-from engram_sync.client._vault import local_writes
-from engram_sync.client._vault.privacy import (
+from .._render import LAYERS, list_items, render_list
+from .._session import NotLinkedError, VaultSession
+from .._sync.config import DEFAULT_INTERVAL_SECS, load_sync_config
+from .._sync.device import ClockExhaustedError
+from .._sync.unpushable import shown_id
+from .._vault import conflicts as conflict_ops
+from .._vault import local_writes
+from .._vault.privacy import (
     PRIVACY_LEVELS,
     RetractRefusedError,
     level_change_notice,
@@ -61,27 +46,35 @@ from engram_sync.client._vault.privacy import (
     pending_retractions,
     queue_retraction,
 )
-from engram_sync.client._vault.store import add_memory as store_add
-from engram_sync.client._vault.store import (
+from .._vault.store import add_memory as store_add
+from .._vault.store import (
     count_to_push,
     get_memory,
-    list_memories,
 )
-from engram_sync.shared_format.errors import FormatError, WrongPassphraseError
-from engram_sync.shared_format.plaintext import encode_memory
-
-if TYPE_CHECKING:
-    from sqlite3 import Connection
-
-    from rich.console import Console
-
-    from engram_sync.client._sync.engine import SyncReport
+from . import agent as cli_agent
+from . import history as cli_history
+from . import mcp_command as cli_mcp
+from . import search as cli_search
+from . import sync_command as cli_sync
+from . import teams as cli_teams
+from . import transfer as cli_transfer
+from .rekey import rekey as cli_rekey
+from .support import (
+    OPTIONS,
+    CliError,
+    err,
+    open_session,
+    out,
+    print_json,
+)
+from .usage import plain_help, usage_exit, version_callback
+from .vault_registry import resolve_vault, vaults_app
+from .verify import verify
 
 # A command imports what only it needs in its body (the relay client and httpx, the sync
 # engine, spake2, zxcvbn, rich's progress bars), so `list` does not pay for `sync` (issue 17,
 # docs/agent.md; tests/client/test_cli_imports.py pins it).
 
-LAYERS: Final = ("episodic", "semantic", "imagined")
 
 app = typer.Typer(
     help="Engram Sync: end-to-end encrypted sync of an Engram memory vault through a relay.",
@@ -147,7 +140,7 @@ def init(
     is named and needs a confirmation, or --force)."""
     if (OPTIONS.vault / "engrams.db").exists():
         raise CliError(f"a vault already exists at {OPTIONS.vault}")
-    from engram_sync.client._cli.passphrase import ask_new_passphrase
+    from .passphrase import ask_new_passphrase
 
     passphrase = ask_new_passphrase(force=force)  # client._cli.passphrase (zxcvbn)
     OPTIONS.vault.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -180,10 +173,10 @@ def link(
     label: Annotated[str | None, typer.Option("--label", help="This device's name.")] = None,
 ) -> None:
     """Link the vault to a relay: with an API key, your account (--account) or a pairing code."""
-    from engram_sync.client._accounts import account as account_ops
-    from engram_sync.client._accounts import pairing
-    from engram_sync.client._cli.teams import account_password
-    from engram_sync.client._vault import keys as vault_keys
+    from .._accounts import account as account_ops
+    from .._accounts import pairing
+    from .._vault import vault_key_store as vault_keys
+    from .teams import account_password
 
     if account and code:
         raise CliError("use either --account or --code, not both")
@@ -227,7 +220,7 @@ def _warn_if_keys_open_nothing(session: VaultSession, vault_id: str) -> None:
     """Issue 35: say at once when this device's keys open none of the vault's blobs (a
     typo, or a member device before its handoff); `sync` refuses to go on until they do.
     Only a note: a member device must be linked before it can request the key."""
-    from engram_sync.client._vault import keys as vault_keys
+    from .._vault import vault_key_store as vault_keys
 
     try:
         with session.relay() as client:
@@ -271,28 +264,6 @@ _PRIVACY_HELP: Final = (
 def _check_privacy(level: str) -> None:
     if level not in PRIVACY_LEVELS:
         raise CliError(f"--privacy must be one of {', '.join(PRIVACY_LEVELS)}")
-
-
-def list_items(conn: Connection) -> list[dict[str, Any]]:
-    """What `list` shows, oldest first: each memory's summary and whether it is synced."""
-    return [memory_summary(conn, memory) for memory in list_memories(conn)]
-
-
-def render_list(items: list[dict[str, Any]], json_out: bool, out: Console, err: Console) -> None:
-    """Print `list`'s output; the key agent runs this too (client._agent.reads)."""
-    if json_out:
-        print_json(items, out)
-        return
-    for item in items:
-        first_line = item["content"].splitlines()[0] if item["content"] else ""
-        if item["privacy_level"] == "strict_local":  # docs/privacy.md: never pushed
-            mark = "  [strict_local]"
-        else:
-            mark = "" if item["synced"] else " *"
-        line = f"{item['id']}  {item['modified_at'][:19]}  {first_line[:80]}{mark}"
-        out.print(line, markup=False)  # user text, printed as it is
-    if not items:
-        err.print("no memories yet: `engram-sync add TEXT`")
 
 
 @app.command("list")
@@ -361,7 +332,7 @@ def retract(
                 markup=False,
             )
             return
-    sync(json_out=False)
+    cli_sync.sync(json_out=False)
     with open_session() as session:
         left = set(pending_retractions(session.vault.conn))
     done = [m for m in memory_ids if m not in left]
@@ -387,77 +358,7 @@ def delete(memory_id: Annotated[str, typer.Argument(help="Memory id.")]) -> None
     out.print(f"deleted {memory_id}", markup=False)
 
 
-def _repair_notice(report: SyncReport) -> str | None:
-    """What a full re-pull did, said once, on the sync that did it (PROTOCOL §17)."""
-    if report.restored:
-        return (
-            "the relay has lost changes this device had seen (it was restored from an older "
-            "backup, or its vault sequence went back): this device pulled everything again "
-            f"and pushed back {report.repushed} version(s) the relay lacked; nothing was "
-            "deleted here"
-        )
-    if report.resynced:
-        return (
-            "the relay asked for a full re-pull (resync_required): done; "
-            f"{report.repushed} version(s) the relay lacked were pushed back, nothing was "
-            "deleted here"
-        )
-    return None
-
-
-def _report_dict(report: SyncReport) -> dict[str, Any]:
-    return asdict(report)
-
-
-@app.command()
-def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
-    """Pull remote changes, then push local ones."""
-    from engram_sync.client._cli import rekey_join
-    from engram_sync.client._cli.sync_view import run_sync as _run_sync
-
-    with open_session() as session:
-        try:
-            report = _run_sync(session, show_progress=not json_out and err.is_terminal)
-        except VaultRetiredError:  # PROTOCOL §19: an account vault follows with the wrap
-            if not rekey_join.follow_successor(session):
-                raise
-            report = _run_sync(session, show_progress=not json_out and err.is_terminal)
-    if json_out:
-        print_json(_report_dict(report))
-        _exit_if_unpushable(report)
-        return
-    parts = [f"pulled {report.pulled} (applied {report.applied}), pushed {report.pushed}"]
-    notice = _repair_notice(report)
-    if notice:
-        err.print(notice, highlight=False, markup=False)
-    if report.conflicts:
-        parts.append(f"{report.conflicts} conflict(s) kept: see `engram-sync conflicts`")
-    if report.invalid:
-        parts.append(f"{report.invalid} invalid blob(s) skipped: see `engram-sync status`")
-    if report.oversized:
-        parts.append(f"{len(report.oversized)} memory(ies) too large to sync")
-    out.print(", ".join(parts), markup=False)
-    for refused in report.unpushable[:SHOWN_UNPUSHABLE]:
-        err.print(
-            f"not pushed: memory {shown_id(refused.memory_id)}: {refused.reason}; it stays in "
-            "this vault only (add its content again with `engram-sync add`, then delete it)",
-            markup=False,
-        )
-    if len(report.unpushable) > SHOWN_UNPUSHABLE:
-        err.print(f"  ... and {len(report.unpushable) - SHOWN_UNPUSHABLE} more not pushed")
-    _exit_if_unpushable(report)
-
-
-#: issue 31: the memories a sync names as not pushed (one line each); the rest are counted
-SHOWN_UNPUSHABLE: Final = 20
-#: the exit status of a sync that ran but kept memories local the relay refuses (issue 31)
-EXIT_UNPUSHABLE: Final = 3
-
-
-def _exit_if_unpushable(report: SyncReport) -> None:
-    """A sync that pushed everything else but set memories aside ends with its own status."""
-    if report.unpushable:
-        raise typer.Exit(EXIT_UNPUSHABLE)
+app.command()(cli_sync.sync)  # client/_cli/sync_command.py, also run by `revert`
 
 
 @app.command()
@@ -475,8 +376,8 @@ def watch(
 ) -> None:
     """Sync live until Ctrl-C or SIGTERM: pull as soon as another device pushes, push as
     soon as this vault changes (docs/live-sync.md)."""
-    from engram_sync.client._cli.watch_view import watch_view
-    from engram_sync.client._sync.live import LiveSync
+    from .._flows.live import LiveSync
+    from .watch_view import watch_view
 
     stop = threading.Event()
 
@@ -505,7 +406,7 @@ def watch(
             )
             try:
                 for report in live.run():
-                    notice = _repair_notice(report)
+                    notice = cli_sync.repair_notice(report)
                     if notice:
                         view.say(notice)
                     if report.applied or report.pushed or report.conflicts or report.invalid:
@@ -529,7 +430,7 @@ def _watch_retries(error: SyncError) -> bool:
     refused key, a revoked device, a vault the device cannot open and a relay refusing the
     request itself (a 4xx such as 400, 404, 413, 422) end it at once with the error; so do
     keys that open none of the vault's blobs (issue 35: the same keys fail again)."""
-    from engram_sync.client._vault.keys import KeysDoNotOpenVaultError
+    from .._vault.vault_key_store import KeysDoNotOpenVaultError
 
     if isinstance(error, KeysDoNotOpenVaultError):
         return False
@@ -545,8 +446,8 @@ def _watch_retries(error: SyncError) -> bool:
 @app.command()
 def status(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False) -> None:
     """Where this device stands: ids, clock, cursor, pending work, problems."""
-    from engram_sync.client._cli import rekey_join
-    from engram_sync.client._vault import keys as vault_keys
+    from .._vault import vault_key_store as vault_keys
+    from . import rekey_join
 
     with open_session() as session:
         conn = session.vault.conn
@@ -604,7 +505,7 @@ def _last_error(session: VaultSession) -> str | None:
     """The last sync's failure in words; a revocation says so and what to do (the relay's
     last word, asked again by the next sync: client._sync.revocation)."""
     if session.state.revoked:
-        from engram_sync.client._sync.revocation import revoked_message
+        from .._sync.revocation import revoked_message
 
         return revoked_message(session.device.device_id, session.config.vault_id)
     return session.state.last_error

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from engram_sync.client._cli.support import OPTIONS, CliError, err, out
+from .support import OPTIONS, CliError, err, out
 
 
 def mcp(
@@ -28,7 +28,7 @@ def mcp(
     """Serve the vault to AI tools over MCP (stdio); keys from `engram-sync unlock`."""
     vault_dir = OPTIONS.vault.expanduser().resolve()
     if print_config is not None:
-        from engram_sync.client._mcp.client_config import (
+        from .._mcp.client_config import (
             CLIENTS,
             WHERE,
             engram_sync_command,
@@ -41,7 +41,7 @@ def mcp(
         out.print(snippet(print_config, vault_dir, engram_sync_command()), markup=False)
         return
     try:
-        from engram_sync.client._mcp.server import run_stdio
+        from .._mcp.server import run_stdio
     except ImportError as exc:
         if exc.name is None or not exc.name.startswith(("mcp", "pydantic")):
             raise

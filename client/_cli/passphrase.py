@@ -15,7 +15,7 @@ from typing import Final
 import typer
 from zxcvbn import zxcvbn
 
-from engram_sync.client._cli.support import CliError, ask_passphrase, err
+from .support import CliError, ask_passphrase, err
 
 #: zxcvbn's score: 0 (too guessable) .. 4 (very unguessable); 3 is "safely unguessable:
 #: moderate protection from an offline slow-hash scenario" (about 10^8 guesses and more).

@@ -1,4 +1,4 @@
-"""`engram-sync rekey [--json]` (PROTOCOL §19, docs/rekey.md "Client"; client._sync.rekey).
+"""`engram-sync rekey [--json]` (PROTOCOL §19, docs/rekey.md "Client"; client._flows.rekey).
 
 Secrets never come from the command line: the new passphrase from `ENGRAM_NEW_PASSPHRASE`
 or a prompt (asked twice), the API key for the new vault from `ENGRAM_NEW_API_KEY` or a
@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
-from engram_sync.client._cli.support import OPTIONS, CliError, ask_passphrase, err, out, print_json
-from engram_sync.client._cli.teams import account_password
-from engram_sync.client._session import VaultSession
 from engram_sync.shared_format.errors import WrongPassphraseError
 
+from .._session import VaultSession
+from .support import OPTIONS, CliError, ask_passphrase, err, out, print_json
+from .teams import account_password
+
 if TYPE_CHECKING:
-    from engram_sync.client._sync.rekey import RekeyProgress, RekeyReport
+    from .._flows.rekey import RekeyProgress, RekeyReport
 
 # The re-key engine, the account layer and rich's progress bar are imported where used, so
 # another command does not load them (issue 17; tests/client/test_cli_imports.py).
@@ -33,7 +34,7 @@ BATCH_ENV: Final = "ENGRAM_REKEY_BATCH"  # blobs per push of the copy (default P
 
 
 def _batch_size() -> int:
-    from engram_sync.client._sync.rekey import PUSH_BATCH
+    from .._flows.rekey import PUSH_BATCH
 
     raw = os.environ.get(BATCH_ENV, "").strip()
     if not raw:
@@ -82,7 +83,7 @@ def _open_for_rekey() -> Iterator[tuple[VaultSession, str | None]]:
     """The session, and the new passphrase when this is (or resumes) a passphrase re-key.
 
     A re-key killed after it rekeyed engrams.db opens only with the new passphrase."""
-    from engram_sync.client._sync.rekey import Rekey, pending_record
+    from .._flows.rekey import Rekey, pending_record
 
     path = OPTIONS.vault
     if not (path / "engrams.db").exists():
@@ -175,9 +176,9 @@ def rekey(
 
     With --join (PROTOCOL §19, client._cli.rekey_join): the other devices follow a re-key.
     """
-    from engram_sync.client._accounts.account import load_account
-    from engram_sync.client._cli import rekey_join
-    from engram_sync.client._sync.rekey import Rekey, account_minter, pending_record
+    from .._accounts.account import load_account
+    from .._flows.rekey import Rekey, account_minter, pending_record
+    from . import rekey_join
 
     if successor is not None and not join:
         raise CliError("--successor goes with --join: `engram-sync rekey --join --successor ID`")
@@ -192,7 +193,7 @@ def rekey(
             mint = account_minter(session, account_password())  # PROTOCOL §13
         if record is None:
             if new_passphrase is not None:  # a new one: as strong as `init` asks (zxcvbn)
-                from engram_sync.client._cli.passphrase import check_new_passphrase
+                from .passphrase import check_new_passphrase
 
                 check_new_passphrase(new_passphrase, force=force, declined=_DECLINED)
             from_account = new_passphrase is None and load_account(session.path) is not None

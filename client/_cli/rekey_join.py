@@ -1,5 +1,5 @@
 """`engram-sync rekey --join`, and what `sync` and `status` say of a retired vault
-(PROTOCOL §19; docs/rekey.md "Other devices"; client._sync.successor, client._sync.retirement).
+(PROTOCOL §19; docs/rekey.md "Other devices"; client._flows.successor, client._sync.retirement).
 
 Secrets never come from the command line: the vault's current passphrase from
 ENGRAM_PASSPHRASE or a prompt, the new one from ENGRAM_NEW_PASSPHRASE or a prompt, the
@@ -16,10 +16,9 @@ from typing import Any
 
 import typer
 
-from engram_sync.client._cli.support import OPTIONS, CliError, ask_passphrase, err, out, print_json
-from engram_sync.client._cli.teams import account_password
-from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.successor import (
+from engram_sync.shared_format.errors import WrongPassphraseError
+
+from .._flows.successor import (
     JoinReport,
     UnprovenSuccessorError,
     join_kind,
@@ -30,7 +29,9 @@ from engram_sync.client._sync.successor import (
     successor_proved,
     unproven_what,
 )
-from engram_sync.shared_format.errors import WrongPassphraseError
+from .._session import VaultSession
+from .support import OPTIONS, CliError, ask_passphrase, err, out, print_json
+from .teams import account_password
 
 ACCOUNT_PASSWORD_ENV = "ENGRAM_ACCOUNT_PASSWORD"  # noqa: S105 - a variable name
 NEW_PASSPHRASE_ENV = "ENGRAM_NEW_PASSPHRASE"  # noqa: S105 - as `rekey` reads it

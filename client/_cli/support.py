@@ -3,73 +3,27 @@ passphrase prompt, opening the session, JSON output, and the one-line error type
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import typer
 from rich.console import Console
 
-from engram_sync.client._agent.unlocked import unlocked_session
-from engram_sync.client._session import VaultSession
-from engram_sync.client._vault.store import get_row, row_needs_push
-
-if TYPE_CHECKING:
-    from sqlite3 import Connection
-
-    from engram_sync.shared_format.plaintext import MemoryPlaintext
+from .. import _render as render
+from .._agent.unlocked import unlocked_session
+from .._render import CliError as CliError  # raised by every command
+from .._render import console
+from .._session import VaultSession
 
 DEFAULT_VAULT: Final = Path("~/.engram/vault")
 
 
-def memory_summary(conn: Connection, memory: MemoryPlaintext) -> dict[str, Any]:
-    """What `list` and `search` show of a memory (the fields of `list --json`), with whether
-    the vault holds it as pushed."""
-    row = get_row(conn, memory.id)
-    return {
-        "id": memory.id,
-        "content": memory.content,
-        "layer": memory.layer,
-        "tags": memory.tags,
-        "project": memory.project,
-        "created_at": memory.created_at,
-        "modified_at": memory.modified_at,
-        "privacy_level": memory.privacy_level,  # docs/privacy.md
-        "synced": row is not None and not row_needs_push(row),
-    }
-
-
-def console(
-    *,
-    stderr: bool = False,
-    file: IO[str] | None = None,
-    environ: Mapping[str, str] | None = None,
-    width: int | None = None,
-    height: int | None = None,
-) -> Console:
-    """The CLI's console for stdout (or stderr); the key agent builds the same one over a
-    command's streams when it answers `list` or `search` itself (client._agent.reads)."""
-    return Console(
-        stderr=stderr,
-        file=file,
-        highlight=False,
-        soft_wrap=True,
-        width=width,
-        height=height,
-        _environ=environ,
-    )
-
-
 out = console()
 err = console(stderr=True)
-
-
-class CliError(Exception):
-    """A failure reported as one line."""
 
 
 class _Options:
@@ -107,4 +61,4 @@ def open_session(create: bool = False, use_agent: bool = True) -> Iterator[Vault
 
 def print_json(payload: Any, to: Console | None = None) -> None:
     """`payload` as indented JSON on `to` (default: stdout's console)."""
-    (to or out).print_json(json.dumps(payload, ensure_ascii=False, sort_keys=True))
+    render.print_json(payload, to or out)

@@ -23,12 +23,12 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from engram_sync.client._cli.support import err
-from engram_sync.client._errors import SyncError
-from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import ProgressCallback, SyncReport
-from engram_sync.client._sync.relay_client import RelayClient
-from engram_sync.client._vault.store import count_to_push
+from .._errors import SyncError
+from .._http.relay_client import RelayClient
+from .._session import VaultSession
+from .._sync.engine import ProgressCallback, SyncReport
+from .._vault.store import count_to_push
+from .support import err
 
 #: The exit status after Ctrl-C (128 + SIGINT, the shell's convention).
 INTERRUPTED_EXIT: Final = 130

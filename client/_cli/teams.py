@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Annotated, Final
 import typer
 from rich.markup import escape
 
-from engram_sync.client._cli.support import (
+from engram_sync.shared_format.timestamps import parse_rfc3339
+
+from .._sync.config import load_sync_config
+from .support import (
     OPTIONS,
     CliError,
     err,
@@ -20,11 +23,9 @@ from engram_sync.client._cli.support import (
     out,
     print_json,
 )
-from engram_sync.client._sync.config import load_sync_config
-from engram_sync.shared_format.timestamps import parse_rfc3339
 
 if TYPE_CHECKING:
-    from engram_sync.client._accounts import team
+    from .._accounts import team
 
 # The account layer (httpx, spake2, cryptography) is imported in the commands that use it,
 # so another command does not load it (issue 17; tests/client/test_cli_imports.py).
@@ -78,7 +79,7 @@ def _vault_dir() -> Path:
 
 
 def _relay_url(given: str | None) -> str:
-    from engram_sync.client._accounts import account as account_ops
+    from .._accounts import account as account_ops
 
     if given:
         return given
@@ -100,7 +101,7 @@ EmailOpt = Annotated[str | None, typer.Option("--email", envvar="ENGRAM_EMAIL", 
 @account_app.command("signup")
 def account_signup(relay: RelayOpt = None, email: EmailOpt = None) -> None:
     """Create an account (asks the password twice); signs in on this vault directory."""
-    from engram_sync.client._accounts import account as account_ops
+    from .._accounts import account as account_ops
 
     vault_dir, url = _vault_dir(), _relay_url(relay)
     address = _email(email)
@@ -116,7 +117,7 @@ def account_signup(relay: RelayOpt = None, email: EmailOpt = None) -> None:
 @account_app.command("signin")
 def account_signin(relay: RelayOpt = None, email: EmailOpt = None) -> None:
     """Sign in to your account on this vault directory."""
-    from engram_sync.client._accounts import account as account_ops
+    from .._accounts import account as account_ops
 
     vault_dir, url = _vault_dir(), _relay_url(relay)
     signed = account_ops.signin(vault_dir, url, _email(email), account_password())
@@ -126,7 +127,7 @@ def account_signin(relay: RelayOpt = None, email: EmailOpt = None) -> None:
 @account_app.command("signout")
 def account_signout() -> None:
     """End the session and forget it on this vault directory."""
-    from engram_sync.client._accounts import account as account_ops
+    from .._accounts import account as account_ops
 
     if account_ops.signout(_vault_dir()):
         out.print("signed out")
@@ -137,7 +138,7 @@ def account_signout() -> None:
 @account_app.command("recovery-phrase")
 def account_recovery_phrase() -> None:
     """Make a recovery phrase (shown once): it resets the password if you forget it."""
-    from engram_sync.client._accounts import account as account_ops
+    from .._accounts import account as account_ops
 
     account_ops.require_account(_vault_dir())
     phrase = account_ops.set_recovery_phrase(_vault_dir(), account_password())
@@ -154,7 +155,7 @@ def account_recovery_phrase() -> None:
 @account_app.command("recover")
 def account_recover(relay: RelayOpt = None, email: EmailOpt = None) -> None:
     """Set a new password with your recovery phrase (the forgotten password is not needed)."""
-    from engram_sync.client._accounts import account as account_ops
+    from .._accounts import account as account_ops
 
     vault_dir, url = _vault_dir(), _relay_url(relay)
     address = _email(email)
@@ -171,7 +172,7 @@ def account_status(
     json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """Who is signed in where, and the vaults the account holds keys for."""
-    from engram_sync.client._accounts import account as account_ops
+    from .._accounts import account as account_ops
 
     info = account_ops.status(_vault_dir())
     if json_out:
@@ -190,7 +191,7 @@ def account_status(
 @vault_app.command("open")
 def vault_open() -> None:
     """Keep the linked vault's key in your account (wrapped; the relay cannot open it)."""
-    from engram_sync.client._accounts import account as account_ops
+    from .._accounts import account as account_ops
 
     account_ops.require_account(_vault_dir())
     with open_session() as session:
@@ -205,7 +206,7 @@ def vault_open() -> None:
 @vault_app.command("close")
 def vault_close() -> None:
     """Remove the linked vault's key from your account (keys minted from it stay valid)."""
-    from engram_sync.client._accounts import account as account_ops
+    from .._accounts import account as account_ops
 
     vault_dir = _vault_dir()
     account_ops.require_account(vault_dir)
@@ -220,8 +221,8 @@ def team_invite(
     label: Annotated[str | None, typer.Option("--label", help="Name of the new device.")] = None,
 ) -> None:
     """Issue a pairing code for a new device (admin key, or the owning account)."""
-    from engram_sync.client._accounts import account as account_ops
-    from engram_sync.client._accounts import pairing
+    from .._accounts import account as account_ops
+    from .._accounts import pairing
 
     with open_session() as session:
         signed_in = account_ops.load_account(session.path)
@@ -260,7 +261,7 @@ def team_request(
     ] = False,
 ) -> None:
     """Ask an admin for the vault key (or resume the open request) and keep it on this device."""
-    from engram_sync.client._accounts import team
+    from .._accounts import team
 
     def show(waiting: team.Waiting) -> None:
         verb = "Resuming request" if waiting.resumed else "Requested the vault key:"
@@ -310,7 +311,7 @@ def team_pending(
     json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """Open key requests of the linked vault (admin), with their fingerprints."""
-    from engram_sync.client._accounts import team
+    from .._accounts import team
 
     with open_session() as session:
         requests = team.pending(session)
@@ -347,7 +348,7 @@ def team_approve(
 ) -> None:
     """Seal this device's vault key to a new device's request (PROTOCOL §14 step 4: by the
     pairing code this device issued, or after comparing fingerprints)."""
-    from engram_sync.client._accounts import team
+    from .._accounts import team
 
     with open_session() as session:
         request = team.find_pending(session, request_id)
@@ -409,7 +410,7 @@ def team_grant(
         ),
     ] = False,
 ) -> None:
-    from engram_sync.client._accounts import team_grants
+    from .._accounts import team_grants
 
     with open_session() as session:
         granted = team_grants.grant(session, email, admin=admin)
@@ -438,7 +439,7 @@ def team_grants_list(
     """
     from rich.table import Table
 
-    from engram_sync.client._accounts import team_grants
+    from .._accounts import team_grants
 
     with open_session() as session:
         found = team_grants.grants(session)
@@ -476,7 +477,7 @@ def team_ungrant(
         ),
     ],
 ) -> None:
-    from engram_sync.client._accounts import team_grants
+    from .._accounts import team_grants
 
     with open_session() as session:
         removed = team_grants.ungrant(session, who)

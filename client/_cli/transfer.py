@@ -12,10 +12,12 @@ from typing import IO, Annotated, Final
 
 import typer
 
-from engram_sync.client._atomic import atomic_text_file
-from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
-from engram_sync.client._vault.notes import NoteFiles, markdown_files, note_items
-from engram_sync.client._vault.transfer import (
+from engram_sync.shared_format.errors import WrongPassphraseError
+from engram_sync.shared_format.vault import open_vault
+
+from .._atomic import atomic_text_file
+from .._vault.notes import NoteFiles, markdown_files, note_items
+from .._vault.transfer import (
     DEFAULT_BATCH,
     MAX_LINE_BYTES,
     Importer,
@@ -27,8 +29,7 @@ from engram_sync.client._vault.transfer import (
     jsonl_items,
     vault_items,
 )
-from engram_sync.shared_format.errors import WrongPassphraseError
-from engram_sync.shared_format.vault import open_vault
+from .support import CliError, err, open_session, out, print_json
 
 SOURCE_PASSPHRASE_ENV: Final = "ENGRAM_SOURCE_PASSPHRASE"  # noqa: S105 - a variable's name
 SHOWN_PROBLEMS: Final = 20  # invalid inputs listed one per line; the rest are counted

@@ -14,10 +14,10 @@ from typing import Annotated, Any, Final
 
 import typer
 
-from engram_sync.client._atomic import read_json, write_json_atomic
-from engram_sync.client._cli.support import DEFAULT_VAULT, CliError, out, print_json
-from engram_sync.client._sync.config import load_sync_config
-from engram_sync.client._sync.state import SyncState
+from .._atomic import read_json, write_json_atomic
+from .._sync.config import load_sync_config
+from .._sync.state import SyncState
+from .support import DEFAULT_VAULT, CliError, out, print_json
 
 APP_NAME: Final = "engram-sync"
 REGISTRY_FILE: Final = "vaults.json"

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from engram_sync.client._cli.support import CliError, err, open_session, out, print_json
+from .support import CliError, err, open_session, out, print_json
 
 if TYPE_CHECKING:  # the sync engine is imported where used (issue 17)
-    from engram_sync.client._sync.anti_entropy import DigestReport
+    from .._sync.anti_entropy import DigestReport
 
 
 def verify(
@@ -35,8 +35,8 @@ def verify(
     json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
     """Check that this device and the relay hold the same versions (exit 1 if not)."""
-    from engram_sync.client._sync.anti_entropy import DEEP_FEATURE, DIGEST_FEATURE, AntiEntropy
-    from engram_sync.client._sync.engine import SyncReport
+    from .._sync.anti_entropy import DEEP_FEATURE, DIGEST_FEATURE, AntiEntropy
+    from .._sync.engine import SyncReport
 
     with open_session() as session, session.relay() as relay:
         if not relay.offers(DIGEST_FEATURE):

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from engram_sync.client._cli.support import out
-from engram_sync.client._sync.live import LiveStatus
+from .._flows.live import LiveStatus
+from .support import out
 
 _MODES: Final = {"events": "live events", "long-poll": "long-poll", "poll": "timer only"}
 _STYLES: Final = {

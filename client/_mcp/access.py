@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final, TypeVar
 
-from engram_sync.client import Vault
+from .. import Vault
 
 T = TypeVar("T")
 
@@ -75,7 +75,7 @@ class VaultAccess:
         vault = Vault.open_unlocked(self.path)
         self._from_agent = vault is not None
         if vault is None and self._passphrase is not None:
-            from engram_sync.client import WrongPassphraseError
+            from .. import WrongPassphraseError
 
             try:
                 vault = Vault.open(self.path, self._passphrase)

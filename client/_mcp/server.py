@@ -17,10 +17,11 @@ from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from pydantic import Field
 
 from engram_sync import __version__
-from engram_sync.client import HistoryError, SyncError, Vault, VaultError
-from engram_sync.client._mcp import tools
-from engram_sync.client._mcp.access import VaultAccess, VaultUnavailableError
-from engram_sync.client._mcp.tools import (
+
+from .. import HistoryError, SyncError, Vault, VaultError
+from . import tools
+from .access import VaultAccess, VaultUnavailableError
+from .tools import (
     MAX_CONTENT_BYTES,
     MAX_ID_CHARS,
     MAX_LIMIT,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from engram_sync.client import Memory, Vault, Version, Writer
+from .. import Memory, Vault, Version, Writer
 
 MAX_CONTENT_BYTES: Final = 64 * 1024  # UTF-8 bytes of one memory's content
 MAX_QUERY_CHARS: Final = 1000

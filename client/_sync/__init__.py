@@ -1,1 +1,2 @@
-"""The sync engine: the relay client, pull and push, the cursor state and the sync lock."""
+"""The sync engine: pull and push, anti-entropy, the live change feed, the cursor state and
+the sync lock."""

@@ -33,21 +33,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from engram_sync.client._errors import (
-    ProtocolError,
-    RateLimitedError,
-    RelayMisbehavedError,
-    RelayUnavailableError,
-)
-from engram_sync.client._vault.held_versions import (
-    bucket_digests,
-    by_bucket,
-    held_versions,
-    mark_compacted,
-    requeue,
-)
-from engram_sync.client._vault.keys import key_source
-from engram_sync.client._vault.store import apply_memory, known_version, local_state
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
 from engram_sync.shared_format.digest import (
     BUCKETS,
@@ -67,10 +52,26 @@ from engram_sync.shared_format.errors import FormatError
 from engram_sync.shared_format.plaintext import MemoryPlaintext, decode_plaintext
 from engram_sync.shared_format.wire import SyncBlob, encode_json
 
+from .._errors import (
+    ProtocolError,
+    RateLimitedError,
+    RelayMisbehavedError,
+    RelayUnavailableError,
+)
+from .._vault.held_versions import (
+    bucket_digests,
+    by_bucket,
+    held_versions,
+    mark_compacted,
+    requeue,
+)
+from .._vault.store import apply_memory, known_version, local_state
+from .._vault.vault_key_store import key_source
+
 if TYPE_CHECKING:
     import sqlite3
 
-    from engram_sync.client._sync.engine import Syncer, SyncReport
+    from .engine import Syncer, SyncReport
 
 log = logging.getLogger(__name__)
 

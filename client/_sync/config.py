@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from engram_sync.client._atomic import read_json, write_json_atomic
+from .._atomic import read_json, write_json_atomic
 
 CONFIG_FILE: Final = "config.json"
 DEFAULT_INTERVAL_SECS: Final = 300

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from engram_sync.client._atomic import read_json, write_json_atomic
-from engram_sync.client._errors import SyncError
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.wire import MAX_VECTOR_CLOCK
+
+from .._atomic import read_json, write_json_atomic
+from .._errors import SyncError
 
 DEVICE_FILE: Final = "device.json"
 # issue 15: clocks handed out per write of device.json (one fsync per CLOCK_LEASE clocks)

@@ -17,7 +17,22 @@ from typing import Final
 
 from msgspec import UnsetType
 
-from engram_sync.client._errors import (
+from engram_sync.shared_format.blob import NONCE_LEN, TAG_LEN, BlobCipher
+from engram_sync.shared_format.errors import FormatError
+from engram_sync.shared_format.padding import pad_plaintext, padded_size
+from engram_sync.shared_format.plaintext import (
+    MemoryPlaintext,
+    Tombstone,
+    decode_plaintext,
+    encode_memory,
+    tombstone_plaintext,
+)
+from engram_sync.shared_format.sync_keys import SyncKeys
+from engram_sync.shared_format.timestamps import utc_now_rfc3339
+from engram_sync.shared_format.vault import Vault
+from engram_sync.shared_format.wire import MAX_PULL_LIMIT, PullResponse, PushResponse, SyncBlob
+
+from .._errors import (
     AnswerTooLargeError,
     DeviceRevokedError,
     InvalidBlobError,
@@ -26,27 +41,10 @@ from engram_sync.client._errors import (
     SyncError,
     VaultRetiredError,
 )
-from engram_sync.client._sync.anti_entropy import DIGEST_FEATURE, AntiEntropy, DigestReport
-from engram_sync.client._sync.device import Device
-from engram_sync.client._sync.feed_page_bound import feed_page_gap
-from engram_sync.client._sync.lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
-from engram_sync.client._sync.lock import sync_lock
-from engram_sync.client._sync.own_pushes import OwnSkip, own_commit_end, refuted_start
-from engram_sync.client._sync.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
-from engram_sync.client._sync.retirement import note_retired, retired_error
-from engram_sync.client._sync.revocation import revoked_in_roster, revoked_message
-from engram_sync.client._sync.state import SkippedBlob, SyncState
-from engram_sync.client._sync.strict_local import kept_out, push_retractions
-from engram_sync.client._sync.unpushable import Unpushable, id_refusal, refused_index
-from engram_sync.client._vault.history import PULL, PULL_DELETE, Writer, keep_version, tool_of
-from engram_sync.client._vault.keys import (
-    KeysDoNotOpenVaultError,
-    key_source,
-    keys_open_blobs,
-    keys_refused_message,
-)
-from engram_sync.client._vault.privacy import without_local_links
-from engram_sync.client._vault.store import (
+from .._http.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
+from .._vault.history import PULL, PULL_DELETE, Writer, keep_version, tool_of
+from .._vault.privacy import without_local_links
+from .._vault.store import (
     KnownVersion,
     PendingTombstone,
     apply_memory,
@@ -66,20 +64,23 @@ from engram_sync.client._vault.store import (
     row_to_plaintext,
     rows_needing_push,
 )
-from engram_sync.shared_format.blob import NONCE_LEN, TAG_LEN, BlobCipher
-from engram_sync.shared_format.errors import FormatError
-from engram_sync.shared_format.keys import SyncKeys
-from engram_sync.shared_format.padding import pad_plaintext, padded_size
-from engram_sync.shared_format.plaintext import (
-    MemoryPlaintext,
-    Tombstone,
-    decode_plaintext,
-    encode_memory,
-    tombstone_plaintext,
+from .._vault.vault_key_store import (
+    KeysDoNotOpenVaultError,
+    key_source,
+    keys_open_blobs,
+    keys_refused_message,
 )
-from engram_sync.shared_format.timestamps import utc_now_rfc3339
-from engram_sync.shared_format.vault import Vault
-from engram_sync.shared_format.wire import MAX_PULL_LIMIT, PullResponse, PushResponse, SyncBlob
+from .anti_entropy import DIGEST_FEATURE, AntiEntropy, DigestReport
+from .device import Device
+from .feed_page_bound import feed_page_gap
+from .lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
+from .lock import sync_lock
+from .own_pushes import OwnSkip, own_commit_end, refuted_start
+from .retirement import note_retired, retired_error
+from .revocation import revoked_in_roster, revoked_message
+from .state import SkippedBlob, SyncState
+from .strict_local import kept_out, push_retractions
+from .unpushable import Unpushable, id_refusal, refused_index
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
-from engram_sync.client._errors import SyncError
+from .._errors import SyncError
 
 LOCK_FILE: Final = ".sync.lock"
 DEFAULT_WAIT_SECS: Final = 10.0

@@ -7,20 +7,21 @@ this device stops pushing to the vault, keeps every unpushed edit pending (nothi
 dropped or marked pushed), keeps pulling, and tells the person what happened and what to
 do. A later pull that no longer says `retired` clears the hint (a relay that lied once
 cannot stop this device's pushes for good; they were only delayed). The device moves to
-the successor only with a key it obtained itself (client._sync.successor).
+the successor only with a key it obtained itself (client._flows.successor).
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from engram_sync.client._errors import VaultRetiredError, statement_hint, vault_id_hint
-from engram_sync.client._sync.state import RetiredHint, SyncState
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
+
+from .._errors import VaultRetiredError, statement_hint, vault_id_hint
+from .state import RetiredHint, SyncState
 
 SOURCES: Final = ("push", "pull", "events")
 
-# What to do, by where this device's sync keys come from (client._vault.keys.key_source).
+# What to do, by where this device's sync keys come from (client._vault.vault_key_store.key_source).
 _WHAT_TO_DO: Final = {
     "passphrase": (
         "run `engram-sync rekey --join` and enter the vault's new passphrase (or set "

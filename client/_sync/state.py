@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from engram_sync.client._atomic import read_json, write_json_atomic
-from engram_sync.client._sync.own_pushes import MAX_OWN_SKIPS, OwnSkip
+from .._atomic import read_json, write_json_atomic
+from .own_pushes import MAX_OWN_SKIPS, OwnSkip
 
 STATE_FILE: Final = "sync_state.json"
 MAX_SKIPPED_KEPT: Final = 200
@@ -31,7 +31,7 @@ def _own_skips(value: Any) -> list[OwnSkip]:
 class SkippedBlob:
     """A pulled blob that failed verification or decoding: never applied (PROTOCOL §3).
 
-    `keys`: where the keys it failed under came from (client._vault.keys.key_source; None
+    `keys`: where the keys it failed under came from (client._vault.vault_key_store.key_source; None
     in a record written before issue 35). Anti-entropy fetches it again once this device's
     keys come from elsewhere (PROTOCOL §8: a blob this device cannot open *yet*)."""
 
@@ -50,7 +50,7 @@ class RetiredHint:
     `event: retired` ("events"). Only a hint: the device stops pushing to the vault and keeps
     every unpushed edit; it switches to `successor` only with a key it obtained itself, and
     only once `statement` (the successor statement, with the `stated_at` it covers)
-    verifies under the old vault's hmac key (client._sync.successor)."""
+    verifies under the old vault's hmac key (client._flows.successor)."""
 
     vault_id: str
     successor: str | None

@@ -15,17 +15,6 @@ from __future__ import annotations
 import sqlite3
 from typing import TYPE_CHECKING
 
-from engram_sync.client._vault.privacy import (
-    keeps_local,
-    mark_retracted,
-    pending_retractions,
-)
-from engram_sync.client._vault.store import (
-    KnownVersion,
-    known_version,
-    record_conflict,
-    remember_version,
-)
 from engram_sync.shared_format.plaintext import (
     MemoryPlaintext,
     Tombstone,
@@ -33,8 +22,20 @@ from engram_sync.shared_format.plaintext import (
     tombstone_plaintext,
 )
 
+from .._vault.privacy import (
+    keeps_local,
+    mark_retracted,
+    pending_retractions,
+)
+from .._vault.store import (
+    KnownVersion,
+    known_version,
+    record_conflict,
+    remember_version,
+)
+
 if TYPE_CHECKING:
-    from engram_sync.client._sync.engine import Syncer, SyncReport
+    from .engine import Syncer, SyncReport
 
 
 def kept_out(

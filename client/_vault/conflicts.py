@@ -5,8 +5,11 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from engram_sync.client._vault.history import CONFLICT, Writer, replacing
-from engram_sync.client._vault.store import (
+from engram_sync.shared_format.plaintext import MemoryPlaintext, Tombstone, decode_plaintext
+from engram_sync.shared_format.timestamps import utc_now_rfc3339
+
+from .history import CONFLICT, Writer, replacing
+from .store import (
     apply_memory,
     delete_memory,
     get_row,
@@ -14,8 +17,6 @@ from engram_sync.client._vault.store import (
     named_rows,
     next_modified_at,
 )
-from engram_sync.shared_format.plaintext import MemoryPlaintext, Tombstone, decode_plaintext
-from engram_sync.shared_format.timestamps import utc_now_rfc3339
 
 
 @dataclass(frozen=True)

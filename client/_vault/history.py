@@ -23,8 +23,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
-from engram_sync.client._errors import SyncError
-from engram_sync.client._vault.store import (
+from engram_sync.shared_format.plaintext import Link, MemoryPlaintext
+from engram_sync.shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
+
+from .._errors import SyncError
+from .store import (
     NEEDS_PUSH,
     apply_memory,
     get_memory,
@@ -35,8 +38,6 @@ from engram_sync.client._vault.store import (
     next_modified_at,
     plaintext_from,
 )
-from engram_sync.shared_format.plaintext import Link, MemoryPlaintext
-from engram_sync.shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
 
 # why a version was replaced (the `reason` of its history row)
 EDIT: Final = "edit"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import sqlite3
 
-from engram_sync.client._vault.history import DELETE, EDIT, Writer, replacing
-from engram_sync.client._vault.privacy import set_privacy
-from engram_sync.client._vault.store import delete_memory, edit_memory, get_row, link_memory
+from .history import DELETE, EDIT, Writer, replacing
+from .privacy import set_privacy
+from .store import delete_memory, edit_memory, get_row, link_memory
 
 
 def edit(

@@ -27,9 +27,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Final
 
-from engram_sync.client._vault.transfer import ImportFields, ImportItem, Invalid, memory_from_fields
 from engram_sync.shared_format.plaintext import Layer
 from engram_sync.shared_format.timestamps import format_rfc3339, utc_now_rfc3339
+
+from .transfer import ImportFields, ImportItem, Invalid, memory_from_fields
 
 LAYERS: Final = ("episodic", "semantic", "imagined")
 _HEADING: Final = re.compile(r"^ {0,3}#{1,6}(\s|$)")

@@ -15,14 +15,15 @@ from typing import Final
 
 import msgspec
 
-from engram_sync.client._vault.store import (
+from engram_sync.shared_format.plaintext import MemoryPlaintext
+from engram_sync.shared_format.vault import PRIVACY_LEVELS
+
+from .store import (
     STRICT_LOCAL,
     get_row,
     mark_edited,
     next_modified_at,
 )
-from engram_sync.shared_format.plaintext import MemoryPlaintext
-from engram_sync.shared_format.vault import PRIVACY_LEVELS
 
 __all__ = [
     "PRIVACY_LEVELS",

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, Literal
 
-from engram_sync.client._vault.history import (
+from engram_sync.shared_format.timestamps import parse_rfc3339
+from engram_sync.shared_format.vault import Vault
+
+from .history import (
     REVERT,
     Origin,
     Writer,
@@ -28,9 +31,7 @@ from engram_sync.client._vault.history import (
     write_back,
     written_of,
 )
-from engram_sync.client._vault.store import delete_memory, get_row, named_rows
-from engram_sync.shared_format.timestamps import parse_rfc3339
-from engram_sync.shared_format.vault import Vault
+from .store import delete_memory, get_row, named_rows
 
 BATCH: Final = 500  # memories per transaction
 

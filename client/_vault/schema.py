@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-from engram_sync.client._errors import SyncError
+from .._errors import SyncError
 
 SCHEMA_TABLE: Final = "sync_schema"
 
@@ -44,7 +44,7 @@ _MIGRATION_1: Final = (
         weight REAL NOT NULL,
         PRIMARY KEY (source_id, target_id)
     )""",
-    # The vault key K this device holds (client._vault.keys), and a vault awaiting one.
+    # The vault key K this device holds (client._vault.vault_key_store), and a vault awaiting one.
     """CREATE TABLE IF NOT EXISTS sync_vault_key (
         vault_id TEXT PRIMARY KEY,
         k BLOB NOT NULL,

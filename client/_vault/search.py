@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from engram_sync.client._vault.store import get_memory
 from engram_sync.shared_format.plaintext import MemoryPlaintext
 from engram_sync.shared_format.vault import OperationalError
+
+from .store import get_memory
 
 SearchMode = Literal["all", "any", "substring"]
 DEFAULT_LIMIT: Final = 20

@@ -35,11 +35,6 @@ from typing import IO, Any, Final
 
 import msgspec
 
-from engram_sync.client._vault.store import (
-    list_memories,
-    named_rows,
-    new_memory_id,
-)
 from engram_sync.shared_format.ids import check_id
 from engram_sync.shared_format.plaintext import (
     LINK_TYPES,
@@ -53,6 +48,12 @@ from engram_sync.shared_format.plaintext import (
 )
 from engram_sync.shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
 from engram_sync.shared_format.vault.content_hash import normalized_hash
+
+from .store import (
+    list_memories,
+    named_rows,
+    new_memory_id,
+)
 
 DEFAULT_BATCH: Final = 20_000  # memories per import transaction (bench figure 11)
 IMPORT_CACHE_KIB: Final = -262144  # PRAGMA cache_size during an import: 256 MiB (negative = KiB)

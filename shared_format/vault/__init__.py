@@ -9,14 +9,28 @@ and, from the connection, the sqlcipher3 exception classes re-exported here.
 
 from __future__ import annotations
 
-from engram_sync.shared_format.plaintext import SOURCES
-from engram_sync.shared_format.timestamps import utc_now_rfc3339
-from engram_sync.shared_format.vault.content_hash import (
+from ..plaintext import SOURCES
+from ..timestamps import utc_now_rfc3339
+from .content_hash import (
     normalize_content,
     normalized_hash,
     strip_prefixes,
 )
-from engram_sync.shared_format.vault.keys import (
+from .salt import FALLBACK_SALT_TAG, SALT_FILE_NAME, vault_salt16
+from .schema import (
+    LAYERS,
+    LINK_TYPES,
+    PRIVACY_LEVELS,
+    SCHEMA_VERSION,
+    apply_schema,
+)
+from .sqlcipher import (
+    DatabaseError,
+    Error,
+    IntegrityError,
+    OperationalError,
+)
+from .sqlcipher_key import (
     MachineIdSource,
     is_vault_key,
     legacy_passphrase_vault_key,
@@ -24,21 +38,7 @@ from engram_sync.shared_format.vault.keys import (
     passphrase_vault_key,
     read_machine_id,
 )
-from engram_sync.shared_format.vault.salt import FALLBACK_SALT_TAG, SALT_FILE_NAME, vault_salt16
-from engram_sync.shared_format.vault.schema import (
-    LAYERS,
-    LINK_TYPES,
-    PRIVACY_LEVELS,
-    SCHEMA_VERSION,
-    apply_schema,
-)
-from engram_sync.shared_format.vault.sqlcipher import (
-    DatabaseError,
-    Error,
-    IntegrityError,
-    OperationalError,
-)
-from engram_sync.shared_format.vault.store import (
+from .store import (
     DB_FILE_NAME,
     Vault,
     VaultKeyKind,

@@ -8,9 +8,9 @@ import secrets
 from pathlib import Path
 from typing import Final
 
-from engram_sync.shared_format.errors import VaultError
-from engram_sync.shared_format.kdf import domain_salt
-from engram_sync.shared_format.vault.keys import SALT_LEN
+from ..errors import VaultError
+from ..kdf import domain_salt
+from .sqlcipher_key import SALT_LEN
 
 SALT_FILE_NAME: Final = "salt"
 FALLBACK_SALT_TAG: Final = "axiom-engram-vault-v2"

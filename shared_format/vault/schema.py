@@ -14,10 +14,10 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Final
 
-from engram_sync.shared_format.errors import VaultError
-from engram_sync.shared_format.plaintext import SOURCES
-from engram_sync.shared_format.vault.content_hash import normalized_hash
-from engram_sync.shared_format.vault.sqlcipher import DatabaseError
+from ..errors import VaultError
+from ..plaintext import SOURCES
+from .content_hash import normalized_hash
+from .sqlcipher import DatabaseError
 
 SCHEMA_VERSION: Final = 10
 

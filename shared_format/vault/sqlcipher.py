@@ -16,7 +16,7 @@ from typing import Final, cast
 
 import sqlcipher3
 
-from engram_sync.shared_format.vault.keys import is_vault_key
+from .sqlcipher_key import is_vault_key
 
 # The exception classes a vault connection raises (sqlcipher3's, not sqlite3's).
 Error: Final = cast(type[sqlite3.Error], sqlcipher3.Error)

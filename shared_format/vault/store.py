@@ -11,17 +11,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-from engram_sync.shared_format.errors import VaultError, WrongPassphraseError
-from engram_sync.shared_format.vault import sqlcipher
-from engram_sync.shared_format.vault.keys import (
+from ..errors import VaultError, WrongPassphraseError
+from . import sqlcipher
+from .salt import salt_path, vault_salt16, write_new_salt
+from .schema import apply_schema
+from .sqlcipher_key import (
     MachineIdSource,
     legacy_passphrase_vault_key,
     machine_vault_key,
     passphrase_vault_key,
     read_machine_id,
 )
-from engram_sync.shared_format.vault.salt import salt_path, vault_salt16, write_new_salt
-from engram_sync.shared_format.vault.schema import apply_schema
 
 DB_FILE_NAME: Final = "engrams.db"
 

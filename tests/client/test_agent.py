@@ -33,7 +33,7 @@ from engram_sync.client._agent.messages import (
 from engram_sync.client._agent.paths import SOCKET_NAME, agent_dir
 from engram_sync.client._agent.peer import peer_allowed, peer_uid
 from engram_sync.client._agent.server import LOCKED, REFUSED, Agent
-from engram_sync.shared_format.keys import derive_sync_keys
+from engram_sync.shared_format.sync_keys import derive_sync_keys
 from engram_sync.shared_format.vault import passphrase_vault_key, vault_salt16
 from tests.relay.conftest import ADMIN_KEY, Relay
 

@@ -56,7 +56,7 @@ NOT_FOR_LIST = (
     "rich.progress",
     "rich.table",
     "engram_sync.client._sync.engine",
-    "engram_sync.client._sync.relay_client",
+    "engram_sync.client._http.relay_client",
     "engram_sync.client._accounts.account",
     "engram_sync.shared_format.handoff",
     "mcp",  # the mcp extra: `engram-sync mcp` alone (docs/mcp.md)

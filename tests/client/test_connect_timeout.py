@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from engram_sync.client._errors import RelayUnavailableError
-from engram_sync.client._sync.relay_client import (
+from engram_sync.client._http.relay_client import (
     CONNECT_TIMEOUT_ENV,
     DEFAULT_CONNECT_TIMEOUT_S,
     RelayClient,

@@ -38,7 +38,7 @@ SYNC_TABLES = {
     "sync_digest_compacted",  # migration 2 (PROTOCOL §18)
 }
 
-# The tables exactly as client._vault.store and client._vault.keys created them before
+# The tables exactly as client._vault.store and client._vault.vault_key_store created them before
 # client._vault.schema existed (no sync_schema table): what an existing vault holds.
 OLD_SQL = """
 CREATE TABLE IF NOT EXISTS sync_known_clocks (

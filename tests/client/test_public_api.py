@@ -208,7 +208,7 @@ def test_watch_retries_an_unreachable_relay_and_ends_on_other_errors(
                 if len(offline) == 2:
                     stop.set()
 
-        with caplog.at_level(logging.WARNING, logger="engram_sync.client._sync.live"):
+        with caplog.at_level(logging.WARNING, logger="engram_sync.client._flows.live"):
             assert list(vault.watch(interval=0.01, stop=stop, on_status=on_status)) == []
         assert len(offline) == 2
         assert all("could not be reached" in (s.problem or "") for s in offline)

@@ -1,4 +1,4 @@
-"""The re-key library (client._sync.rekey, `Vault.rekey`; PROTOCOL §19) against a real relay.
+"""The re-key library (client._flows.rekey, `Vault.rekey`; PROTOCOL §19) against a real relay.
 
 A vault whose K came from an account or a handoff gets a new random K and vault id (the
 decrypted sets of the two vaults compared; the local passphrase unchanged); a version
@@ -17,14 +17,14 @@ import pytest
 from msgspec import UnsetType
 
 from engram_sync.client import RekeyError, Vault
+from engram_sync.client._flows.rekey import STATE_FILE, Rekey
+from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.rekey import STATE_FILE, Rekey
-from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.client._vault import store
-from engram_sync.client._vault.keys import key_source, store_vault_key, stored_vault_key
+from engram_sync.client._vault.vault_key_store import key_source, store_vault_key, stored_vault_key
 from engram_sync.shared_format.blob import BlobCipher
-from engram_sync.shared_format.keys import SyncKeys
 from engram_sync.shared_format.plaintext import MemoryPlaintext, decode_plaintext
+from engram_sync.shared_format.sync_keys import SyncKeys
 from engram_sync.shared_format.wraps import pack_vault_key
 from tests.relay.conftest import ADMIN_KEY, Relay
 
@@ -198,7 +198,7 @@ def test_an_account_rekey_stopped_after_the_mint_finishes_with_the_same_k(
     tmp_path: Path, relay: Relay
 ) -> None:
     from engram_sync.client._accounts import account
-    from engram_sync.client._sync.rekey import account_minter
+    from engram_sync.client._flows.rekey import account_minter
     from engram_sync.shared_format.b64 import b64decode_std
     from engram_sync.shared_format.wraps import unwrap_vault_key
 
@@ -237,7 +237,7 @@ def test_a_rekey_by_an_admin_grant_stops_before_the_retire_and_the_owner_finishe
     """PROTOCOL §13 (issue 31 finding 4): only the owner retires a vault. An account with an
     admin grant re-keys into a vault of its own, but the retire of the owner's vault is
     refused (`owner_only`) with what to do; linked with the owner's key, a re-run finishes."""
-    from engram_sync.client._sync.rekey import account_minter
+    from engram_sync.client._flows.rekey import account_minter
 
     bravo = _account_vault(tmp_path, relay, owned=False)
     with VaultSession.open(bravo, "bravo's own passphrase") as session:
@@ -266,7 +266,7 @@ def test_an_account_vault_stores_the_new_wrap_and_mints_its_key(
     tmp_path: Path, relay: Relay
 ) -> None:
     from engram_sync.client._accounts import account
-    from engram_sync.client._sync.rekey import account_minter
+    from engram_sync.client._flows.rekey import account_minter
     from engram_sync.shared_format.b64 import b64decode_std
     from engram_sync.shared_format.wraps import unwrap_vault_key
 

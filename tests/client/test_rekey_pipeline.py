@@ -1,4 +1,4 @@
-"""The re-key's pipelined copy (client._sync.rekey, docs/rekey.md "Measured"): several
+"""The re-key's pipelined copy (client._flows.rekey, docs/rekey.md "Measured"): several
 pushes of the copy are in flight at once against a real relay, every batch lands (the two
 vaults' decrypted sets equal), the progress counts every version once, and a push failing
 in the middle of the pipeline stops the copy, after which a rerun finishes it.
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from engram_sync.client._errors import SyncError
+from engram_sync.client._flows.rekey import Rekey
+from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.rekey import Rekey
-from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.client._vault import store
 from engram_sync.shared_format.wire import PushResponse, SyncBlob
 from tests.client.test_rekey import PASSPHRASE, _decrypted, _keys, _team_vault

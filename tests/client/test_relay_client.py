@@ -34,7 +34,7 @@ from engram_sync.client._errors import (
     ResyncRequiredError,
     SyncError,
 )
-from engram_sync.client._sync.relay_client import RelayClient, path_segment
+from engram_sync.client._http.relay_client import RelayClient, path_segment
 from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.relay.store.compaction import compact_vault
 from engram_sync.shared_format.wire import SyncBlob

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from engram_sync.client._accounts.account_client import AccountClient
 from engram_sync.client._errors import OutcomeUnknownError, RelayUnavailableError
-from engram_sync.client._sync.relay_client import RelayClient, Retry
+from engram_sync.client._http.account_client import AccountClient
+from engram_sync.client._http.relay_client import RelayClient, Retry
 
 CLIENT = Path(__file__).resolve().parents[2] / "client"
 

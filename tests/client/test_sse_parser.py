@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engram_sync.client._sync.sse import (
+from engram_sync.client._http.sse import (
     SseComment,
     SseEvent,
     SseParser,

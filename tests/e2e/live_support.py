@@ -1,4 +1,4 @@
-"""A device running the live sync loop (client._sync.live) in a thread of its own, with its
+"""A device running the live sync loop (client._flows.live) in a thread of its own, with its
 own connection to its vault, as `engram-sync watch` runs it; and waiting for conditions
 with generous timeouts (no timed assertions: 2 shared cores)."""
 
@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engram_sync.client._errors import RateLimitedError, RelayUnavailableError, SyncError
+from engram_sync.client._flows.live import LiveStatus, LiveSync, LiveTiming
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.engine import SyncReport
-from engram_sync.client._sync.feed import FeedTiming
-from engram_sync.client._sync.live import LiveStatus, LiveSync, LiveTiming
+from engram_sync.client._sync.live_feed import FeedTiming
 from tests.e2e.conftest import PASSPHRASE
 
 # Short delays, so a fallback or a reconnect happens within a test's patience.

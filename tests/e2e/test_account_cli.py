@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from engram_sync.shared_format.b64 import b64decode_std, b64encode_std
-from engram_sync.shared_format.keys import derive_sync_keys
 from engram_sync.shared_format.login import login_secret
+from engram_sync.shared_format.sync_keys import derive_sync_keys
 from engram_sync.shared_format.wraps import pack_vault_key, unwrap_with_secret
 from tests.relay.accounts.test_zero_knowledge import dump_every_column, spellings
 from tests.relay.conftest import ADMIN_KEY, Relay, base_config, free_port

@@ -18,7 +18,7 @@ import pytest
 from engram_sync.client._accounts import account, pairing, team
 from engram_sync.client._errors import DeviceRevokedError
 from engram_sync.client._session import VaultSession
-from engram_sync.client._vault import keys as vault_keys
+from engram_sync.client._vault import vault_key_store as vault_keys
 from engram_sync.shared_format.recovery import generate_recovery_phrase
 from tests.e2e.conftest import DeviceHandle, make_device
 from tests.e2e.helpers import add, contents, edit

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from engram_sync.client._errors import AuthError
+from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession, choose_vault_id
-from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.shared_format.blob import BlobCipher
-from engram_sync.shared_format.keys import derive_sync_keys, vault_id_v1, vault_id_v2
+from engram_sync.shared_format.sync_keys import derive_sync_keys, vault_id_v1, vault_id_v2
 from tests.e2e.conftest import PASSPHRASE, VAULT_ID, DeviceHandle
 from tests.e2e.helpers import add, contents
 from tests.relay.conftest import ADMIN_KEY, Relay

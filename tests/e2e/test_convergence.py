@@ -6,7 +6,7 @@ device syncs until quiet. Checked:
 - after every successful sync of a device, each of its local changes made since its last
   sync was either accepted by the relay or kept in its `sync_conflicts`;
 - at the end all devices hold identical memories, a fourth one too (`delta`): it never
-  syncs by itself but runs the live loop of `engram-sync watch` (client._sync.live) with a
+  syncs by itself but runs the live loop of `engram-sync watch` (client._flows.live) with a
   timer that never fires, so the relay's event stream alone brings it every change, and the
   memories the test writes into its vault through a second connection (as another program
   would) reach the others only because its watch noticed them (PROTOCOL §15, issue 15).
@@ -30,15 +30,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from engram_sync.client._errors import RelayUnavailableError
+from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.client._vault import store as local_store
 from engram_sync.client._vault.held_versions import held_versions
 from engram_sync.relay.store.bucket_prefixes import count_list
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.digest import digest_int, fold
-from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys
 from engram_sync.shared_format.plaintext import Tombstone, decode_plaintext
+from engram_sync.shared_format.sync_keys import SyncKeys, derive_sync_keys
 from engram_sync.shared_format.wire import PushResponse, SyncBlob
 from tests.conftest import backend_of, takes_backend
 from tests.e2e.conftest import PASSPHRASE

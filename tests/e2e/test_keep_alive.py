@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uvicorn
 
-from engram_sync.client._sync.relay_client import KEEPALIVE_EXPIRY_S
+from engram_sync.client._http.relay_client import KEEPALIVE_EXPIRY_S
 from engram_sync.relay.serving.connections import ConnectionLimits
 from engram_sync.relay.serving.server import KEEP_ALIVE_S, _uvicorn_config
 

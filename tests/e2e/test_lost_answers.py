@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engram_sync.client._errors import RelayUnavailableError
-from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.shared_format.wire import PushResponse, SyncBlob
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.helpers import add, conflicts, contents, edit, sync_all

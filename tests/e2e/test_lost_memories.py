@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from engram_sync.client._cli.main import _watch_retries
-from engram_sync.client._vault.keys import KeysDoNotOpenVaultError, keys_refused_message
+from engram_sync.client._vault.vault_key_store import KeysDoNotOpenVaultError, keys_refused_message
 from tests.e2e.test_account_cli import FINGERPRINT, Device, ServedRelay, serve_relay
 from tests.relay.conftest import ADMIN_KEY
 

@@ -23,12 +23,12 @@ import httpx
 import pytest
 
 from engram_sync.client._errors import RelayError
+from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.client._vault import store
 from engram_sync.shared_format.blob import BlobCipher
-from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v2
 from engram_sync.shared_format.plaintext import MemoryPlaintext, decode_plaintext
+from engram_sync.shared_format.sync_keys import SyncKeys, derive_sync_keys, vault_id_v2
 from engram_sync.shared_format.wire import SyncBlob
 from tests.relay.conftest import ADMIN_KEY, Relay
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engram_sync.shared_format.keys import vault_id_v2
+from engram_sync.shared_format.sync_keys import vault_id_v2
 from tests.e2e.test_rekey_cli import OLD, _cli, _fill, _retired
 from tests.relay.conftest import Relay
 

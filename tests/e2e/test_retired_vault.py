@@ -1,6 +1,6 @@
 """The other devices meet a retired vault (PROTOCOL §19; docs/rekey.md "Other devices").
 
-A real relay, real SQLCipher vaults, real crypto. One device re-keys (client._sync.rekey);
+A real relay, real SQLCipher vaults, real crypto. One device re-keys (client._flows.rekey);
 the others learn of it from a push refused 410 `vault_retired` or from a pull's `retired`,
 keep every unpushed edit, and switch only with a key they obtained themselves.
 """
@@ -18,17 +18,17 @@ import pytest
 
 from engram_sync.client._accounts import account
 from engram_sync.client._errors import VaultRetiredError
+from engram_sync.client._flows.rekey import Rekey
+from engram_sync.client._flows.successor import JoinError, join_with_handoff, join_with_passphrase
+from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.rekey import Rekey
-from engram_sync.client._sync.relay_client import RelayClient
-from engram_sync.client._sync.successor import JoinError, join_with_handoff, join_with_passphrase
-from engram_sync.client._vault import keys as vault_keys
+from engram_sync.client._vault import vault_key_store as vault_keys
 from engram_sync.client._vault.store import count_to_push
 from engram_sync.shared_format.b64 import b64encode_std
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.errors import WrongPassphraseError
-from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v2
 from engram_sync.shared_format.plaintext import MemoryPlaintext, decode_plaintext
+from engram_sync.shared_format.sync_keys import SyncKeys, derive_sync_keys, vault_id_v2
 from engram_sync.shared_format.wraps import wrap_vault_key
 from tests.e2e.conftest import PASSPHRASE, DeviceHandle, make_device
 from tests.e2e.helpers import add, contents, delete, edit

@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 from msgspec import UNSET
 
-from engram_sync.client._sync.relay_client import PULL_PAGE_BUDGET_BYTES
+from engram_sync.client._http.relay_client import PULL_PAGE_BUDGET_BYTES
 from engram_sync.relay.services.config import (
     DEFAULT_MAX_BLOB_BYTES,
     DEFAULT_MAX_PAGE_BYTES,

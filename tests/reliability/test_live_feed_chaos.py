@@ -44,7 +44,7 @@ import httpx
 import psutil
 import pytest
 
-from engram_sync.client._sync.sse import SseEvent, SseParser
+from engram_sync.client._http.sse import SseEvent, SseParser
 from engram_sync.relay.db.embedded import EmbeddedPostgres
 from engram_sync.relay.db.migrate import upgrade_to_head
 from tests.relay.conftest import ADMIN_KEY, free_port

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from engram_sync.shared_format.keys import derive_sync_keys, vault_id_v2
+from engram_sync.shared_format.sync_keys import derive_sync_keys, vault_id_v2
 from tests.e2e.test_rekey_cli import EXE, _decrypted, _fill, _retired
 from tests.relay.conftest import Relay, base_config
 from tests.reliability.support import RelayProcess

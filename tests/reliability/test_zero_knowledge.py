@@ -19,7 +19,7 @@ import pytest
 from engram_sync.client._accounts import account, pairing, team
 from engram_sync.client._session import VaultSession
 from engram_sync.client._vault import store as local_store
-from engram_sync.client._vault.keys import pack_keys
+from engram_sync.client._vault.vault_key_store import pack_keys
 from engram_sync.shared_format.login import login_secret
 from engram_sync.shared_format.plaintext import encode_memory
 from tests.e2e.conftest import DeviceHandle, make_device

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys
+from engram_sync.shared_format.sync_keys import SyncKeys, derive_sync_keys
 
 GOLDEN_PASSPHRASE = "correct-horse-battery-staple"
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from engram_sync.shared_format.b64 import b64encode_std
 from engram_sync.shared_format.blob import BlobCipher, blob_hmac
 from engram_sync.shared_format.errors import BlobDecryptError, BlobMalformedError, BlobTamperedError
-from engram_sync.shared_format.keys import SyncKeys
+from engram_sync.shared_format.sync_keys import SyncKeys
 from engram_sync.shared_format.timestamps import parse_rfc3339
 from engram_sync.shared_format.wire import SyncBlob
 

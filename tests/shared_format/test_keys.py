@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from engram_sync.shared_format.kdf import domain_salt
-from engram_sync.shared_format.keys import (
+from engram_sync.shared_format.sync_keys import (
     ENC_TAG,
     HMAC_TAG,
     SyncKeys,

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.errors import PlaintextError
-from engram_sync.shared_format.keys import SyncKeys
 from engram_sync.shared_format.padding import pad_plaintext, padded_size, padme_length
 from engram_sync.shared_format.plaintext import Tombstone, decode_plaintext, tombstone_plaintext
+from engram_sync.shared_format.sync_keys import SyncKeys
 
 # (L, padded L): just below, at and just above bucket boundaries. Step 2^(E-S) per range:
 # L 2..7 step 1; 8..31 step 2; 32..63 step 4; 64..127 step 8; 128..511 step 16 (S goes

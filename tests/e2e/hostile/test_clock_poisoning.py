@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._sync.device import ClockExhaustedError
 from engram_sync.client._sync.engine import CLOCK_JUMP_REASON, MAX_CLOCK_STEP
-from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.wire import MAX_VECTOR_CLOCK
 from tests.e2e.conftest import DeviceHandle

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from engram_sync.client._vault.keys import KeysDoNotOpenVaultError
+from engram_sync.client._vault.vault_key_store import KeysDoNotOpenVaultError
 from tests.e2e.helpers import add, contents
 from tests.e2e.hostile.conftest import Scene
 from tests.e2e.hostile.test_forged_pages import inject, stored_blob

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from engram_sync.client._accounts import pairing, team
-from engram_sync.client._vault import keys as vault_keys
+from engram_sync.client._vault import vault_key_store as vault_keys
 from engram_sync.shared_format.b64 import b64url_encode
 from engram_sync.shared_format.errors import HandoffError
 from engram_sync.shared_format.handoff import (

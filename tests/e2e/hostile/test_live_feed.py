@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from engram_sync.client._errors import DeviceRevokedError
+from engram_sync.client._flows.live import LiveTiming
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.live import LiveTiming
 from tests.e2e.conftest import PASSPHRASE
 from tests.e2e.helpers import add, contents
 from tests.e2e.hostile.conftest import Scene
@@ -192,7 +192,7 @@ def test_an_endless_line_drops_the_stream(scene: Scene, caplog: pytest.LogCaptur
     line = [(0.0, b"data: " + b"x" * 4096) for _ in range(64)]  # 256 KiB, no newline
     scene.proxy.on("GET", EVENTS, lambda e: event_stream(RETRY, *line, hold=60), forward=False)
     dev.restart()
-    with caplog.at_level("WARNING", logger="engram_sync.client._sync.feed"):
+    with caplog.at_level("WARNING", logger="engram_sync.client._sync.live_feed"):
         watch = Watcher(dev.path).start()
         try:
             wait_for(lambda: watch.mode() == "poll", "the fall back after two endless lines")

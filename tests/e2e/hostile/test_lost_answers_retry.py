@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from engram_sync.client._accounts.account_client import AccountClient
 from engram_sync.client._errors import OutcomeUnknownError
-from engram_sync.client._sync.relay_client import RelayClient
+from engram_sync.client._http.account_client import AccountClient
+from engram_sync.client._http.relay_client import RelayClient
 from tests.e2e.helpers import add, contents
 from tests.e2e.hostile.conftest import Scene
 from tests.e2e.hostile.proxy import Answer, Exchange

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from engram_sync.client._errors import VaultRetiredError
+from engram_sync.client._flows.successor import JoinError, join_with_passphrase
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.successor import JoinError, join_with_passphrase
-from engram_sync.client._vault.keys import stored_vault_key
 from engram_sync.client._vault.store import add_memory, count_to_push
-from engram_sync.shared_format.keys import vault_id_v2
+from engram_sync.client._vault.vault_key_store import stored_vault_key
+from engram_sync.shared_format.sync_keys import vault_id_v2
 from tests.e2e.conftest import PASSPHRASE, DeviceHandle
 from tests.e2e.helpers import add, contents
 from tests.e2e.hostile.conftest import Scene

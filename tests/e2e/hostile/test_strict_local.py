@@ -28,9 +28,9 @@ import msgspec
 from engram_sync.client import Vault
 from engram_sync.client._vault import store
 from engram_sync.shared_format.blob import BlobCipher
-from engram_sync.shared_format.keys import vault_id_v2
 from engram_sync.shared_format.padding import pad_plaintext
 from engram_sync.shared_format.plaintext import encode_memory, tombstone_plaintext
+from engram_sync.shared_format.sync_keys import vault_id_v2
 from tests.e2e.conftest import PASSPHRASE as LIB_PASSPHRASE
 from tests.e2e.helpers import add, conflicts, contents
 from tests.e2e.hostile.conftest import Scene

@@ -27,12 +27,12 @@ from typing import Any
 import pytest
 
 from engram_sync.client._accounts import account
-from engram_sync.client._sync.relay_client import RelayClient
-from engram_sync.client._sync.successor import (
+from engram_sync.client._flows.successor import (
     UnprovenSuccessorError,
     join_with_account,
     join_with_handoff,
 )
+from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.shared_format.b64 import b64encode_std
 from engram_sync.shared_format.successor_statement import make_statement
 from tests.e2e.conftest import DeviceHandle

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engram_sync.client._errors import AnswerTooLargeError, RelayUnavailableError
-from engram_sync.client._sync.relay_client import (
+from engram_sync.client._http.relay_client import (
     MAX_ANSWER_BYTES,
     PULL_PAGE_BUDGET_BYTES,
     RelayClient,

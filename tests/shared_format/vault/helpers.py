@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlcipher3
 
-from engram_sync.shared_format.vault import keys
+from engram_sync.shared_format.vault import sqlcipher_key as keys
 
 MACHINE_ID = "test-machine-0001"
 OTHER_MACHINE_ID = "test-machine-0002"

@@ -2,7 +2,7 @@
 docs/live-sync.md).
 
 One thread syncs (the vault's connection belongs to it); the feed thread
-(client._sync.feed) only wakes it. A sync runs when:
+(client._sync.live_feed) only wakes it. A sync runs when:
 
 - the feed hints that the vault's sequence passed this device's cursor (PROTOCOL §15);
 - this device's vault changed: `PRAGMA data_version` (another connection, e.g. another
@@ -28,18 +28,19 @@ from typing import Final
 
 from msgspec.structs import replace
 
-from engram_sync.client._errors import SyncError
-from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import Syncer, SyncReport
-from engram_sync.client._sync.feed import (
+from engram_sync.shared_format.wire import PullResponse
+
+from .._errors import SyncError
+from .._session import VaultSession
+from .._sync.engine import Syncer, SyncReport
+from .._sync.live_feed import (
     READ_TIMEOUT_S,
     FeedMode,
     FeedSignals,
     FeedTiming,
     LiveFeed,
 )
-from engram_sync.client._vault.store import count_to_push
-from engram_sync.shared_format.wire import PullResponse
+from .._vault.store import count_to_push
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from engram_sync.shared_format.errors import VaultError
-from engram_sync.shared_format.kdf import argon2id
+from ..errors import VaultError
+from ..kdf import argon2id
 
 # VAULT §2 constants.
 PASSPHRASE_KEY_MEMORY_KIB: Final = 65536

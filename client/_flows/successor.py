@@ -32,27 +32,28 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engram_sync.client._accounts import account as account_ops
-from engram_sync.client._accounts.pairing import require_passphrase_vault, save_link
-from engram_sync.client._errors import AuthError, ForbiddenError, RelayError, SyncError
-from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.relay_client import RelayClient
-from engram_sync.client._vault.keys import (
+from engram_sync.shared_format.b64 import Base64Error, b64decode_std
+from engram_sync.shared_format.errors import KeyUnwrapError
+from engram_sync.shared_format.successor_statement import statement_verifies
+from engram_sync.shared_format.sync_keys import SyncKeys, derive_sync_keys, vault_id_v2
+from engram_sync.shared_format.vault import sqlcipher
+from engram_sync.shared_format.vault.salt import vault_salt16
+from engram_sync.shared_format.vault.sqlcipher_key import passphrase_vault_key
+from engram_sync.shared_format.wraps import unwrap_vault_key
+
+from .._accounts import account as account_ops
+from .._accounts.pairing import require_passphrase_vault, save_link
+from .._errors import AuthError, ForbiddenError, RelayError, SyncError
+from .._http.relay_client import RelayClient
+from .._session import VaultSession
+from .._vault.store import count_to_push
+from .._vault.vault_key_store import (
     expect_vault_key,
     key_source,
     keys_open_relay_blobs,
     pack_keys,
     store_vault_key,
 )
-from engram_sync.client._vault.store import count_to_push
-from engram_sync.shared_format.b64 import Base64Error, b64decode_std
-from engram_sync.shared_format.errors import KeyUnwrapError
-from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v2
-from engram_sync.shared_format.successor_statement import statement_verifies
-from engram_sync.shared_format.vault import sqlcipher
-from engram_sync.shared_format.vault.keys import passphrase_vault_key
-from engram_sync.shared_format.vault.salt import vault_salt16
-from engram_sync.shared_format.wraps import unwrap_vault_key
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,10 @@ def _switch(
     session.state.rekeyed_from = old
     session.state.last_error = None
     session.state.save()
-    session._keys = keys
+    if keys is None:
+        session.forget_keys()  # K comes with the handoff
+    else:
+        session.set_keys(keys)
     log.info("switched from retired vault %s to its successor %s (%s)", old, vault_id, source)
 
 

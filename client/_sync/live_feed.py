@@ -1,6 +1,6 @@
 """The live change feed on the device (PROTOCOL §15; docs/live-sync.md).
 
-A thread that tells the watch loop (client._sync.live) when the vault has changed. It
+A thread that tells the watch loop (client._flows.live) when the vault has changed. It
 holds the relay's event stream when /v1/info lists `events`; falls back to the long-poll
 (`pull?cursor=N&wait=S`, feature `pull-wait`) when the stream is not offered or keeps
 failing (a proxy that buffers it, answers 404 or 405); and to nothing at all (the loop
@@ -8,7 +8,7 @@ polls on its timer) when neither works. It reconnects with exponential backoff a
 jitter, and never faster than `FeedTiming.reconnect_min_s`.
 
 Everything the relay sends is hostile input: lines and events are bounded
-(client._sync.sse), and a hint is only a wake-up. Its cursor must be an integer that does
+(client._http.sse), and a hint is only a wake-up. Its cursor must be an integer that does
 not go back on the stream; anything else is counted as a bad hint and ignored. A valid
 hint never moves the device's cursor: the loop pulls with its own cursor, so a relay that
 lies in hints can delay the device or make it pull for nothing (bounded by the loop's
@@ -36,7 +36,9 @@ from typing import Final
 import httpx
 import msgspec
 
-from engram_sync.client._errors import (
+from engram_sync.shared_format.wire import MAX_PULL_LIMIT, ChangeEvent, PullResponse
+
+from .._errors import (
     AuthError,
     DeviceRevokedError,
     FeedUnavailableError,
@@ -47,9 +49,8 @@ from engram_sync.client._errors import (
     VaultRetiredError,
     one_line,
 )
-from engram_sync.client._sync.relay_client import EventStream, RelayClient
-from engram_sync.client._sync.sse import SseComment, SseEvent, SseParser, SseRetry, SseTooLargeError
-from engram_sync.shared_format.wire import MAX_PULL_LIMIT, ChangeEvent, PullResponse
+from .._http.relay_client import EventStream, RelayClient
+from .._http.sse import SseComment, SseEvent, SseParser, SseRetry, SseTooLargeError
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,6 @@ from typing import NoReturn
 
 from msgspec import UNSET
 
-from engram_sync.client._errors import RelayMisbehavedError, one_line
-from engram_sync.client._sync.relay_client import RelayClient, Retry, path_segment
 from engram_sync.shared_format.login import normalize_email
 from engram_sync.shared_format.timestamps import parse_rfc3339
 from engram_sync.shared_format.wire import (
@@ -62,6 +60,9 @@ from engram_sync.shared_format.wire import (
     VaultWrapWrite,
     encode_json,
 )
+
+from .._errors import RelayMisbehavedError, one_line
+from .relay_client import RelayClient, Retry, path_segment
 
 VAULT_KEY_HEADER = "X-Engram-Vault-Key"
 # Bounds on what a grant answer may name (the relay's own ids are `acct_` + 16 hex digits;

@@ -26,14 +26,15 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Final
 
-from engram_sync.client._errors import SyncError
-from engram_sync.client._sync.relay_client import RelayClient
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.errors import BlobTamperedError, KeyUnwrapError
-from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys
+from engram_sync.shared_format.sync_keys import SyncKeys, derive_sync_keys
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.wire import SyncBlob
 from engram_sync.shared_format.wraps import VaultKey, pack_vault_key, unpack_vault_key
+
+from .._errors import SyncError
+from .._http.relay_client import RelayClient
 
 BLOB_SAMPLE: Final = 20
 SOURCES: Final = ("account", "handoff", "passphrase")

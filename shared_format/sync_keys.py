@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
 
-from engram_sync.shared_format.kdf import argon2id, domain_salt
+from .kdf import argon2id, domain_salt
 
 ENC_TAG: Final = "axiom-sync-enc-v2"
 HMAC_TAG: Final = "axiom-sync-hmac-v2"

@@ -26,19 +26,6 @@ from urllib.parse import quote
 import httpx
 
 from engram_sync import __version__
-from engram_sync.client._errors import (
-    AnswerTooLargeError,
-    FeedUnavailableError,
-    OutcomeUnknownError,
-    ProtocolError,
-    RateLimitedError,
-    RelayError,
-    RelayUnavailableError,
-    SyncError,
-    body_excerpt,
-    one_line,
-    relay_error,
-)
 from engram_sync.shared_format.digest import (
     DigestAnswer,
     FetchRequest,
@@ -63,6 +50,20 @@ from engram_sync.shared_format.wire import (
     VaultStats,
     decode_json,
     encode_json,
+)
+
+from .._errors import (
+    AnswerTooLargeError,
+    FeedUnavailableError,
+    OutcomeUnknownError,
+    ProtocolError,
+    RateLimitedError,
+    RelayError,
+    RelayUnavailableError,
+    SyncError,
+    body_excerpt,
+    one_line,
+    relay_error,
 )
 
 log = logging.getLogger(__name__)
@@ -338,7 +339,7 @@ class RelayClient:
     @contextlib.contextmanager
     def events(self, vault_id: str, *, cursor: int, blobs: bool = False) -> Iterator[EventStream]:
         """`GET /v1/vaults/{vault_id}/events?cursor=N` (PROTOCOL §15), one attempt: the
-        stream's raw bytes as they arrive (client._sync.sse parses them), closed on exit.
+        stream's raw bytes as they arrive (client._http.sse parses them), closed on exit.
         `blobs`: ask for small commits' blobs in the change events (`blobs=1`, ours).
 
         Read with the client's timeout between bytes (longer than the relay's 15 s ping).

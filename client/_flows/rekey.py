@@ -42,32 +42,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
-from engram_sync.client._atomic import read_json, write_json_atomic
-from engram_sync.client._errors import ForbiddenError, RelayError, SyncError
-from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.config import SyncConfig, save_sync_config
-from engram_sync.client._sync.engine import SyncReport
-from engram_sync.client._sync.lock import sync_lock
-from engram_sync.client._sync.relay_client import RelayClient
-from engram_sync.client._vault.held_versions import by_bucket, held_versions
-from engram_sync.client._vault.keys import (
-    forget_vault_key,
-    key_source,
-    keys_open_relay_blobs,
-    pack_keys,
-    store_vault_key,
-    stored_vault_key,
-)
-from engram_sync.client._vault.privacy import (
-    forget_kept_local_clocks,
-    kept_local_ids,
-    without_local_links,
-)
-from engram_sync.client._vault.store import (
-    memories_of_rows,
-    row_needs_push,
-    rows_of,
-)
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.digest import (
@@ -80,7 +54,6 @@ from engram_sync.shared_format.digest import (
     fold,
 )
 from engram_sync.shared_format.errors import FormatError
-from engram_sync.shared_format.keys import SyncKeys, derive_sync_keys, vault_id_v2
 from engram_sync.shared_format.padding import pad_plaintext
 from engram_sync.shared_format.plaintext import (
     MemoryPlaintext,
@@ -89,11 +62,39 @@ from engram_sync.shared_format.plaintext import (
     tombstone_plaintext,
 )
 from engram_sync.shared_format.successor_statement import make_statement
+from engram_sync.shared_format.sync_keys import SyncKeys, derive_sync_keys, vault_id_v2
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.vault import sqlcipher
-from engram_sync.shared_format.vault.keys import passphrase_vault_key
 from engram_sync.shared_format.vault.salt import vault_salt16
+from engram_sync.shared_format.vault.sqlcipher_key import passphrase_vault_key
 from engram_sync.shared_format.wire import PushResponse, RetireResponse, SyncBlob
+
+from .._atomic import read_json, write_json_atomic
+from .._errors import ForbiddenError, RelayError, SyncError
+from .._http.relay_client import RelayClient
+from .._session import VaultSession
+from .._sync.config import SyncConfig, save_sync_config
+from .._sync.engine import SyncReport
+from .._sync.lock import sync_lock
+from .._vault.held_versions import by_bucket, held_versions
+from .._vault.privacy import (
+    forget_kept_local_clocks,
+    kept_local_ids,
+    without_local_links,
+)
+from .._vault.store import (
+    memories_of_rows,
+    row_needs_push,
+    rows_of,
+)
+from .._vault.vault_key_store import (
+    forget_vault_key,
+    key_source,
+    keys_open_relay_blobs,
+    pack_keys,
+    store_vault_key,
+    stored_vault_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -373,7 +374,7 @@ class Rekey:
         _kill_point("step:pulled")
         k = pack_keys(new.keys, new.vault_id)
         with session.vault.transaction() as conn:
-            # the new K before anything is pushed under it (client._vault.keys): a random
+            # the new K before anything is pushed under it (client._vault.vault_key_store): a random
             # K exists nowhere else until the account holds its wrap
             store_vault_key(conn, k, "passphrase" if kind == "passphrase" else "account")
         # The record before any key is minted: a run killed after the mint (the account
@@ -770,7 +771,7 @@ class Rekey:
         with session.vault.transaction() as conn:  # the new vault holds none of them
             forget_kept_local_clocks(conn)
         save_sync_config(session.path, session.config)
-        session._keys = new.keys  # the cached keys follow the switch
+        session.set_keys(new.keys)  # the cached keys follow the switch
         record.step = "switched"
         record.save(session.path)
         self.report.steps.append("switched")
@@ -799,9 +800,10 @@ def account_minter(session: VaultSession, password: str) -> Callable[[str, bytes
     `engram-sync link --account`), then a key for the new vault minted through the account
     (`POST /account/keys`): admin, and not bound to one device, since the copy pushes the
     versions of every device under their own device ids (PROTOCOL §10)."""
-    from engram_sync.client._accounts import account as account_ops
     from engram_sync.shared_format.b64 import b64encode_std
     from engram_sync.shared_format.wraps import wrap_vault_key
+
+    from .._accounts import account as account_ops
 
     def mint(vault_id: str, k: bytes) -> str:
         unlocked = account_ops.unlock(session.path, password)
