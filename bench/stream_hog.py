@@ -40,7 +40,7 @@ from bench.stats import latency_summary
 from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.relay.store.minted_keys import create_key
 
-HOG_RATE: Final = 100  # requests/second: a minted key's default (relay.keys)
+HOG_RATE: Final = 100  # requests/second: a minted key's default (relay.domain.api_keys)
 VAULTS: Final = 5  # the devices' vaults
 REFUSED_PAUSE_S: Final = 1.0
 # The relay's production defaults, whatever the bench's own relay (bench.relay_process)

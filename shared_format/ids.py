@@ -1,6 +1,6 @@
 """The rule for the opaque ids a relay stores (vault, memory and device ids), PROTOCOL §6
 step 1: one function for both sides. The relay refuses a push holding an invalid id as a
-whole (`relay.push_rules`, a 400 at its edge); the client applies the same rule before it
+whole (`relay.domain.push_rules`, a 400 at its edge); the client applies the same rule before it
 writes an id into a vault (import) and before it seals one (its push sets such a memory
 aside instead of sending a batch the relay must refuse, issue 31)."""
 

@@ -64,7 +64,7 @@ class PullRequest(Struct, frozen=True):
     """Query of `GET /v1/vaults/{vault_id}/pull` (PROTOCOL §5, §7, §9).
 
     `since` empty means none; `cursor` selects the commit-ordered mode of §9. The relay reads
-    `limit=0` as the default and caps the page at MAX_PULL_LIMIT (relay/routes/sync.py).
+    `limit=0` as the default and caps the page at MAX_PULL_LIMIT (relay/http/routes/sync.py).
     """
 
     since: str | None = None

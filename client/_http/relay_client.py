@@ -144,7 +144,7 @@ class Retry(Enum):
 # Transport errors raised before any byte of the request left this machine.
 NOT_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # 503 codes the relay answers before it reads the request (relay.connections: a connection
-# refused at the cap) or before it does anything with it (relay.passwords: the hashing
+# refused at the cap) or before it does anything with it (relay.services.passwords: the hashing
 # queue is full). 429 is answered by the rate limiter before the route runs (relay.auth).
 # A 503 `unavailable` (the database failed) may follow a commit whose answer was lost.
 NOT_PROCESSED: Final = frozenset({"busy", "overloaded"})

@@ -45,7 +45,7 @@ DEFAULT_PUSH_LANES: Final = (
 # PROTOCOL §7, §9, §11 (issue 14 item 5): a cursor pull page holds at most this many base64
 # characters of ciphertext (at least one blob; relay.store.sync), so one pull of a vault of
 # large blobs cannot make the relay hold 1000 of them. Well below the client's 32 MiB
-# page budget (client._sync.relay_client.PULL_PAGE_BUDGET_BYTES) even with one maximal blob over.
+# page budget (client._http.relay_client.PULL_PAGE_BUDGET_BYTES) even with one maximal blob over.
 DEFAULT_MAX_PAGE_BYTES: Final = 8 * 1024 * 1024
 # Seconds between two background maintenance rounds (relay.services.maintenance); 0 turns it off.
 DEFAULT_MAINTENANCE_INTERVAL_S: Final = 300

@@ -43,7 +43,7 @@ ENV_DATABASE_URL: Final = "ENGRAM_RELAY_DATABASE_URL"
 ENV_LOG_LEVEL: Final = "ENGRAM_RELAY_LOG_LEVEL"
 ENV_LOG_FORMAT: Final = "ENGRAM_RELAY_LOG_FORMAT"
 # Seconds an idle keep-alive connection stays open (uvicorn's default, made explicit): the
-# client drops its idle connections sooner (client._sync.relay_client.KEEPALIVE_EXPIRY_S), so
+# client drops its idle connections sooner (client._http.relay_client.KEEPALIVE_EXPIRY_S), so
 # it never sends a request on a connection the relay is closing.
 KEEP_ALIVE_S: Final = 5
 
