@@ -87,7 +87,7 @@ def test_the_wheel_has_one_top_level_name_and_ships_the_migrations(wheel: Path) 
         "engram_sync",
         f"{wheel.name.split('-py3')[0]}.dist-info",
     }
-    for package in ("client", "relay", "shared_format"):
+    for package in ("client", "relay", "shared_format", "cli_kit"):
         assert f"engram_sync/{package}/__init__.py" in names
         assert f"engram_sync/{package}/py.typed" in names
     migrations = sorted((ROOT / "relay" / "migrations" / "versions").glob("0*.py"))

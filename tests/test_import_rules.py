@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("shared_format", "relay", "client")
+PACKAGES = ("shared_format", "relay", "client", "cli_kit")
 INDEPENDENT = "relay and client never import each other"
 PURE = "shared_format imports no relay, client, HTTP or database code"
 HTTP_FREE = "relay store and rules layers import no HTTP code"
 LAYERS = "the relay's layers: cli > serving > http > services > store > domain | db"
 CLIENT_LAYERS = "the client's layers, top to bottom"
+CLI_KIT = "cli_kit imports no relay, client or shared_format code"
 
 
 def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -57,7 +58,7 @@ def test_the_shared_vault_format_may_use_sqlcipher() -> None:
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the three packages, engram_sync/ and pyproject.toml, to break one import at a
+    """A copy of the four packages, engram_sync/ and pyproject.toml, to break one import at a
     time (engram_sync/'s links to the packages are relative, so they point into the copy)."""
     base = tmp_path_factory.mktemp("import_rules")
     for package in (*PACKAGES, "engram_sync"):
@@ -110,6 +111,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("client/_agent/reads.py", "from engram_sync.client._cli import main", CLIENT_LAYERS),
         ("client/_http/relay_client.py", "import engram_sync.client._vault.store", CLIENT_LAYERS),
         ("client/_render.py", "from engram_sync.client._api import Vault", CLIENT_LAYERS),
+        # the kit both CLIs share holds nothing of either
+        ("cli_kit/usage.py", "import engram_sync.relay.cli.main", CLI_KIT),
+        ("cli_kit/usage.py", "from engram_sync.client import _errors", CLI_KIT),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(

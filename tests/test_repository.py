@@ -54,8 +54,10 @@ def test_mypy_strict_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-_OLD_TOP_LEVEL = re.compile(r"^\s*(?:from|import) (?:relay|client|shared_format)\b", re.M)
-_NAMESPACED = re.compile(r"^\s*(?:from|import) engram_sync\.(?:relay|client|shared_format)\b", re.M)
+_OLD_TOP_LEVEL = re.compile(r"^\s*(?:from|import) (?:relay|client|shared_format|cli_kit)\b", re.M)
+_NAMESPACED = re.compile(
+    r"^\s*(?:from|import) engram_sync\.(?:relay|client|shared_format|cli_kit)\b", re.M
+)
 
 
 def test_code_imports_the_packages_by_their_installed_names() -> None:

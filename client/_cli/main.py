@@ -19,6 +19,7 @@ from typing import Annotated, Any, Final
 import typer
 
 from engram_sync import __version__
+from engram_sync.cli_kit.usage import plain_help, usage_exit, version_callback
 from engram_sync.shared_format.errors import FormatError, WrongPassphraseError
 from engram_sync.shared_format.plaintext import encode_memory
 
@@ -67,7 +68,6 @@ from .support import (
     out,
     print_json,
 )
-from .usage import plain_help, usage_exit, version_callback
 from .vault_registry import resolve_vault, vaults_app
 from .verify import verify
 
@@ -649,7 +649,7 @@ def main() -> None:
         err.print("aborted")
         sys.exit(130)
     except Exception as exc:
-        # a usage error, in words (client._cli.usage), exits 2 with or without --debug:
+        # a usage error, in words (cli_kit.usage), exits 2 with or without --debug:
         # its traceback is the option parser's, not ours
         usage = usage_exit(exc, err)
         if usage is not None:

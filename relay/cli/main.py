@@ -15,11 +15,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from engram_sync import __version__
+from engram_sync.cli_kit.usage import plain_help, usage_exit, version_callback
 from engram_sync.relay.cli import backup as ops
 from engram_sync.relay.cli import vaults as cli_vaults
 from engram_sync.relay.cli.options import DatabaseUrl, DataDir
 from engram_sync.relay.cli.support import CliError, check_vault, on_connection, run_db
-from engram_sync.relay.cli.usage import plain_help, usage_exit, version_callback
 from engram_sync.relay.db.citus import CitusError
 from engram_sync.relay.db.failures import DatabaseFailureError
 from engram_sync.relay.db.runtime import database, default_relay_dir, save_admin_key
@@ -519,7 +519,7 @@ def main() -> None:
         err.print("aborted")
         sys.exit(130)
     except Exception as exc:
-        # a usage error, in words (relay.cli.usage), exits 2 with or without --debug: its
+        # a usage error, in words (cli_kit.usage), exits 2 with or without --debug: its
         # traceback is the option parser's, not ours
         usage = usage_exit(exc, err)
         if usage is not None:

@@ -1,6 +1,6 @@
-"""The `engram-sync` command line as a person meets it: usage errors in words (which
-option, what is expected; never an exception's class name), a bare command printing its
-help, help without type placeholders, and `--version` (issue 17, "Polish").
+"""Both command lines (`engram-sync`, `engram-relay`) as a person meets them: usage errors
+in words (which option, what is expected; never an exception's class name), a bare command
+printing its help, help without type placeholders, and `--version` (issue 17, "Polish").
 
 Typer (0.29) carries its own copy of Click, so its usage errors are `typer.TyperException`
 subclasses, not `click.ClickException`; both kinds are handled here.
@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import typer
 
-#: A bare command (`engram-sync`, `engram-sync team`) prints its help and exits 0: asking
+#: A bare command (`engram-sync team`, `engram-relay keys`) prints its help and exits 0: asking
 #: for help is not an error. Any other usage error exits 2 (Click's convention).
 BARE_COMMAND_EXIT: Final = 0
 USAGE_EXIT: Final = 2
@@ -57,8 +57,8 @@ def _commands(command: Any) -> Iterator[Any]:
 
 def plain_help(command: Any) -> Any:
     """`command` (and every subcommand) with help that shows no type placeholders: a flag
-    shows nothing after its name, an option or argument its name in capitals (`--tag TAG`,
-    `TEXT`), unless it has a metavar of its own. Returns `command`."""
+    shows nothing after its name, an option or argument its name in capitals (`--port PORT`,
+    `VAULT`), unless it has a metavar of its own. Returns `command`."""
     for cmd in _commands(command):
         ctx = typer.Context(cmd, info_name=cmd.name)
         help_option = cmd.get_help_option(ctx)
