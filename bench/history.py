@@ -83,8 +83,8 @@ class Size:
     @classmethod
     def of(cls, *, quick: bool) -> Size:
         if quick:
-            return cls(memories=1_000, edit_rounds=300, pull_rounds=3, cap_memories=200,
-                       cap_edits=10_000)  # fmt: skip
+            return cls(memories=500, edit_rounds=200, pull_rounds=3, cap_memories=100,
+                       cap_edits=5_000)  # fmt: skip
         return cls(memories=10_000, edit_rounds=2_000, pull_rounds=5, cap_memories=1_000,
                    cap_edits=100_000)  # fmt: skip
 
