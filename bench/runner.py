@@ -18,6 +18,7 @@ from bench import (
     agent,
     ceiling,
     client_e2e,
+    history,
     import_jsonl,
     live_feed,
     live_latency,
@@ -331,6 +332,19 @@ class Run:
         with self.monitor.phase("rekey"):
             return measure_rekey(scratch, self.relay.url, self.relay.key, m)
 
+    # -- issue 35: the local history (docs/history.md) ----------------------------------------
+
+    def history(self) -> dict[str, Any]:
+        """Revert by device on two watching devices, history's cost to an edit and a pull,
+        and its storage cap (bench.history), on this run's relay."""
+        scratch = self.db.scratch / "history"
+        scratch.mkdir(parents=True, exist_ok=True)
+        with self.monitor.phase("history"):
+            return history.measure(
+                scratch, self.relay.url, self.relay.key,
+                history.Size.of(quick=self.s.quick), self.log,
+            )  # fmt: skip
+
     # -- 11: JSONL import (issue 17) ---------------------------------------------------------
 
     def jsonl_import(self) -> dict[str, Any]:
@@ -441,6 +455,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         sections["stream_hog"] = stream_hog.measure(
                             db.url, db.scratch, quick=settings.quick
                         )
+                        sections["history"] = run.history()  # issue 35 (bench.history)
                         log("unlock once: a command with and without the key agent")
                         sections["agent"] = agent.measure(  # issue 17, docs/agent.md
                             db.scratch, agent.QUICK_RUNS if settings.quick else agent.RUNS

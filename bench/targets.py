@@ -128,6 +128,8 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
     targets += live_throughput_targets(sections["live_throughput"])
     targets.append(agent_target(sections["agent"]))
     targets.append(stream_hog_target(sections["stream_hog"]))
+    if "history" in sections:  # issue 35 (bench.history)
+        targets += history_targets(sections["history"])
     return [t.as_json() for t in targets]
 
 
@@ -384,3 +386,67 @@ def citus_targets(citus: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     return [t.as_json() for t in targets]
+
+
+REVERT_LIMIT_S: Final = 10.0  # issue 35: one revert brings 10,000 deletions back everywhere
+HISTORY_EDIT_LIMIT: Final = 1.10  # issue 35: a local edit with history / without
+HISTORY_PULL_LIMIT: Final = 1.15  # issue 35: a pull+apply of new versions with / without
+
+
+def history_targets(d: dict[str, Any]) -> list[Target]:
+    """Issue 35 "Figures" (bench.history, docs/history.md): a revert by device on every
+    watching device, what keeping history costs an edit and a pull, and its storage cap."""
+    revert, edit, pull, cap = d["revert"], d["edit_overhead"], d["pull_overhead"], d["storage_cap"]
+    back = revert["unrevertible"] == 0 and revert["undeleted"] == revert["memories"]
+    within = cap["capped_bytes"] <= cap["cap_bytes"]
+    counted = cap["capped_bytes"] == cap["capped_bytes_counted"]
+    return [
+        Target(
+            "history_revert_10k",
+            f"seconds from the start of `Vault.revert(device=A)` on B to all {revert['memories']:,}"
+            f" memories A deleted held again by both watching devices "
+            f"({', '.join(revert['watching_devices'])}; the revert, then B's sync)",
+            revert["all_back_s"],
+            REVERT_LIMIT_S,
+            "<=",
+            extra_ok=back,
+            detail=f"revert {revert['revert_s']:.2f} s, sync {revert['sync_s']:.2f} s "
+            f"(pushed {revert['pushed_by_revert']:,}); undeleted {revert['undeleted']:,}, "
+            f"unrevertible {revert['unrevertible']}",
+        ),
+        Target(
+            "history_edit_overhead",
+            f"a local edit (its transaction) with history / without, median of "
+            f"{edit['rounds']:,} interleaved pairs on a {edit['memories']:,}-memory vault",
+            edit["ratio"],
+            HISTORY_EDIT_LIMIT,
+            "<=",
+            detail=f"{edit['with_ms']:.3f} ms / {edit['without_ms']:.3f} ms; the work before "
+            f"COMMIT {edit['work_with_ms']:.3f} / {edit['work_without_ms']:.3f} ms = "
+            f"{edit['work_ratio']:.2f}",
+        ),
+        Target(
+            "history_pull_overhead",
+            f"a sync pulling and applying {pull['memories']:,} new versions of held memories, "
+            f"with history / without (`Syncer._keep_replaced` a no-op), median of "
+            f"{pull['rounds']} alternating rounds",
+            pull["ratio"],
+            HISTORY_PULL_LIMIT,
+            "<=",
+            detail=f"{pull['with_s']:.2f} s / {pull['without_s']:.2f} s; the applies alone "
+            f"{pull['apply_with_s']:.2f} / {pull['apply_without_s']:.2f} s = "
+            f"{pull['apply_ratio']:.2f}",
+        ),
+        Target(
+            "history_storage_cap",
+            f"capped history bytes after {cap['edits']:,} edits of {cap['memories']:,} memories "
+            f"/ the cap ({cap['max_percent']:g}% of the vault's {cap['vault_bytes']:,} bytes)",
+            cap["capped_bytes"] / cap["cap_bytes"],
+            1.0,
+            "<=",
+            extra_ok=within and counted,
+            detail=f"{cap['capped_bytes']:,} of {cap['cap_bytes']:,} bytes, "
+            f"{cap['history_rows']:,} rows, the edits took {cap['edits_s']:.1f} s"
+            + ("" if counted else f"; NOT the rows' sum {cap['capped_bytes_counted']:,}"),
+        ),
+    ]

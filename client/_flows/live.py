@@ -122,7 +122,9 @@ class LiveSync:
     def run(self) -> Iterator[SyncReport]:
         """Sync until stopped; NotLinkedError at once when the vault is not linked."""
         with self.session.relay(max_retries=2) as relay:
-            syncer = self.session.syncer(relay)
+            # a mismatch while others push is what their commits make: the sync their
+            # change hint brings checks again (Syncer.digest_when_behind)
+            syncer = self.session.syncer(relay, digest_when_behind=False)
             feed = self._start_feed()
             try:
                 yield from self._loop(syncer)

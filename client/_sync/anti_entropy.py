@@ -105,12 +105,15 @@ class DigestReport:
     answer_bytes: int = 0  # JSON bytes of the digest answers (as re-encoded)
     request_bytes: int = 0  # JSON bytes of the digest requests' bodies (narrow)
     error: str | None = None  # a digest answer refused as impossible (nothing was changed)
+    behind: bool = False  # not narrowed: the relay's digest counts commits not pulled yet
 
 
 class AntiEntropy:
     """One check of one Syncer's vault against its relay."""
 
-    def __init__(self, syncer: Syncer, report: SyncReport, *, deep: bool = False) -> None:
+    def __init__(
+        self, syncer: Syncer, report: SyncReport, *, deep: bool = False, when_behind: bool = True
+    ) -> None:
         self.syncer = syncer
         self.sync_report = report
         self.result = DigestReport()
@@ -118,6 +121,10 @@ class AntiEntropy:
         # them (`?deep=1`), not its stored totals, which a row lost outside a push leaves
         # claiming the version (docs/digest.md "The scrub")
         self.deep = deep
+        # False: a mismatch while the relay's digest counts commits past this device's
+        # cursor (others pushed since its pull) is not narrowed (`behind`): it is what
+        # those commits make, and the sync their change hint brings checks again
+        self.when_behind = when_behind
 
     # -- asking ------------------------------------------------------------------------
 
@@ -184,7 +191,11 @@ class AntiEntropy:
         the device lacks, held versions the relay lacks, tombstones it compacted), or None
         when they agree or the relay's bucket answer is unusable. Changes nothing."""
         self.result.checked = True
-        if self._matches(self._ask(), held):
+        top = self._ask()
+        if self._matches(top, held):
+            return None
+        if not self.when_behind and top.cursor > self.syncer.state.cursor:
+            self.result.behind = True
             return None
         return self._narrow(held)
 

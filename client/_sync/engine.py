@@ -42,7 +42,7 @@ from .._errors import (
     VaultRetiredError,
 )
 from .._http.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
-from .._vault.history import PULL, PULL_DELETE, Writer, keep_version, tool_of
+from .._vault.history import PULL, PULL_DELETE, PageKeeper, Writer, keep_version, tool_of
 from .._vault.privacy import without_local_links
 from .._vault.store import (
     KnownVersion,
@@ -207,6 +207,7 @@ class Syncer:
         lock_wait: float = DEFAULT_LOCK_WAIT_SECS,
         page_budget: int = PULL_PAGE_BUDGET_BYTES,
         check_digest: bool = True,
+        digest_when_behind: bool = True,
     ) -> None:
         self.vault = vault
         self.keys = keys
@@ -222,6 +223,10 @@ class Syncer:
         self.page_budget = page_budget
         self._max_blob_bytes: int | None = None
         self.check_digest = check_digest
+        # False (the live loop): the sync's digest check is not narrowed while the relay's
+        # digest counts commits this sync did not pull; their change hint brings the next
+        # sync, which pulls them and checks again (docs/digest.md "While others push")
+        self.digest_when_behind = digest_when_behind
 
     # -- the whole cycle --------------------------------------------------------------------
 
@@ -281,7 +286,7 @@ class Syncer:
         """PROTOCOL §18: compare this device's digest with the relay's; on a mismatch
         narrow it down by bucket and, with `repair`, fetch what the device lacks and push
         what the relay lacks (client._sync.anti_entropy; docs/digest.md)."""
-        return AntiEntropy(self, report).run(repair=repair)
+        return AntiEntropy(self, report, when_behind=self.digest_when_behind).run(repair=repair)
 
     def retired_by_relay(self) -> None:
         """The live feed said the vault was retired (`event: retired`, PROTOCOL §19): only a
@@ -517,13 +522,15 @@ class Syncer:
         """Apply one page in one transaction; returns the highest verified clock."""
         highest = 0
         with self.vault.transaction() as conn:
+            keeper = PageKeeper(conn, [blob.memory_id for blob in blobs], self.device.device_id)
             for blob in blobs:
                 report.pulled += 1
-                verified = self._apply_blob(conn, blob, report, ceiling=highest)
+                verified = self._apply_blob(conn, blob, report, ceiling=highest, keeper=keeper)
                 if verified:
                     highest = max(highest, blob.vector_clock)
                     if seen is not None and blob.vector_clock > seen.get(blob.memory_id, -1):
                         seen[blob.memory_id] = blob.vector_clock
+            keeper.flush()  # the page's history rows, in its transaction
         return highest
 
     def _skip(self, blob: SyncBlob, reason: str, report: SyncReport) -> bool:
@@ -541,9 +548,17 @@ class Syncer:
         return False
 
     def _apply_blob(
-        self, conn: sqlite3.Connection, blob: SyncBlob, report: SyncReport, *, ceiling: int = 0
+        self,
+        conn: sqlite3.Connection,
+        blob: SyncBlob,
+        report: SyncReport,
+        *,
+        ceiling: int = 0,
+        keeper: PageKeeper | None = None,
     ) -> bool:
-        """Verify → decrypt → decode → LWW → apply (PROTOCOL §3, §4, §8). True if verified."""
+        """Verify → decrypt → decode → LWW → apply (PROTOCOL §3, §4, §8). True if verified.
+        `keeper`: the page's history keeper (`_apply_page`), else the replaced version is
+        kept at once."""
         if blob.vault_id != self.vault_id:
             return self._skip(blob, "blob names another vault", report)
         refusal = id_refusal(blob.memory_id)
@@ -583,7 +598,7 @@ class Syncer:
             report.conflicts += 1
         live = decoded if isinstance(decoded, MemoryPlaintext) and not deleted else None
         if held.exists or known is not None:  # the version replaced is kept (docs/history.md)
-            self._keep_replaced(conn, blob, live)
+            self._keep_replaced(conn, blob, live, known, keeper)
         if live is None:
             apply_tombstone(conn, blob.memory_id)
         else:
@@ -593,15 +608,31 @@ class Syncer:
         return True
 
     def _keep_replaced(
-        self, conn: sqlite3.Connection, blob: SyncBlob, live: MemoryPlaintext | None
+        self,
+        conn: sqlite3.Connection,
+        blob: SyncBlob,
+        live: MemoryPlaintext | None,
+        known: KnownVersion | None,
+        keeper: PageKeeper | None,
     ) -> None:
-        """Keep the version a pulled one replaces in the local history (docs/history.md)."""
+        """Keep the version a pulled one replaces in the local history (docs/history.md):
+        through the page's keeper (`known`: the memory's known version before this blob),
+        or at once."""
         writer = Writer(
             blob.device_id,
             source=None if live is None else live.source,
             tool=None if live is None else tool_of(live.context),
             at=blob.created_at,
         )
+        if keeper is not None:
+            keeper.keep(
+                blob.memory_id,
+                PULL if live is not None else PULL_DELETE,
+                writer,
+                known,
+                new_modified_at=None if live is None else live.modified_at,
+            )
+            return
         keep_version(
             conn,
             blob.memory_id,

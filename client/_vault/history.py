@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from engram_sync.shared_format.plaintext import Link, MemoryPlaintext
-from engram_sync.shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
+from engram_sync.shared_format.timestamps import format_rfc3339, utc_now_rfc3339
 
 from .._errors import SyncError
 from .store import (
     NEEDS_PUSH,
+    KnownVersion,
     apply_memory,
     get_memory,
     get_row,
@@ -78,6 +79,20 @@ _SNAPSHOT_ROW: Final = (
     " 256 + length(CAST(content AS BLOB)) + length(CAST(context AS BLOB))"
     " + coalesce(length(CAST(tags AS BLOB)), 0) + length(CAST(link_list AS BLOB))"
     " + coalesce(length(emb), 0) FROM s RETURNING seq, size"
+)
+# The same row for a memory without links or embedding (most of them), in a statement that
+# costs a third of the one above: no CTE, no subqueries, no RETURNING (`_LINKED` decides).
+_BARE_ROW: Final = (
+    f"INSERT INTO sync_history (memory_id, deleted, {_SNAPSHOT_COLUMNS}, links,"  # noqa: S608
+    f" {_PROVENANCE_COLUMNS}, size) SELECT id, 0, {_SNAPSHOT_COLUMNS}, '[]',"
+    " ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+    " 256 + length(CAST(content AS BLOB)) + length(CAST(context AS BLOB))"
+    " + coalesce(length(CAST(tags AS BLOB)), 0) + 2 FROM engrams WHERE id = ?"
+)
+_LINKED: Final = (
+    "SELECT EXISTS (SELECT 1 FROM engram_links WHERE source_id = ?1)"
+    " OR EXISTS (SELECT 1 FROM sync_pending_links WHERE source_id = ?1)"
+    " OR EXISTS (SELECT 1 FROM engram_embeddings WHERE engram_id = ?1)"
 )
 _MARKER_ROW: Final = (
     f"INSERT INTO sync_history (memory_id, deleted, {_PROVENANCE_COLUMNS}, size)"  # noqa: S608
@@ -174,10 +189,34 @@ def current_origin(conn: sqlite3.Connection, memory_id: str, own_device: str) ->
         " WHERE id = ?",
         (memory_id,),
     ).fetchone()
+    known = known_version(conn, memory_id)
+
+    def deleted_at() -> str | None:
+        tomb = conn.execute(
+            "SELECT deleted_at FROM tombstones WHERE id = ?", (memory_id,)
+        ).fetchone()
+        local = conn.execute(
+            "SELECT deleted_at FROM sync_local_deletions WHERE memory_id = ?", (memory_id,)
+        ).fetchone()
+        found = tomb or local
+        return None if found is None else found[0]
+
+    return _origin_of(last, row, known, deleted_at, own_device)
+
+
+def _origin_of(
+    last: Any,
+    row: Any,
+    known: KnownVersion | None,
+    deleted_at: Callable[[], str | None],
+    own_device: str,
+) -> Origin | None:
+    """`current_origin` from what it reads: the memory's last history row, its engrams row
+    (modified_at, source, context, needs push), its known version, and `deleted_at()`: the
+    time of its local tombstone or local deletion (read only when there is no row)."""
     version = 1 if last is None else int(last[0]) + 1
     if last is not None and last[6] == (row[0] if row is not None else None):
         return Origin(Writer(last[1], last[2], last[3], last[4], last[5]), last[7], version)
-    known = known_version(conn, memory_id)
     if row is not None:
         mine = bool(row[3]) or known is None
         writer = Writer(
@@ -187,12 +226,9 @@ def current_origin(conn: sqlite3.Connection, memory_id: str, own_device: str) ->
             at=row[0] if mine else known.created_at,  # type: ignore[union-attr]
         )
         return Origin(writer, None, version)
-    tomb = conn.execute("SELECT deleted_at FROM tombstones WHERE id = ?", (memory_id,)).fetchone()
-    local = conn.execute(
-        "SELECT deleted_at FROM sync_local_deletions WHERE memory_id = ?", (memory_id,)
-    ).fetchone()
-    if tomb is not None or local is not None:
-        return Origin(Writer(own_device, at=(tomb or local)[0]), None, version)
+    at = deleted_at()
+    if at is not None:
+        return Origin(Writer(own_device, at=at), None, version)
     if known is not None:
         return Origin(Writer(known.device_id, at=known.created_at), None, version)
     return None
@@ -234,14 +270,22 @@ def keep_version(
         reason,
     )
     capped = not (deletion or reason in _DELETIONS)
-    found = conn.execute(_SNAPSHOT_ROW, (memory_id, *provenance, int(capped))).fetchone()
+    found: tuple[Any, ...] | None = None
+    if conn.execute(_LINKED, (memory_id,)).fetchone()[0]:
+        found = conn.execute(_SNAPSHOT_ROW, (memory_id, *provenance, int(capped))).fetchone()
+    else:
+        added = conn.execute(_BARE_ROW, (*provenance, int(capped), memory_id))
+        if added.rowcount == 1:
+            found = (added.lastrowid, None)  # its size: read by the UPDATE below
     if found is None:  # a deletion replaced (an undelete, or a pulled version of it)
-        found = conn.execute(_MARKER_ROW, (memory_id, *provenance, 1)).fetchone()
+        found = tuple(conn.execute(_MARKER_ROW, (memory_id, *provenance, 1)).fetchone())
         capped = True
-    seq, size = int(found[0]), int(found[1])
+    seq = int(found[0])
     if capped:
         conn.execute(
-            "UPDATE sync_history_meta SET capped_bytes = capped_bytes + ? WHERE id = 1", (size,)
+            "UPDATE sync_history_meta SET capped_bytes = capped_bytes +"
+            " coalesce(?, (SELECT size FROM sync_history WHERE seq = ?)) WHERE id = 1",
+            (found[1], seq),
         )
     prune(conn, PRUNE_PER_WRITE)
     return seq
@@ -267,6 +311,158 @@ def replacing(
             " (SELECT modified_at FROM engrams WHERE id = ?) WHERE seq = ?",
             (memory_id, seq),
         )
+
+
+# --- a page of pulled blobs -----------------------------------------------------------------
+
+# One page's reads in bulk (PageKeeper): each memory's snapshot and origin columns, its
+# last history row, its local deletion; then the page's history rows in one executemany.
+_STAGE_ROWS: Final = (
+    "WITH s AS (SELECT e.*, (SELECT json_group_array(json_array(l.link_type, l.target_id,"  # noqa: S608
+    " l.weight)) FROM (SELECT link_type, target_id, weight FROM engram_links"
+    " WHERE source_id = e.id UNION SELECT link_type, target_id, weight"
+    " FROM sync_pending_links WHERE source_id = e.id) l) AS link_list,"
+    " m.embedding AS emb, m.model AS emb_model"
+    " FROM engrams e LEFT JOIN engram_embeddings m ON m.engram_id = e.id"
+    " WHERE e.id IN (SELECT value FROM json_each(?)))"
+    f" SELECT id, modified_at, source, context, {NEEDS_PUSH}, {_SNAPSHOT_COLUMNS}, link_list,"
+    " emb, emb_model, 256 + length(CAST(content AS BLOB)) + length(CAST(context AS BLOB))"
+    " + coalesce(length(CAST(tags AS BLOB)), 0) + length(CAST(link_list AS BLOB))"
+    " + coalesce(length(emb), 0) FROM s"
+)
+_STAGE_LAST: Final = (
+    "SELECT h.memory_id, h.version, h.new_by, h.new_label, h.new_source, h.new_tool, h.new_at,"
+    " h.new_modified_at, h.reason FROM (SELECT value AS id FROM json_each(?)) i"
+    " JOIN sync_history h ON h.seq ="
+    " (SELECT max(seq) FROM sync_history WHERE memory_id = i.id)"
+)
+_STAGE_TOMBS: Final = (
+    "SELECT id, deleted_at FROM tombstones WHERE id IN (SELECT value FROM json_each(?))"
+)
+_STAGE_LOCAL: Final = (
+    "SELECT memory_id, deleted_at FROM sync_local_deletions"
+    " WHERE memory_id IN (SELECT value FROM json_each(?))"
+)
+_SNAPSHOT_WIDTH: Final = len(_SNAPSHOT_COLUMNS.split(",")) + 3  # + links, embedding, model
+_PAGE_ROW: Final = (
+    f"INSERT INTO sync_history (memory_id, deleted, {_SNAPSHOT_COLUMNS}, links, embedding,"  # noqa: S608
+    f" embedding_model, {_PROVENANCE_COLUMNS}, size) VALUES"
+    f" ({', '.join('?' * (2 + _SNAPSHOT_WIDTH + 15 + 1))})"
+)
+
+
+@dataclass
+class _Staged:
+    row: tuple[Any, ...] | None  # modified_at, source, context, needs push; None: no row
+    snapshot: tuple[Any, ...] | None  # the snapshot columns, links, embedding, model
+    size: int
+    last: tuple[Any, ...] | None  # its last history row (version .. reason)
+    deleted_at: str | None  # its tombstone's or local deletion's time
+
+
+class PageKeeper:
+    """`keep_version` for the versions one page of pulled blobs replaces, its work done in
+    bulk (a pull keeps a version per blob it applies): the first `keep` reads the page's
+    memories in four queries, and `flush` (before the page's transaction commits) writes
+    their history rows in one executemany, adds their sizes once and prunes once, at most
+    PRUNE_PER_WRITE rows per version kept (bounded work, as per write).
+
+    The rows, their order (seq), versions and provenance are those `keep_version` writes:
+    a memory is read ahead only when nothing else the page applies can change what is
+    read of it (it appears once in the page, and has no links, which another memory's
+    deletion would cascade away); any other memory goes through `keep_version` itself,
+    after a flush, so the history rows keep the order of the replacements."""
+
+    def __init__(self, conn: sqlite3.Connection, memory_ids: Sequence[str], own_device: str):
+        self.conn, self.own_device = conn, own_device
+        self._ids = memory_ids
+        self._staged: dict[str, _Staged] | None = None  # read at the first keep
+        self._rows: list[tuple[Any, ...]] = []
+        self._capped = 0
+
+    def _stage(self) -> dict[str, _Staged]:
+        counts: dict[str, int] = {}
+        for memory_id in self._ids:
+            counts[memory_id] = counts.get(memory_id, 0) + 1
+        once = [memory_id for memory_id, n in counts.items() if n == 1]
+        if not once:
+            return {}
+        ids = json.dumps(once)
+        rows = {str(r[0]): r for r in self.conn.execute(_STAGE_ROWS, (ids,))}
+        last = {str(r[0]): tuple(r[1:]) for r in self.conn.execute(_STAGE_LAST, (ids,))}
+        deleted = {str(r[0]): r[1] for r in self.conn.execute(_STAGE_LOCAL, (ids,))}
+        deleted.update((str(r[0]), r[1]) for r in self.conn.execute(_STAGE_TOMBS, (ids,)))
+        staged: dict[str, _Staged] = {}
+        for memory_id in once:
+            found = rows.get(memory_id)
+            if found is not None and found[5 + _SNAPSHOT_WIDTH - 3] != "[]":
+                continue  # linked: another memory's deletion may change what is kept
+            staged[memory_id] = _Staged(
+                row=None if found is None else tuple(found[1:5]),
+                snapshot=None if found is None else tuple(found[5 : 5 + _SNAPSHOT_WIDTH]),
+                size=0 if found is None else int(found[5 + _SNAPSHOT_WIDTH]),
+                last=last.get(memory_id),
+                deleted_at=deleted.get(memory_id),
+            )
+        return staged
+
+    def keep(
+        self,
+        memory_id: str,
+        reason: str,
+        new: Writer,
+        known: KnownVersion | None,
+        *,
+        new_modified_at: str | None = None,
+        deletion: bool = False,
+    ) -> None:
+        """`keep_version(conn, memory_id, reason, new, ...)`, `known`: the memory's known
+        version (its sync_known_clocks row) as it is now."""
+        if self._staged is None:
+            self._staged = self._stage()
+        staged = self._staged.pop(memory_id, None)
+        if staged is None:
+            self.flush()
+            keep_version(
+                self.conn, memory_id, reason, new, own_device=self.own_device,
+                new_modified_at=new_modified_at, deletion=deletion,
+            )  # fmt: skip
+            return
+        origin = _origin_of(
+            staged.last, staged.row, known, lambda: staged.deleted_at, self.own_device
+        )
+        if origin is None:
+            return
+        w = origin.writer
+        provenance = (
+            origin.version, w.device_id, w.label, w.source, w.tool, w.at,
+            new.device_id, new.label, new.source, new.tool, new.at, new_modified_at,
+            utc_now_rfc3339(), reason,
+        )  # fmt: skip
+        if staged.snapshot is not None:
+            capped = not (deletion or reason in _DELETIONS)
+            row = (memory_id, 0, *staged.snapshot, *provenance, int(capped), staged.size)
+            size = staged.size
+        else:  # a deletion replaced: its marker
+            capped, size = True, 128
+            row = (memory_id, 1, *([None] * _SNAPSHOT_WIDTH), *provenance, 1, size)
+        self._rows.append(row)
+        if capped:
+            self._capped += size
+
+    def flush(self) -> None:
+        """Write the history rows kept so far, then prune (in the caller's transaction)."""
+        if not self._rows:
+            return
+        self.conn.executemany(_PAGE_ROW, self._rows)
+        if self._capped:
+            self.conn.execute(
+                "UPDATE sync_history_meta SET capped_bytes = capped_bytes + ? WHERE id = 1",
+                (self._capped,),
+            )
+        budget = PRUNE_PER_WRITE * len(self._rows)
+        self._rows, self._capped = [], 0
+        prune(self.conn, budget)
 
 
 # --- retention -------------------------------------------------------------------------------
@@ -319,7 +515,7 @@ def prune(conn: sqlite3.Connection, budget: int) -> int:
     first), then the oldest capped rows while the capped bytes exceed the cap. Returns
     how many were removed."""
     settings = retention(conn)
-    cutoff = format_rfc3339(parse_rfc3339(utc_now_rfc3339()) - timedelta(days=settings.keep_days))
+    cutoff = format_rfc3339(datetime.now(UTC) - timedelta(days=settings.keep_days))
     removed = 0
     oldest = conn.execute(
         "SELECT seq, replaced_at FROM sync_history ORDER BY seq LIMIT ?", (budget,)
@@ -332,7 +528,7 @@ def prune(conn: sqlite3.Connection, budget: int) -> int:
     if expired:
         marks = ", ".join("?" * len(expired))
         removed += _remove(conn, f"seq IN ({marks})", expired)
-    while removed < budget and capped_bytes(conn) > cap_bytes(conn, settings):
+    while removed < budget and _over_cap(conn, settings):
         step = min(budget - removed, PRUNE_PER_WRITE)
         removed += _remove(
             conn,
@@ -340,6 +536,13 @@ def prune(conn: sqlite3.Connection, budget: int) -> int:
             [step],
         )
     return removed
+
+
+def _over_cap(conn: sqlite3.Connection, settings: Retention) -> bool:
+    used = capped_bytes(conn)
+    if used <= settings.min_bytes:  # within any cap: the vault's size is not read
+        return False
+    return used > cap_bytes(conn, settings)
 
 
 def _remove(conn: sqlite3.Connection, where: str, params: list[Any]) -> int:
@@ -458,8 +661,14 @@ def write_back(
     current = get_row(conn, memory.id)
     previous = (current["modified_at"], current["synced_at"]) if current else (None, None)
     known = known_version(conn, memory.id)
+    # no row and no tombstone (a deletion pulled, or a strict_local one): nothing of an
+    # older version to clear (its full-text row, links and embedding went with its row)
+    new = (
+        current is None
+        and not conn.execute("SELECT 1 FROM tombstones WHERE id = ?", (memory.id,)).fetchone()
+    )
     with replacing(conn, memory.id, reason, by, own_device=own_device):
-        apply_memory(conn, memory)  # written as if synced ...
+        apply_memory(conn, memory, new=new)  # written as if synced ...
         stamp = next_modified_at(memory.modified_at, *previous, known.created_at if known else None)
         mark_edited(conn, memory.id, stamp)  # ... then made a new local edit
         conn.execute("DELETE FROM sync_local_deletions WHERE memory_id = ?", (memory.id,))

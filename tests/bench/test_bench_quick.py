@@ -35,6 +35,7 @@ SECTIONS = (
     "live_throughput",
     "agent",
     "stream_hog",
+    "history",
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -61,6 +62,10 @@ TARGETS = {
     "live_feed_push_vs_ceiling",
     "agent_command_ms",
     "stream_hog_device_failures",
+    "history_revert_10k",
+    "history_edit_overhead",
+    "history_pull_overhead",
+    "history_storage_cap",
 }
 
 
