@@ -110,8 +110,8 @@ def refused_by_the_client(url: str, token: str | None,
     raise AssertionError("the client was served")
 
 
-def raw_post(url: str, body: dict[str, Any], token: str | None) -> httpx.Response:
-    headers = {"Accept": "application/json, text/event-stream"}
+def raw_post(url: str, body: dict[str, Any], token: str | None, **extra: str) -> httpx.Response:
+    headers = {"Accept": "application/json, text/event-stream", **extra}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     return httpx.post(url, json=body, headers=headers, timeout=30)
@@ -168,6 +168,18 @@ def test_a_token_per_client_and_every_other_request_refused_before_any_tool(user
         assert raw_post(url, INITIALIZE, gone).status_code == 401
         refused_by_the_client(url, gone, unnamed)
         assert raw_post(url, INITIALIZE, cursor).status_code == 200  # the other still works
+        # a session answers only the token that opened it (the package's principal check)
+        session = raw_post(url, INITIALIZE, cursor).headers["mcp-session-id"]
+        codex = add_token(user, vault, "codex")
+        taken = raw_post(url, REMEMBER, codex, **{"mcp-session-id": session})
+        assert taken.status_code == 404, taken.text
+        # a page that rebinds a name to 127.0.0.1, even holding a token: the package's
+        # Host and Origin checks refuse it
+        port = url.split(":")[2].split("/")[0]
+        rebound = raw_post(url, INITIALIZE, cursor, Host=f"evil.example:{port}")
+        assert rebound.status_code == 421, rebound.text
+        foreign = raw_post(url, INITIALIZE, cursor, Origin="http://evil.example")
+        assert foreign.status_code == 403, foreign.text
 
         async def contents(client: Client) -> list[str]:
             recent = await call(client, "list_recent", limit=100)
@@ -176,7 +188,7 @@ def test_a_token_per_client_and_every_other_request_refused_before_any_tool(user
         assert over_http(url, cursor, contents) == [
             "HTTP tokens are per client", "from a nameless client"]  # fmt: skip
     listed = ok(user.cli("mcp", "token", "list", vault=vault))
-    assert [line.split()[0] for line in listed.splitlines()] == ["cursor-laptop"]
+    assert [line.split()[0] for line in listed.splitlines()] == ["codex", "cursor-laptop"]
 
 
 def test_http_on_any_host_but_loopback_is_refused_in_one_line(user: Env) -> None:

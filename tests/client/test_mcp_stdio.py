@@ -20,6 +20,7 @@ from mcp_types import Implementation
 
 from engram_sync.client._agent import control
 from tests.client.test_agent import EXE, PASSPHRASE, Env, new_vault, ok, user
+from tests.relay.conftest import ADMIN_KEY, Relay
 
 __all__ = ["user"]  # the fixture, shared with test_agent.py
 
@@ -185,19 +186,23 @@ def open_vault_files(vault: Path) -> int:
     return count
 
 
-def test_the_live_loop_waits_for_unlock_follows_lock_and_never_uses_the_keys(user: Env) -> None:
-    """Live sync on (the default): locked, the loop waits; after `unlock` it opens its own
-    connection (the vault is not linked: `sync_status` says so); its once-a-second checks
-    are not uses of the keys (the agent's idle clock runs down); after `lock` it closes its
-    connection within a second or two, as the tools close theirs at their next call."""
+def test_the_live_loop_waits_for_unlock_follows_lock_and_never_uses_the_keys(
+    user: Env, relay: Relay
+) -> None:
+    """Live sync on (the default), the vault linked to a real relay: locked, the loop opens
+    nothing; after `unlock` it opens its own connection and goes live; its once-a-second
+    checks are not uses of the keys (the agent's idle clock runs down); after `lock` it
+    closes its connection, as the tools close theirs at their next call."""
     vault = new_vault(user)
+    ok(user.cli("link", "--relay", relay.url, "--api-key", ADMIN_KEY, "--vault-id", "mcp-live",
+                passphrase=PASSPHRASE, vault=vault))  # fmt: skip
 
-    async def wait_for_files(count: int) -> None:
-        for _ in range(200):
-            if open_vault_files(vault) == count:
+    async def files_until(what: str, check: Callable[[int], bool]) -> None:
+        for _ in range(300):
+            if check(open_vault_files(vault)):
                 return
             await anyio.sleep(0.05)
-        raise AssertionError(f"{open_vault_files(vault)} connections open, not {count}")
+        raise AssertionError(f"{what}: {open_vault_files(vault)} open")
 
     async def script(client: Client) -> None:
         failed, text = await answer(client, "sync_status")
@@ -207,17 +212,16 @@ def test_the_live_loop_waits_for_unlock_follows_lock_and_never_uses_the_keys(use
         assert open_vault_files(vault) == 0  # the loop waits: nothing opened while locked
         await anyio.to_thread.run_sync(lambda: ok(user.cli("unlock", passphrase=PASSPHRASE,
                                                            vault=vault)))  # fmt: skip
-        await wait_for_files(1)  # the loop's own connection, before any tool call
-        for _ in range(100):
+        await files_until("the loop's own connection", lambda n: n > 0)  # before any tool call
+        for _ in range(300):
             failed, text = await answer(client, "sync_status")
             assert not failed, text
-            if json.loads(text)["live_state"] == "not linked":
+            if json.loads(text)["live_state"] == "connected":
                 break
             await anyio.sleep(0.1)
         status = json.loads(text)
         assert (status["linked"], status["live"], status["live_state"]) == (
-            False, False, "not linked")  # fmt: skip
-        assert open_vault_files(vault) == 2  # the tools' and the loop's
+            True, True, "connected")  # fmt: skip
         before = idle_left()
         await anyio.sleep(3.0)  # no tool call: only the loop runs, asking the agent's status
         assert idle_left() < before - 2.5
@@ -225,6 +229,6 @@ def test_the_live_loop_waits_for_unlock_follows_lock_and_never_uses_the_keys(use
         failed, text = await answer(client, "recall", query="anything")
         assert failed
         assert LOCKED in text
-        await wait_for_files(0)
+        await files_until("every connection closed after lock", lambda n: n == 0)
 
     over_stdio(server_params(user, vault), script)
