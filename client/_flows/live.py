@@ -178,6 +178,11 @@ class LiveSync:
                 self.signals.wake.clear()
                 continue
             last_start = now
+            # Other connections' commits from here on must start the next sync, even those
+            # landing while this one runs (after its push read the vault): the marker keeps
+            # the data_version read before the sync, and this connection's own total_changes
+            # after it (its own writes, the pull applying, start nothing).
+            seen_before = self._local_marker()[0]
             self._pending = sum(count_to_push(self.session.vault.conn))
             self._publish(syncer, running=True)
             try:
@@ -198,7 +203,7 @@ class LiveSync:
             self._failures, self._problem = 0, None
             self.syncs += 1
             next_timer = time.monotonic() + self.interval
-            marker = self._local_marker()
+            marker = (seen_before, self._local_marker()[1])
             self._pending = sum(count_to_push(self.session.vault.conn))
             self._publish(syncer, running=False)
             self.on_report(report)

@@ -1,4 +1,6 @@
-"""The MCP server: `tools` behind the `mcp` package's `MCPServer`, over stdio.
+"""The MCP server: `tools` behind the `mcp` package's `MCPServer`, over stdio or over
+Streamable HTTP on 127.0.0.1 with a bearer token per client (`http`), with the live sync
+loop (`live`) beside it unless `--no-live`.
 
 Imported only by `engram-sync mcp` and the tests (the `mcp` extra). Each tool's schema
 comes from its annotated parameters (pydantic), with the limits of `tools`; arguments the
@@ -21,6 +23,7 @@ from engram_sync import __version__
 from .. import HistoryError, SyncError, Vault, VaultError
 from . import tools
 from .access import VaultAccess, VaultUnavailableError
+from .live import OFF, LiveLoop, LiveView
 from .tools import (
     MAX_CONTENT_BYTES,
     MAX_ID_CHARS,
@@ -71,20 +74,36 @@ Privacy = Literal["strict_local", "hybrid", "cloud_first", "enterprise"]
 LinkTypeArg = Literal["associative", "causal", "analogical", "temporal"]
 
 
+def token_name_of(ctx: Context[Any, Any]) -> str | None:
+    """The name of the bearer token the HTTP request came with (None over stdio)."""
+    request = getattr(ctx.request_context, "request", None)
+    scope = getattr(request, "scope", None)
+    user = scope.get("user") if isinstance(scope, dict) else None
+    token = getattr(user, "access_token", None)
+    name = getattr(token, "client_id", None)
+    return name if isinstance(name, str) else None
+
+
 def caller_of(ctx: Context[Any, Any]) -> Caller:
-    """The client as its `initialize` named itself (clientInfo name and version)."""
+    """The client as its `initialize` named itself (clientInfo name and version); over
+    HTTP, a client that sends no name is named by its token."""
     params = getattr(ctx.session, "client_params", None)
     info = getattr(params, "client_info", None)
-    return Caller.of(getattr(info, "name", None), getattr(info, "version", None))
+    name = getattr(info, "name", None)
+    if not (name or "").strip():
+        name = token_name_of(ctx)
+    return Caller.of(name, getattr(info, "version", None))
 
 
-def build_server(access: VaultAccess) -> MCPServer:
-    """The MCP server over the vault `access` opens; run it with `run_stdio`."""
+def build_server(access: VaultAccess, live: LiveLoop | None = None, **auth: Any) -> MCPServer:
+    """The MCP server over the vault `access` opens, `live` its sync loop (None: none);
+    `auth` is the `token_verifier` and `auth` settings of `http` (none over stdio)."""
     server: MCPServer = MCPServer(
         "engram-sync",
         version=__version__,
         instructions=INSTRUCTIONS,
         log_level="WARNING",
+        **auth,
     )
 
     async def call(answer: Callable[[Vault], T]) -> T:
@@ -156,7 +175,8 @@ def build_server(access: VaultAccess) -> MCPServer:
 
     @server.tool(description="Whether the vault syncs: relay, last sync, pending pushes.")
     async def sync_status() -> dict[str, Any]:
-        return await call(tools.sync_status)
+        view = (live.view() if live is not None else LiveView(OFF)).as_dict()
+        return await call(lambda v: tools.sync_status(v, view))
 
     @server.tool(description="Earlier versions of a memory kept on this device, oldest first.")
     async def history(id: MemoryId, limit: Limit = 20) -> dict[str, Any]:
@@ -190,10 +210,13 @@ def build_server(access: VaultAccess) -> MCPServer:
     return server
 
 
-def run_stdio(vault_dir: Path, passphrase: str | None) -> None:
-    """Serve the vault over stdio until the client closes it."""
+def run_stdio(vault_dir: Path, passphrase: str | None, *, live: bool = True) -> None:
+    """Serve the vault over stdio until the client closes it, syncing live unless `live`
+    is false."""
     access = VaultAccess(vault_dir, passphrase)
+    loop = LiveLoop(vault_dir, passphrase, enabled=live).start()
     try:
-        build_server(access).run("stdio")
+        build_server(access, loop).run("stdio")
     finally:
+        loop.stop()
         access.close()

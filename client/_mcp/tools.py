@@ -7,7 +7,7 @@ problem. The schemas the server publishes state the same limits.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -256,8 +256,18 @@ def link(
     return {"source_id": source_id, "target_id": target_id, "link_type": link_type}
 
 
-def sync_status(vault: Vault) -> dict[str, Any]:
+def sync_status(vault: Vault, live: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Where the vault stands, with the live loop's view (`LiveView.as_dict`) when given."""
     status = vault.status()
+    shown = dict(live or {"live": False, "live_state": "off"})
+    if status.relay is None:
+        note = "not linked to a relay: memories stay on this device"
+    elif shown.get("live_state") == "offline":
+        note = "the relay cannot be reached: writes are kept here and pushed once it is back"
+    elif shown.get("live"):
+        note = "synced live: writes reach the other devices within seconds"
+    else:
+        note = "this server does not sync now: run `engram-sync sync` or `engram-sync watch`"
     return {
         "linked": status.relay is not None,
         "relay": status.relay,
@@ -266,13 +276,8 @@ def sync_status(vault: Vault) -> dict[str, Any]:
         "pending_pushes": status.pending_pushes,
         "pending_deletions": status.pending_tombstones,
         "local_only": status.local_only,
-        # live sync inside the server is a later slice (docs/mcp.md "Not yet")
-        "live": False,
-        "note": (
-            "this server does not sync: run `engram-sync sync` or `engram-sync watch`"
-            if status.relay is not None
-            else "not linked to a relay: memories stay on this device"
-        ),
+        **shown,
+        "note": note,
     }
 
 

@@ -8,6 +8,7 @@ prints a snippet without any passphrase."""
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from mcp_types import Implementation
 
 from engram_sync.client._agent import control
 from tests.client.test_agent import EXE, PASSPHRASE, Env, new_vault, ok, user
+from tests.relay.conftest import ADMIN_KEY, Relay
 
 __all__ = ["user"]  # the fixture, shared with test_agent.py
 
@@ -164,3 +166,69 @@ def test_print_config_for_each_client_has_the_command_and_no_passphrase(user: En
     refused = user.cli("mcp", "--print-config", "notepad", vault=vault)
     assert refused.returncode == 1
     assert "one of claude, cursor, codex, vscode" in refused.stderr
+
+
+def open_vault_files(vault: Path) -> int:
+    """How many file descriptors of `engram-sync mcp` processes on `vault` point at its
+    engrams.db (the tools' connection and the live loop's each hold it open)."""
+    database = str((vault / "engrams.db").resolve())
+    count = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"mcp" not in argv or str(vault).encode() not in argv:
+                continue
+            count += sum(1 for fd in (proc / "fd").iterdir() if os.readlink(fd) == database)
+        except OSError:
+            continue  # a process that ended meanwhile
+    return count
+
+
+def test_the_live_loop_waits_for_unlock_follows_lock_and_never_uses_the_keys(
+    user: Env, relay: Relay
+) -> None:
+    """Live sync on (the default), the vault linked to a real relay: locked, the loop opens
+    nothing; after `unlock` it opens its own connection and goes live; its once-a-second
+    checks are not uses of the keys (the agent's idle clock runs down); after `lock` it
+    closes its connection, as the tools close theirs at their next call."""
+    vault = new_vault(user)
+    ok(user.cli("link", "--relay", relay.url, "--api-key", ADMIN_KEY, "--vault-id", "mcp-live",
+                passphrase=PASSPHRASE, vault=vault))  # fmt: skip
+
+    async def files_until(what: str, check: Callable[[int], bool]) -> None:
+        for _ in range(300):
+            if check(open_vault_files(vault)):
+                return
+            await anyio.sleep(0.05)
+        raise AssertionError(f"{what}: {open_vault_files(vault)} open")
+
+    async def script(client: Client) -> None:
+        failed, text = await answer(client, "sync_status")
+        assert failed
+        assert LOCKED in text
+        await anyio.sleep(1.5)
+        assert open_vault_files(vault) == 0  # the loop waits: nothing opened while locked
+        await anyio.to_thread.run_sync(lambda: ok(user.cli("unlock", passphrase=PASSPHRASE,
+                                                           vault=vault)))  # fmt: skip
+        await files_until("the loop's own connection", lambda n: n > 0)  # before any tool call
+        for _ in range(300):
+            failed, text = await answer(client, "sync_status")
+            assert not failed, text
+            if json.loads(text)["live_state"] == "connected":
+                break
+            await anyio.sleep(0.1)
+        status = json.loads(text)
+        assert (status["linked"], status["live"], status["live_state"]) == (
+            True, True, "connected")  # fmt: skip
+        before = idle_left()
+        await anyio.sleep(3.0)  # no tool call: only the loop runs, asking the agent's status
+        assert idle_left() < before - 2.5
+        await anyio.to_thread.run_sync(lambda: ok(user.cli("lock", vault=vault)))
+        failed, text = await answer(client, "recall", query="anything")
+        assert failed
+        assert LOCKED in text
+        await files_until("every connection closed after lock", lambda n: n == 0)
+
+    over_stdio(server_params(user, vault), script)

@@ -13,8 +13,12 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from engram_sync.client import LiveStatus, SyncReport, Vault
+from engram_sync.client._sync.engine import Syncer
 from tests.e2e.conftest import PASSPHRASE, VAULT_ID, DeviceHandle
 from tests.e2e.helpers import add, contents
 from tests.e2e.live_support import NEVER, Watcher, wait_for
@@ -198,3 +202,36 @@ def test_vault_watch_in_the_library_is_live(devices: list[DeviceHandle]) -> None
     assert arrived, "the memory never reached the library watch"
     assert next(s.mode for s in statuses if s.state == "connected") == "events"
     assert sum(r.applied for r in reports) == 1
+
+
+def test_a_write_committed_while_a_sync_runs_is_pushed_by_the_next_sync(
+    devices: list[DeviceHandle], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another connection (an MCP server's tools, another program) commits while the watch's
+    sync runs, after its push read the vault: the change still starts the next sync (the
+    marker keeps the data_version read before the sync), not only the timer. Without it,
+    the write waited for the timer (NEVER here): broken once on purpose, it failed."""
+    alpha, _, _ = devices
+    alpha.restart()
+    real_sync = Syncer.sync
+    written: list[str] = []
+    stop = threading.Event()
+    with Vault.open(alpha.path, PASSPHRASE) as other, Vault.open(alpha.path, PASSPHRASE) as vault:
+
+        def sync_then_commit(self: Syncer, **options: Any) -> SyncReport:
+            report = real_sync(self, **options)
+            if not written:  # the first sync's push is over: commit through another connection
+                written.append(other.add("committed while a sync ran"))
+            return report
+
+        monkeypatch.setattr(Syncer, "sync", sync_then_commit)
+        watchdog = threading.Timer(60, stop.set)
+        watchdog.start()
+        pushed = 0
+        for report in vault.watch(interval=NEVER, stop=stop):
+            pushed += report.pushed
+            if pushed:
+                stop.set()
+        watchdog.cancel()
+    assert written
+    assert pushed == 1, "the write committed during a sync was left for the timer"

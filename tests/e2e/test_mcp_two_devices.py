@@ -1,8 +1,8 @@
 """Two devices, each with its own `engram-sync mcp` over stdio, through a real relay (issue
 33): what an AI tool remembers on one is recalled by an AI tool on the other after both
 sync, a `forget` there removes it here, a strict_local memory never leaves its device, and
-`sync_status` tells where each stands. Sync runs outside the server in this slice
-(docs/mcp.md "Not yet")."""
+`sync_status` tells where each stands. The servers run with `--no-live` and sync by hand,
+so every step is deterministic (live sync: test_mcp_live.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def over_stdio(device: DeviceHandle, script: Callable[[Client], Awaitable[Any]])
     env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / "config"),
            "XDG_RUNTIME_DIR": str(home / "run"),  # no agent there: ENGRAM_PASSPHRASE opens it
            "ENGRAM_PASSPHRASE": PASSPHRASE}  # fmt: skip
-    params = StdioServerParameters(command=EXE, args=["--vault", str(device.path), "mcp"], env=env)
+    args = ["--vault", str(device.path), "mcp", "--no-live"]  # synced by hand here
+    params = StdioServerParameters(command=EXE, args=args, env=env)
 
     async def main() -> Any:
         info = Implementation(name=f"claude-on-{device.name}", version="1")
