@@ -143,7 +143,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The tests selected (after `-k`/`-m`): the ones the summary's "left out" counts."""
-    session.config._engram_selected = list(session.items)  # type: ignore[attr-defined]
+    session.config.stash[tiers.SELECTED] = list(session.items)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -151,7 +151,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterat
     """The summary's last lines (after the durations and the short summary): what the tiers
     left out, and how to run it."""
     yield
-    selected = getattr(terminalreporter.config, "_engram_selected", [])
+    selected = terminalreporter.config.stash.get(tiers.SELECTED, [])
     terminalreporter.section("test tiers (tests/tiers.py)", sep="-")
     for line in tiers.summary_lines(selected):
         terminalreporter.write_line(line)

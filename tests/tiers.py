@@ -46,6 +46,8 @@ _enabled: set[str] = set()
 _citus_everywhere = False
 #: nodeid -> the tier that left it out (filled at collection, counted in the summary).
 _left_out: dict[str, str] = {}
+#: The tests selected (after `-k`/`-m`), kept by `pytest_collection_finish`.
+SELECTED = pytest.StashKey[list[pytest.Item]]()
 
 
 def add_options(parser: pytest.Parser) -> None:
