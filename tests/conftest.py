@@ -3,7 +3,8 @@
 ``postgres_url`` is ``DATABASE_URL`` when set (CI with a real server), else one
 embedded PostgreSQL started for the whole session in a temp dir outside /root.
 ``empty_database_url`` creates a new empty database on it (``test_<random>``),
-``fresh_database_url`` also migrates it to head; both drop it afterwards.
+``fresh_database_url`` one migrated to head (a copy of a template database migrated once
+per session); both drop it afterwards.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pytest
 from engram_sync.relay.db.embedded import EmbeddedPostgres
 from engram_sync.relay.db.migrate import upgrade_to_head
 from engram_sync.relay.db.url import to_libpq_url
+from tests import tiers
 from tests.citus_cluster import CitusCluster, CitusUnavailableError, running_cluster
 
 
@@ -48,7 +50,10 @@ def postgres_url() -> Iterator[str]:
     """URL of a database on the session's server; create databases from it, not tables."""
     external = os.environ.get("DATABASE_URL", "").strip()
     if external:
-        yield external
+        try:
+            yield external
+        finally:
+            _drop_templates(external)
         return
     base = Path(tempfile.mkdtemp(prefix="engram-relay-test-pg-"))
     # A throwaway server: durability settings off make CREATE DATABASE ~4x faster.
@@ -62,10 +67,12 @@ def postgres_url() -> Iterator[str]:
     except BaseException:
         shutil.rmtree(base, ignore_errors=True)
         raise
+    url = server.url_for("postgres")
     try:
-        yield server.url_for("postgres")
+        yield url
     finally:
         try:
+            _drop_templates(url)
             server.stop()
         finally:
             shutil.rmtree(base, ignore_errors=True)
@@ -82,16 +89,14 @@ def scratch_database(postgres_url: str) -> Iterator[str]:
         asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
-#: Which database tests also run on the Citus cluster (issue 18, deploy/SCALING.md §3),
-#: as a second case of the same test (ids `[postgres]` and `[citus]`):
-#: - unset (CI's default): the tests of modules marked `pytest.mark.both_databases`
-#:   (push rules, pull, compaction, concurrency, the zero-knowledge scans, the convergence
-#:   machine, the schemathesis pass). The marker's name leaves out "citus" so that
-#:   `-k citus` selects the `[citus]` cases alone;
-#: - `ENGRAM_CITUS=1`: every test on a backend fixture (below), marked or not;
-#: - `ENGRAM_CITUS=0`: none, plain PostgreSQL only.
-#: Where Citus cannot be built or started the `[citus]` cases skip with the reason.
-CITUS_MODE = os.environ.get("ENGRAM_CITUS", "").strip()
+#: Which database tests get a `[citus]` case, a second case of the same test on the Citus
+#: cluster (issue 18, deploy/SCALING.md §3; ids `[postgres]` and `[citus]`):
+#: - by default those of the modules marked `pytest.mark.both_databases` (push rules, pull,
+#:   compaction, concurrency, the zero-knowledge scans, the convergence machine, the
+#:   schemathesis pass). They are collected always and run with `--citus` (tests/tiers.py:
+#:   the `citus` tier; skipped as left out without it). The marker's name leaves out "citus"
+#:   so that `-k citus` selects the `[citus]` cases alone;
+#: - `--citus-all`: every test on a backend fixture (below), marked or not.
 BACKENDS = ["postgres", "citus"]
 _TAKES_BACKEND = "engram_takes_backend"
 F = TypeVar("F", bound=Callable[..., object])
@@ -105,9 +110,9 @@ def takes_backend(fixture_function: F) -> F:
 
 
 def on_citus_too(definition: pytest.Item) -> bool:
-    """Whether this test's database fixtures get the `[citus]` case too (see CITUS_MODE)."""
-    if CITUS_MODE in ("0", "1"):
-        return CITUS_MODE == "1"
+    """Whether this test's database fixtures get the `[citus]` case too (see above)."""
+    if tiers.citus_everywhere():
+        return True
     return definition.get_closest_marker("both_databases") is not None
 
 
@@ -118,12 +123,38 @@ def backend_of(request: pytest.FixtureRequest) -> str:
     return "citus" if "citus" in params else "postgres"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    tiers.add_options(parser)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    tiers.configure(config)
     config.addinivalue_line(
         "markers",
-        "both_databases: the module's database tests also run on the Citus cluster by default"
-        " (issue 18, tests/conftest.py; ENGRAM_CITUS=0 turns it off)",
+        "both_databases: the module's database tests get a [citus] case too, run with --citus"
+        " (issue 18, tests/conftest.py)",
     )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test's tiers (tests/tiers.py): before `-m` selects, so `-m citus` finds them."""
+    tiers.apply(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The tests selected (after `-k`/`-m`): the ones the summary's "left out" counts."""
+    session.config.stash[tiers.SELECTED] = list(session.items)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterator[None]:
+    """The summary's last lines (after the durations and the short summary): what the tiers
+    left out, and how to run it."""
+    yield
+    selected = terminalreporter.config.stash.get(tiers.SELECTED, [])
+    terminalreporter.section("test tiers (tests/tiers.py)", sep="-")
+    for line in tiers.summary_lines(selected):
+        terminalreporter.write_line(line)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -147,6 +178,7 @@ def backend_database(request: pytest.FixtureRequest, postgres_url: str) -> Itera
         with scratch_database(postgres_url) as url:
             yield url
         return
+    tiers.require("citus")
     cluster: CitusCluster = request.getfixturevalue("citus_cluster")
     name = f"test_{secrets.token_hex(8)}"
     url = cluster.create_database(name)
@@ -164,25 +196,100 @@ def empty_database_url(request: pytest.FixtureRequest, postgres_url: str) -> Ite
         yield url
 
 
+#: server URL -> the name of its template database, migrated to head once per session.
+_templates: dict[str, str] = {}
+
+
+def migrated_template(postgres_url: str) -> str:
+    """The database on the server of `postgres_url` that `migrated_database` copies: made
+    and migrated to head by the first call of the session (the `postgres_url` fixture drops
+    it at the end)."""
+    name = _templates.get(postgres_url)
+    if name is None:
+        name = f"template_{secrets.token_hex(8)}"
+        asyncio.run(_execute(postgres_url, f'CREATE DATABASE "{name}"'))
+        try:
+            upgrade_to_head(database_url_for(postgres_url, name))
+        except BaseException:
+            asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            raise
+        _templates[postgres_url] = name
+    return name
+
+
+def _drop_templates(postgres_url: str) -> None:
+    name = _templates.pop(postgres_url, None)
+    if name is not None:
+        asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def _clone(postgres_url: str, template: str, name: str) -> None:
+    """`CREATE DATABASE name TEMPLATE template`, then a generation of its own (what the
+    migration 0004_generation gives every database it migrates, PROTOCOL §17)."""
+    await _execute(postgres_url, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    conn = await asyncpg.connect(to_libpq_url(database_url_for(postgres_url, name)))
+    try:
+        await conn.execute(
+            "UPDATE relay_meta SET generation = $1, changed_at = now()", secrets.token_hex(16)
+        )
+    finally:
+        await conn.close()
+
+
+@contextmanager
+def migrated_database(postgres_url: str) -> Iterator[str]:
+    """A new database migrated to head on the session's server, dropped on exit.
+
+    A copy of the session's template (`CREATE DATABASE ... TEMPLATE`, about 0.1 s against
+    0.4-1.0 s for running the migrations on every database); the tests of the migrations
+    themselves run them on `empty_database_url`.
+    """
+    name = f"test_{secrets.token_hex(8)}"
+    asyncio.run(_clone(postgres_url, migrated_template(postgres_url), name))
+    try:
+        yield database_url_for(postgres_url, name)
+    finally:
+        asyncio.run(_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@contextmanager
+def migrated_backend_database(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[str]:
+    """`migrated_database` on the backend of a `takes_backend` fixture's param: the template's
+    copy on plain PostgreSQL, or a database migrated on the Citus cluster for a `[citus]`
+    case (the migrations distribute the tables there, issue 18)."""
+    if getattr(request, "param", "postgres") != "citus":
+        with migrated_database(postgres_url) as url:
+            yield url
+        return
+    with backend_database(request, postgres_url) as url:
+        upgrade_to_head(url)
+        yield url
+
+
 @pytest.fixture
-def fresh_database_url(empty_database_url: str) -> str:
-    """A brand-new database migrated to head, dropped after the test."""
-    upgrade_to_head(empty_database_url)
-    return empty_database_url
+@takes_backend
+def fresh_database_url(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[str]:
+    """A brand-new database migrated to head (`migrated_backend_database`), dropped after
+    the test."""
+    with migrated_backend_database(request, postgres_url) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
+@tiers.needs("citus")
 def citus_cluster() -> Iterator[CitusCluster]:
     """A Citus coordinator and two workers for the session (issue 18, tests/citus_cluster.py).
 
     Citus is built once into a cache outside the repository (about 1-2 min on 2 cores the
-    first time); skipped with the reason when it cannot be built here (no gcc/make).
+    first time). The `citus` tier (`--citus`); with it on, a Citus that cannot be built or
+    started here (no gcc/make) is an error.
     """
+    tiers.require("citus")
     try:
         with running_cluster(Path(sys.executable)) as (cluster, _build_s, _start_s):
             yield cluster
     except CitusUnavailableError as exc:
-        pytest.skip(f"Citus unavailable: {exc}")
+        tiers.unavailable("citus", f"Citus is unavailable: {exc}")
 
 
 @pytest.fixture(scope="session")

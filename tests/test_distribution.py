@@ -2,7 +2,8 @@
 site-packages but `engram_sync`; `pip install engram-sync` is the client without any of the
 relay's dependencies; `pip install 'engram-sync[relay]'` adds them. The wheel is built with
 `python -m build` and installed, not editable, into fresh venvs outside the checkout; both
-CLIs run from there and a device syncs through the installed relay."""
+CLIs run from there and a device syncs through the installed relay. The wheel's contents are
+checked in every run; the fresh-venv installs are the `wheel` tier (`--wheel`, tests/tiers.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from engram_sync.relay.cli.launch import RELAY_EXTRA_MODULES
+from tests import tiers
 from tests.relay.conftest import ADMIN_KEY
 from tests.reliability.support import RelayProcess
 
@@ -70,14 +72,19 @@ def _venv(base: Path, requirement: str) -> Path:
 
 
 @pytest.fixture(scope="module")
+@tiers.needs("wheel")
 def client_bin(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`pip install engram-sync` (the wheel, no extra) into a fresh venv."""
+    """`pip install engram-sync` (the wheel, no extra) into a fresh venv (`--wheel`)."""
+    tiers.require("wheel")
     return _venv(tmp_path_factory.mktemp("client_only") / "venv", str(wheel))
 
 
 @pytest.fixture(scope="module")
+@tiers.needs("wheel")
 def relay_bin(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`pip install 'engram-sync[relay]'` (the wheel with the extra) into a fresh venv."""
+    """`pip install 'engram-sync[relay]'` (the wheel with the extra) into a fresh venv
+    (`--wheel`)."""
+    tiers.require("wheel")
     return _venv(tmp_path_factory.mktemp("with_relay") / "venv", f"{wheel}[relay]")
 
 

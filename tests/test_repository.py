@@ -18,11 +18,19 @@ def _readme_commands() -> list[str]:
     return re.findall(r"```sh\n(python3 -m venv .*?)\n```", text)
 
 
+#: What `.ci/run` runs after the README's command: the tiers left out for their
+#: infrastructure, their tests alone (tests/tiers.py); the README lists it too.
+TIER_RUN = '.venv/bin/python -m pytest --citus --docker --wheel -m "citus or docker or wheel"'
+
+
 def test_ci_runs_exactly_the_readme_test_command() -> None:
+    """`.ci/run` runs the README's test command, then the tier run the README also lists."""
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
     test_commands = [c for c in _readme_commands() if "pytest" in c]
     assert len(test_commands) == 1, test_commands
-    assert ci[-1] == test_commands[0]
+    assert ci[-2] == test_commands[0]
+    assert ci[-1] == TIER_RUN
+    assert f"```sh\n{TIER_RUN}\n```" in (ROOT / "README.md").read_text(encoding="utf-8")
     assert "set -euo pipefail" in ci
 
 

@@ -2,7 +2,7 @@
 
 The harness only: every figure of the Citus and the plain PostgreSQL side is a number,
 every target has a verdict, the Markdown has its tables. It never asserts a speed or a
-verdict (the machine is shared). Skipped, with the reason, where Citus cannot be built.
+verdict (the machine is shared). The `citus` tier (`--citus`, tests/tiers.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from engram_sync.relay.db.citus import DISTRIBUTED_TABLES
+from tests import tiers
 from tests.citus_cluster import CitusUnavailableError, ensure_citus_build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,11 +36,13 @@ def _is_number(value: Any) -> bool:
 
 
 @pytest.fixture(scope="module")
+@tiers.needs("citus")
 def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    tiers.require("citus")
     try:
         ensure_citus_build(Path(sys.executable))
     except CitusUnavailableError as exc:
-        pytest.skip(f"Citus cannot be built here: {exc}")
+        tiers.unavailable("citus", f"Citus cannot be built here: {exc}")
     out = tmp_path_factory.mktemp("bench-citus")
     result = subprocess.run(
         [sys.executable, "-m", "bench", "--citus", "--quick", "--out", str(out)],

@@ -3,7 +3,8 @@
 A private Docker engine (tests/deploy/docker_env.py: Debian's docker.io, base images made
 with debootstrap, the classic builder) builds the relay's image. Every container runs with
 `--network host` and listens on 127.0.0.1 only; the client syncs from this host. Needs root
-and the Debian mirror (CI has both); skips with the reason elsewhere.
+and the Debian mirror (CI has both). The `docker` tier (`--docker`, tests/tiers.py): left out
+without it; with it, an engine that cannot be made here is an error with the reason.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 
 from engram_sync.client import Vault
 from engram_sync.relay.db.migrate import current_revision, head_revision
+from tests import tiers
 from tests.deploy import docker_env
 from tests.deploy.docker_env import COMPOSE_HOST, PG_IMAGE, PYTHON_IMAGE, RELAY_IMAGE, Engine
 from tests.deploy.support import DEPLOY, ROOT, child_env, closed_port, find_tool
@@ -42,10 +44,14 @@ pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
+@tiers.needs("docker")
 def engine() -> Iterator[Engine]:
+    """The private engine (the `docker` tier, `--docker`; an error there when it cannot be
+    made here, with the reason)."""
+    tiers.require("docker")
     reason = docker_env.unavailable_reason()
     if reason is not None:
-        pytest.skip(f"the image tests need a Docker engine made here: {reason}")
+        tiers.unavailable("docker", f"the image tests need a Docker engine made here: {reason}")
     with docker_env.docker_engine() as made:
         print(f"docker setup timings (s): {made.timings}")
         yield made
@@ -275,11 +281,10 @@ def test_compose_up_migrates_and_logs_the_first_admin_key(engine: Engine, tmp_pa
         dc("down", "-v", "--timeout", "20", timeout=180)
 
 
-# --- where the engine cannot be made, the tests skip with the reason ----------------------
+# --- where the engine cannot be made, the reason says why ----------------------------------
 
 
 def test_without_root_the_reason_is_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ENGRAM_DOCKER_TESTS", raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     reason = docker_env.unavailable_reason()
@@ -288,7 +293,6 @@ def test_without_root_the_reason_is_root(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_without_the_debian_mirror_the_reason_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ENGRAM_DOCKER_TESTS", raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(shutil, "which", lambda tool: f"/usr/bin/{tool}")
@@ -300,7 +304,6 @@ def test_without_the_debian_mirror_the_reason_names_it(monkeypatch: pytest.Monke
 
 
 def test_without_apt_and_the_tools_the_reason_names_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ENGRAM_DOCKER_TESTS", raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(shutil, "which", lambda tool: None)

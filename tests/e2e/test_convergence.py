@@ -11,7 +11,7 @@ device syncs until quiet. Checked:
   memories the test writes into its vault through a second connection (as another program
   would) reach the others only because its watch noticed them (PROTOCOL §15, issue 15).
 
-CI runs a few examples (fewer in the `[citus]` case); `ENGRAM_SLOW=1` runs 500.
+CI runs a few examples (fewer in the `[citus]` case); `--full` runs 500.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from engram_sync.shared_format.digest import digest_int, fold
 from engram_sync.shared_format.plaintext import Tombstone, decode_plaintext
 from engram_sync.shared_format.sync_keys import SyncKeys, derive_sync_keys
 from engram_sync.shared_format.wire import PushResponse, SyncBlob
+from tests import tiers
 from tests.conftest import backend_of, takes_backend
 from tests.e2e.conftest import PASSPHRASE
 from tests.e2e.live_support import NEVER, Watcher, wait_for
@@ -50,7 +51,7 @@ from tests.relay.support import migrated_backend_database
 #: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
 pytestmark = pytest.mark.both_databases
 
-SLOW = os.environ.get("ENGRAM_SLOW") == "1"
+FULL = tiers.full()  # --full: the full sizes (tests/tiers.py)
 DEVICES = ("alpha", "bravo", "charlie")
 _vault_numbers = itertools.count()
 
@@ -361,12 +362,12 @@ class Convergence(RuleBasedStateMachine):
             assert versions_buckets(held) == relay_buckets, device.path.name
 
 
-#: CI size per backend (ENGRAM_CONV_EXAMPLES overrides both): on the Citus cluster an
+#: CI size per backend (`--full`: 500 on both): on the Citus cluster an
 #: example costs about twice its plain-PostgreSQL time, so CI runs fewer there (issue 18).
 CI_EXAMPLES = {"postgres": 8, "citus": 3}
 
 
-@pytest.mark.timeout(5400 if SLOW else 600)
+@pytest.mark.timeout(5400 if FULL else 600)
 def test_devices_converge(request: pytest.FixtureRequest, world: World) -> None:
     Convergence.world = world
 
@@ -378,10 +379,10 @@ def test_devices_converge(request: pytest.FixtureRequest, world: World) -> None:
                 super().teardown()
 
     runner = Checked.TestCase
-    examples = 500 if SLOW else CI_EXAMPLES[backend_of(request)]
+    examples = 500 if FULL else CI_EXAMPLES[backend_of(request)]
     runner.settings = settings(
-        max_examples=int(os.environ.get("ENGRAM_CONV_EXAMPLES", examples)),
-        stateful_step_count=40 if SLOW else 25,
+        max_examples=examples,
+        stateful_step_count=40 if FULL else 25,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from engram_sync.relay.config import RelayConfig
 from mcp import Client, StdioServerParameters
 from mcp_types import Implementation
 
+from engram_sync.relay.services.config import RelayConfig
 from tests.e2e.conftest import PASSPHRASE, DeviceHandle, make_device
 from tests.relay.conftest import Relay, RelayThread, base_config
 

@@ -5,8 +5,8 @@ new vault, decrypted sets compared; the old vault refuses pushes after it; the v
 database opens with the new passphrase only. Killed (SIGKILL, the ENGRAM_REKEY_TEST_KILL
 hook) at chosen points, every reader sees the vault wholly old (the old vault complete and
 not retired) or wholly new (the new vault complete and the old one retired), and running
-`rekey` again finishes with the same result. ENGRAM_REKEY_RANDOM_KILLS=N runs N random
-kill points (once, locally; docs/rekey.md gives the figure).
+`rekey` again finishes with the same result. One kill point at CI size; `--full` runs the
+others and 20 random ones (tests/tiers.py; docs/rekey.md gives the figure).
 """
 
 from __future__ import annotations
@@ -34,7 +34,16 @@ from tests.relay.conftest import ADMIN_KEY, Relay
 
 EXE = str(Path(sys.executable).parent / "engram-sync")
 OLD = "rekey old passphrase"
-KILL_POINTS = ("step:pulled", "batch:2", "step:checked", "step:retired", "step:db_rekeyed")
+#: One kill point at CI size (mid-copy); the others with `--full` (tests/tiers.py).
+KILL_POINTS = (
+    pytest.param("step:pulled", marks=pytest.mark.full),
+    "batch:2",
+    pytest.param("step:checked", marks=pytest.mark.full),
+    pytest.param("step:retired", marks=pytest.mark.full),
+    pytest.param("step:db_rekeyed", marks=pytest.mark.full),
+)
+#: `--full`: this many re-keys killed at random points of ALL_POINTS.
+RANDOM_KILLS = 20
 ALL_POINTS = (
     "step:pulled",
     "step:key-stored",
@@ -233,11 +242,10 @@ def test_a_rekey_killed_at_any_point_finishes_when_run_again(
     _kill_and_finish(tmp_path, relay, point, OLD, f"new passphrase for {point}")
 
 
-@pytest.mark.skipif(
-    not os.environ.get("ENGRAM_REKEY_RANDOM_KILLS"), reason="set ENGRAM_REKEY_RANDOM_KILLS=N"
-)
+@pytest.mark.full
+@pytest.mark.timeout(120 * RANDOM_KILLS)
 def test_random_kill_points(tmp_path: Path, relay: Relay) -> None:
-    rounds = int(os.environ["ENGRAM_REKEY_RANDOM_KILLS"])
+    rounds = RANDOM_KILLS
     rng = random.Random(int(os.environ.get("ENGRAM_REKEY_RANDOM_SEED", "16")))
     for i in range(rounds):
         point = rng.choice(ALL_POINTS)

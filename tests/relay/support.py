@@ -25,11 +25,14 @@ import httpx
 import msgspec
 import pytest
 
-from engram_sync.relay.db.migrate import upgrade_to_head
 from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.relay.services.config import RelayConfig
 from engram_sync.shared_format import BlobCipher, SyncBlob, SyncKeys
-from tests.conftest import backend_database, database_url_for, takes_backend
+from tests.conftest import (
+    migrated_backend_database,
+    migrated_database,
+    takes_backend,
+)
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
 
 T = TypeVar("T")
@@ -90,19 +93,6 @@ async def _admin_execute(server_url: str, sql: str) -> None:
 
 
 @contextmanager
-def migrated_database(postgres_url: str) -> Iterator[str]:
-    """A new database migrated to head on the session's server, dropped afterwards."""
-    name = f"test_{secrets.token_hex(8)}"
-    asyncio.run(_admin_execute(postgres_url, f'CREATE DATABASE "{name}"'))
-    try:
-        url = database_url_for(postgres_url, name)
-        upgrade_to_head(url)
-        yield url
-    finally:
-        asyncio.run(_admin_execute(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-@contextmanager
 def serve(config: RelayConfig) -> Iterator[Relay]:
     """A relay serving `config` over real HTTP until the block ends."""
     server = RelayThread(config).start()
@@ -117,15 +107,6 @@ def module_relay(postgres_url: str, **changes: Any) -> Iterator[Relay]:
     """A relay on its own new database (base config plus `changes`), for a whole module."""
     with migrated_database(postgres_url) as url, serve(replace(base_config(url), **changes)) as r:
         yield r
-
-
-@contextmanager
-def migrated_backend_database(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[str]:
-    """`migrated_database` on the backend of a `takes_backend` fixture's param: plain
-    PostgreSQL, or the Citus cluster for a `[citus]` case (tests/conftest.py, issue 18)."""
-    with backend_database(request, postgres_url) as url:
-        upgrade_to_head(url)
-        yield url
 
 
 def module_relay_fixture(**changes: Any) -> Callable[[str], Iterator[Relay]]:

@@ -2,7 +2,7 @@
 client mid-push and mid-pull. Nothing acknowledged is lost, nothing is duplicated, no
 clock value is reused, no blob is skipped.
 
-CI size: a few thousand memories and a handful of kills; `ENGRAM_SLOW=1` runs 10k
+CI size: a few thousand memories and a handful of kills; `--full` runs 10k
 memories and 20 relay kills.
 """
 
@@ -26,12 +26,13 @@ from engram_sync.client._vault import store as local_store
 from engram_sync.client._vault.held_versions import held_versions
 from engram_sync.relay.store.bucket_prefixes import count_list
 from engram_sync.shared_format.digest import Version, digest_int, fold
+from tests import tiers
 from tests.relay.bucket_oracle import versions_buckets
 from tests.relay.conftest import ADMIN_KEY
 from tests.relay.support import run_db
 from tests.reliability.support import RelayProcess
 
-SLOW = os.environ.get("ENGRAM_SLOW") == "1"
+FULL = tiers.full()  # --full: the full sizes (tests/tiers.py)
 BIN = Path(sys.executable).parent
 PASSPHRASE = "crash safety passphrase"
 VAULT = "crash-vault"
@@ -143,7 +144,7 @@ def _wait_for_progress(progress: Callable[[], int], since: int, running: Callabl
 def test_relay_killed_during_pushes_loses_nothing(
     relay_process: RelayProcess, tmp_path: Path
 ) -> None:
-    count, kills = (10_000, 20) if SLOW else (3_000, 4)
+    count, kills = (10_000, 20) if FULL else (3_000, 4)
     rng = random.Random(int(os.environ.get("ENGRAM_SEED", "7")))
     ids = _vault(tmp_path / "pusher", relay_process, count)
     import threading
@@ -231,7 +232,7 @@ def _kill_cli_runs_until_one_finishes(
 def test_client_killed_mid_push_and_mid_pull_stays_consistent(
     relay_process: RelayProcess, tmp_path: Path
 ) -> None:
-    count, kills = (10_000, 10) if SLOW else (3_000, 3)
+    count, kills = (10_000, 10) if FULL else (3_000, 3)
     rng = random.Random(int(os.environ.get("ENGRAM_SEED", "11")))
     ids = _vault(tmp_path / "writer", relay_process, count)
     killed_push = _kill_cli_runs_until_one_finishes(

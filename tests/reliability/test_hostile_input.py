@@ -4,7 +4,6 @@ response matches its schema. Plus hand-written cases schemathesis would not thin
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,12 +20,13 @@ from schemathesis.checks import (
 
 from engram_sync.relay.domain.ratelimit import RateLimiter
 from engram_sync.relay.services.config import RelayConfig
+from tests import tiers
 from tests.conftest import takes_backend
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
 from tests.relay.support import Sealer, migrated_backend_database, wire
 
-SLOW = os.environ.get("ENGRAM_SLOW") == "1"
-EXAMPLES = 150 if SLOW else 40
+FULL = tiers.full()  # --full: the full sizes (tests/tiers.py)
+EXAMPLES = 150 if FULL else 40
 VAULT = "fuzz-vault"
 
 
@@ -113,7 +113,7 @@ def test_no_server_errors_and_no_schema_violations(fuzz_relay: tuple[Relay, str]
     total = sum(counts.values())
     statuses = sorted(counts.items())
     print(f"schemathesis: {len(operations)} operations, {total} cases, statuses {statuses}")
-    assert total >= 1000 or (not SLOW and total >= 600)
+    assert total >= 1000 or (not FULL and total >= 600)
     assert not [status for status in counts if status >= 500]
 
 

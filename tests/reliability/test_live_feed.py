@@ -4,18 +4,17 @@ two `engram-relay serve` processes on one PostgreSQL, real HTTP, real NOTIFY.
 - a push through one process wakes an event stream on the other;
 - the LISTEN connection of a process killed (`pg_terminate_backend`, found by its
   application_name `engram-relay-listen <pid>`) comes back, and every stream still
-  reaches the vault's head: 3 rounds here, 20 with ENGRAM_SLOW=1;
+  reaches the vault's head: 3 rounds here, 20 with --full;
 - what committed while no connection listened is found by the re-read after the
   reconnect (a commit that sent no notification at all);
 - the notification of a push arrives only once its blobs are visible to a pull;
 - PostgreSQL restarted under open streams: they reach the head of a later push (1
-  restart here, 5 with ENGRAM_SLOW=1).
+  restart here, 5 with --full).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ import pytest
 from engram_sync.relay.db.embedded import EmbeddedPostgres
 from engram_sync.relay.db.migrate import upgrade_to_head
 from engram_sync.relay.db.url import to_libpq_url
+from tests import tiers
 from tests.relay.conftest import ADMIN_KEY, free_port
 from tests.relay.sse import Message, messages, next_event
 from tests.relay.support import (
@@ -42,8 +42,8 @@ from tests.relay.support import (
 )
 from tests.reliability.support import RelayProcess, two_relay_processes
 
-SLOW = os.environ.get("ENGRAM_SLOW") == "1"
-ROUNDS = 20 if SLOW else 3
+FULL = tiers.full()  # --full: the full sizes (tests/tiers.py)
+ROUNDS = 20 if FULL else 3
 PING_S = "0.5"
 
 
@@ -214,7 +214,7 @@ async def _notified_after_commit(relay: RelayProcess) -> None:
         await conn.close()
 
 
-RESTARTS = 5 if SLOW else 1
+RESTARTS = 5 if FULL else 1
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ keeping every blob it was given; when the stream breaks it opens a new one from 
 cursor after 0.2 s. It never pulls on a timer, so a hint that is lost for good would
 leave it behind the head.
 
-Each fault is repeated ENGRAM_FEED_CHAOS_ROUNDS times (3 by default; the issue's 20 with
-ENGRAM_FEED_CHAOS_ROUNDS=20):
+Each fault is repeated 3 times (the issue's 20 with `--full`, tests/tiers.py):
 
 - every LISTEN connection terminated (`pg_terminate_backend`), and each new one too as
   soon as it shows, while a push commits and for 0.3 s after: its notification reaches
@@ -47,11 +46,12 @@ import pytest
 from engram_sync.client._http.sse import SseEvent, SseParser
 from engram_sync.relay.db.embedded import EmbeddedPostgres
 from engram_sync.relay.db.migrate import upgrade_to_head
+from tests import tiers
 from tests.relay.conftest import ADMIN_KEY, free_port
 from tests.relay.support import Sealer, new_device_id, new_vault_id, push, run_db
 from tests.reliability.support import RelayProcess
 
-ROUNDS = int(os.environ.get("ENGRAM_FEED_CHAOS_ROUNDS", "3"))
+ROUNDS = 20 if tiers.full() else 3
 FIGURES = os.environ.get("ENGRAM_FEED_CHAOS_FIGURES")
 DEVICES_PER_REPLICA = 3
 WORKERS = 2

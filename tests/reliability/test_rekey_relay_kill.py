@@ -7,7 +7,7 @@ re-key's own process then does (it may finish through its retries, or stop with 
 every reader sees the vault wholly old (the old vault complete and not retired) or wholly
 new (the new vault complete and the old retired), and `engram-sync rekey` run again
 finishes with the same result. The client kills are in tests/e2e/test_rekey_cli.py;
-ENGRAM_REKEY_RELAY_KILLS=N runs N random points here (once, locally; docs/rekey.md).
+`--full` runs the other fixed points and 20 random ones here (docs/rekey.md).
 """
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ from tests.relay.conftest import Relay, base_config
 from tests.reliability.support import RelayProcess
 
 #: "new:k": the new vault holds k blobs (of 16; batches of 2); "retired": the old one is.
-CI_POINTS = ("new:1", "new:9", "retired")
+#: One point at CI size (mid-copy); the others with `--full` (tests/tiers.py).
+CI_POINTS = (
+    pytest.param("new:1", marks=pytest.mark.full),
+    "new:9",
+    pytest.param("retired", marks=pytest.mark.full),
+)
 BATCH = "2"
 
 
@@ -124,11 +129,12 @@ def test_a_rekey_survives_the_relay_killed_under_it(
     assert running, f"the re-key had ended before the relay was killed at {point}"
 
 
-RANDOM_ROUNDS = int(os.environ.get("ENGRAM_REKEY_RELAY_KILLS") or 0)
+#: `--full`: this many re-keys with the relay killed at random points.
+RANDOM_ROUNDS = 20
 
 
-@pytest.mark.skipif(not RANDOM_ROUNDS, reason="set ENGRAM_REKEY_RELAY_KILLS=N")
-@pytest.mark.timeout(180 * max(RANDOM_ROUNDS, 1))  # a round took up to ~50 s at load 9
+@pytest.mark.full
+@pytest.mark.timeout(180 * RANDOM_ROUNDS)  # a round took up to ~50 s at load 9
 def test_random_relay_kill_points(tmp_path: Path, relay_process: RelayProcess) -> None:
     rounds = RANDOM_ROUNDS
     rng = random.Random(int(os.environ.get("ENGRAM_REKEY_RANDOM_SEED", "16")))

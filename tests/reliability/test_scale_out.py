@@ -5,18 +5,18 @@ exactly once by every puller."""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from tests import tiers
 from tests.relay.conftest import ADMIN_KEY, Relay
 from tests.relay.support import Sealer, wire
 from tests.reliability.support import RelayProcess
 
-SLOW = os.environ.get("ENGRAM_SLOW") == "1"
+FULL = tiers.full()  # --full: the full sizes (tests/tiers.py)
 VAULT = "scale-out"
 
 
@@ -35,7 +35,7 @@ def two_relays(fresh_database_url: str) -> Iterator[tuple[RelayProcess, RelayPro
 def test_many_writers_two_relays_every_blob_seen_once(
     two_relays: tuple[RelayProcess, RelayProcess],
 ) -> None:
-    writers, batches, per_batch = (50, 10, 20) if SLOW else (50, 3, 10)
+    writers, batches, per_batch = (50, 10, 20) if FULL else (50, 3, 10)
     relays = two_relays
     accepted: set[tuple[str, int]] = set()
     lock = threading.Lock()

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from engram_sync.client._session import VaultSession
-from engram_sync.relay.db.migrate import upgrade_to_head
-from tests.conftest import scratch_database
+from tests.conftest import migrated_database
 from tests.e2e.conftest import PASSPHRASE, DeviceHandle
 from tests.e2e.hostile.proxy import HostileProxy
 from tests.relay.conftest import ADMIN_KEY, Relay, base_config
@@ -23,8 +22,7 @@ from tests.reliability.support import RelayProcess
 @pytest.fixture(scope="module")
 def relay_process(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
     """The real relay as a process, on a database of this module's own."""
-    with scratch_database(postgres_url) as url:
-        upgrade_to_head(url)
+    with migrated_database(postgres_url) as url:
         process = RelayProcess(url, log_path=tmp_path_factory.mktemp("relay") / "relay.log")
         process.start()
         try:

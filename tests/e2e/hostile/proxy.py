@@ -94,7 +94,14 @@ class HostileProxy:
         self._http: httpx.AsyncClient | None = None
         self.server = uvicorn.Server(
             uvicorn.Config(
-                self._app, host="127.0.0.1", port=self.port, log_level="warning", interface="asgi3"
+                self._app,
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                interface="asgi3",
+                # `stop` cancels a stream still open (a watch's) after 2 s instead of waiting
+                # for it: the join below timed out at 30 s after a watch test (issue 32)
+                timeout_graceful_shutdown=2,
             )
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)

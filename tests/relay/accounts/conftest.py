@@ -11,8 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engram_sync.relay.db.migrate import upgrade_to_head
-from tests.conftest import backend_database, takes_backend
+from tests.conftest import migrated_backend_database, takes_backend
 from tests.relay.conftest import Relay, base_config
 from tests.relay.support import serve
 
@@ -21,8 +20,6 @@ from tests.relay.support import serve
 @takes_backend
 def served(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[Relay]:
     """A relay on its own freshly migrated database, shared by one test module (and with
-    ENGRAM_CITUS=1 also on the Citus cluster, tests/conftest.py)."""
-    with backend_database(request, postgres_url) as url:
-        upgrade_to_head(url)
-        with serve(base_config(url)) as relay:
-            yield relay
+    `--citus-all` also on the Citus cluster, tests/conftest.py)."""
+    with migrated_backend_database(request, postgres_url) as url, serve(base_config(url)) as relay:
+        yield relay

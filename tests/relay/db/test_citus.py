@@ -204,7 +204,7 @@ def test_push_writes_on_citus_land_in_their_vault_only(migrated_url: str) -> Non
 
 
 def test_migrate_citus_on_plain_postgresql_refuses_with_the_reason(postgres_url: str) -> None:
-    with scratch_database(postgres_url) as url:  # plain PostgreSQL even with ENGRAM_CITUS=1
+    with scratch_database(postgres_url) as url:  # plain PostgreSQL even with --citus-all
         result = _run_migrate(url, "--citus")
         assert result.returncode != 0
         assert "citus extension is not installed" in result.stdout + result.stderr
