@@ -56,6 +56,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Final
 
+from bench.child_process import end_child
 from bench.history_watcher import PASSPHRASE
 from bench.import_jsonl import write_jsonl
 from bench.relay_load import BenchError
@@ -169,15 +170,7 @@ class _Watcher:
 
     def close(self) -> None:
         self._closing = True
-        if self._proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait(timeout=30)
-        self._thread.join(timeout=30)
+        end_child(self._proc, self._thread, wait_s=60)
 
 
 @contextlib.contextmanager

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
 
+from bench.child_process import end_child
 from bench.database import BenchDatabase
 from bench.live_receiver import PASSPHRASE
 from bench.relay_load import BenchError
@@ -145,15 +146,7 @@ class _Receiver:
 
     def close(self) -> None:
         self._closing = True
-        if self._proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait(timeout=30)
-        self._thread.join(timeout=30)
+        end_child(self._proc, self._thread, wait_s=30)
 
 
 def _pair(
