@@ -8,6 +8,7 @@ memories and 20 relay kills.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -117,13 +118,19 @@ def _blobs_stored(relay: RelayProcess) -> int:
     return _sql_int(relay, "SELECT count(*) FROM blobs WHERE vault_id = $1")
 
 
-def _reader_cursor(relay: RelayProcess) -> int:
-    """Pull progress as the relay sees it: the furthest cursor of a device that pushed nothing."""
+def _reader_cursor(relay: RelayProcess, device_id: str) -> int:
+    """Pull progress as the relay sees it: the cursor it recorded for the reading device."""
+    assert all(c in "0123456789abcdef-" for c in device_id), device_id  # quoted below
     return _sql_int(
         relay,
-        "SELECT coalesce(max(pulled_cursor), 0) FROM devices d WHERE vault_id = $1 AND NOT"
-        " EXISTS (SELECT 1 FROM blobs b WHERE b.vault_id = $1 AND b.device_id = d.device_id)",
+        "SELECT coalesce(max(pulled_cursor), 0) FROM devices WHERE vault_id = $1"
+        f" AND device_id = '{device_id}'",
     )
+
+
+def _device_id(path: Path) -> str:
+    with VaultSession.open(path, PASSPHRASE) as session:
+        return session.device.device_id
 
 
 def _wait_for_progress(progress: Callable[[], int], since: int, running: Callable[[], bool],
@@ -204,11 +211,12 @@ def _cli(vault: Path, *args: str) -> subprocess.Popen[bytes]:
 
 
 def _kill_cli_runs_until_one_finishes(
-    vault: Path, rng: random.Random, kills: int, progress: Callable[[], int]
-) -> int:
-    """Run `engram-sync sync` and SIGKILL it a random moment after it made progress,
-    `kills` times (fewer if a run finishes first); then let a final run finish. Returns
-    how many runs were killed before finishing."""
+    vault: Path, rng: random.Random, kills: int, progress: Callable[[], int],
+    max_delay: float = 0.3,
+) -> int:  # fmt: skip
+    """Run `engram-sync sync` and SIGKILL it a random moment (up to `max_delay` s) after it
+    made progress, `kills` times (fewer if a run finishes first); then let a final run
+    finish. Returns how many runs were killed before finishing."""
     killed = 0
     for _ in range(kills):
         proc = _cli(vault, "sync")
@@ -219,7 +227,7 @@ def _kill_cli_runs_until_one_finishes(
         if not _wait_for_progress(progress, progress(), running):
             proc.wait(timeout=60)
             break  # this run finished: nothing left to interrupt
-        time.sleep(rng.uniform(0.0, 0.3))
+        time.sleep(rng.uniform(0.0, max_delay))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             killed += 1
@@ -247,13 +255,23 @@ def test_client_killed_mid_push_and_mid_pull_stays_consistent(
         assert session.device.vector_clock >= max(clocks)  # persisted before use
         assert local_store.count_to_push(session.vault.conn) == (0, 0)
 
-    _vault(tmp_path / "reader", relay_process)
-    killed_pull = _kill_cli_runs_until_one_finishes(
-        tmp_path / "reader", rng, kills, lambda: _reader_cursor(relay_process)
-    )
-    assert _contents(tmp_path / "reader") == _contents(tmp_path / "writer")
-    _assert_digests(relay_process, tmp_path / "writer", tmp_path / "reader")
-    with VaultSession.open(tmp_path / "reader", PASSPHRASE) as session:
+    # A pull of 3,000 is three pages: the relay records the first as it serves it, and
+    # the rest of the run can be short on a fast machine. A reader whose every run
+    # finished before a kill landed is replaced by a fresh one, killed sooner.
+    killed_pull, reader = 0, tmp_path / "reader"
+    for attempt in range(3):
+        reader = tmp_path / f"reader{attempt}"
+        _vault(reader, relay_process)
+        device_id = _device_id(reader)
+        killed_pull = _kill_cli_runs_until_one_finishes(
+            reader, rng, kills, functools.partial(_reader_cursor, relay_process, device_id),
+            max_delay=0.1 / (attempt + 1),
+        )  # fmt: skip
+        if killed_pull:
+            break
+    assert _contents(reader) == _contents(tmp_path / "writer")
+    _assert_digests(relay_process, tmp_path / "writer", reader)
+    with VaultSession.open(reader, PASSPHRASE) as session:
         assert session.state.cursor == _sql_int(
             relay_process, "SELECT max(seq) FROM blobs WHERE vault_id = $1"
         )
