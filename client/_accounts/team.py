@@ -266,6 +266,7 @@ def _drop_code(session: VaultSession, relay: AccountClient, server_url: str, vau
         _forget_requests(conn, vault_id)
 
 
+# long: PROTOCOL §14's requester steps in their order; the branches are helpers below
 def request_key(
     session: VaultSession,
     label: str | None = None,
@@ -536,6 +537,8 @@ def has_code_for(session: VaultSession, request: PendingRequest) -> bool:
     )
 
 
+# long: PROTOCOL §14's admin steps in their order, each a few lines; split, the order would be
+#   harder to check
 def approve(session: VaultSession, request: PendingRequest) -> Approval:
     """Seal this device's K to `request`.
 

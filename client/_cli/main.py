@@ -149,6 +149,7 @@ def init(
 
 
 @app.command()
+# long: the command's options are its signature (typer)
 def link(
     relay: Annotated[str, typer.Option("--relay", help="Relay URL, e.g. http://127.0.0.1:8788")],
     api_key: Annotated[

@@ -136,6 +136,7 @@ def _progress_bar(show: bool) -> Iterator[RekeyProgress | None]:
         yield progress
 
 
+# long: the command's options are its signature (typer)
 def rekey(
     json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
     join: Annotated[

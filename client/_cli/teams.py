@@ -241,6 +241,7 @@ def team_invite(
 
 
 @team_app.command("request")
+# long: the command's options are its signature (typer)
 def team_request(
     label: Annotated[str | None, typer.Option("--label", help="Shown to the admin.")] = None,
     wait: Annotated[

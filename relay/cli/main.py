@@ -74,6 +74,7 @@ def _main(
 
 
 @app.command()
+# long: the command's options are its signature (typer)
 def serve(
     host: Annotated[
         str, typer.Option(help="Address to bind.", envvar="ENGRAM_RELAY_HOST")

@@ -189,6 +189,7 @@ def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
         raise ValueError(f"{name} must be a number, got {raw!r}") from None
 
 
+# long: one line per environment variable, read in one place
 def config_from_env(
     database_url: str,
     env: Mapping[str, str] | None = None,
