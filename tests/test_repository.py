@@ -93,4 +93,3 @@ def test_the_migrations_sit_at_the_top_level_and_ship_inside_the_relay() -> None
     assert link.is_symlink()
     assert os.readlink(link) == "../alembic"
     assert "script_location = %(here)s/alembic" in (ROOT / "alembic.ini").read_text()
-
