@@ -15,7 +15,7 @@
 
 Backfill: every vault's digest from its rows, in SQL (u64_LE built from the hex of the
 clock, the XOR as `bit_xor` over the four 8-byte words of each hash). The relay checks
-the same value in Python in tests (tests/relay/test_digest.py).
+the same value in Python in tests (tests/relay/http/test_digest.py).
 
 Revision ID: 0008_digest
 Revises: 0007_idempotency

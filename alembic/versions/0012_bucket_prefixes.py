@@ -24,7 +24,7 @@ per vault). A row whose `digest_bucket` is NULL (written outside the push: revis
 is in no bucket, as today.
 
 Backfill: every vault that holds rows, from its rows, in SQL, exactly as
-`relay.store.digest._BUCKETS` computes them (`backfill()`; tests/relay/test_bucket_prefixes.py
+`relay.store.digest._BUCKETS` computes them (`backfill()`; tests/relay/store/test_bucket_prefixes.py
 checks it against the pushes and bench/anti_entropy.py sets its SQL-built vault with it).
 On Citus (vaults and blobs distributed by vault_id, colocated) the grouped subquery is
 keyed by vault_id and joined on it, so it runs on the shards.

@@ -8,7 +8,7 @@ happens before the next update finds too little room: every second push wrote th
 a new page and both of the table's indexes, and one vault grew its table by about 4 KB a
 push until vacuum (12 MB after 3,000 pushes). At fillfactor 50 a page is pruned as soon as
 less than half of it is free, before the room for the next version runs out: the 3,000
-pushes leave the table one page (tests/relay/test_db_migrations.py).
+pushes leave the table one page (tests/relay/db/test_db_migrations.py).
 
 A storage parameter only: no rewrite, no lock beyond a moment's; pages already written
 are pruned on their next update.

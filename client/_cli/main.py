@@ -73,7 +73,7 @@ from .verify import verify
 
 # A command imports what only it needs in its body (the relay client and httpx, the sync
 # engine, spake2, zxcvbn, rich's progress bars), so `list` does not pay for `sync` (issue 17,
-# docs/agent.md; tests/client/test_cli_imports.py pins it).
+# docs/agent.md; tests/client/cli/test_cli_imports.py pins it).
 
 
 app = typer.Typer(

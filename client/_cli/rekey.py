@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .._flows.rekey import RekeyProgress, RekeyReport
 
 # The re-key engine, the account layer and rich's progress bar are imported where used, so
-# another command does not load them (issue 17; tests/client/test_cli_imports.py).
+# another command does not load them (issue 17; tests/client/cli/test_cli_imports.py).
 
 NEW_PASSPHRASE_ENV: Final = "ENGRAM_NEW_PASSPHRASE"  # noqa: S105 - a variable name
 NEW_API_KEY_ENV: Final = "ENGRAM_NEW_API_KEY"

@@ -15,7 +15,7 @@ the sign-in bounds are about. Nothing of this ships: tests/ is not in the wheel,
 wheel tests (tests/test_distribution.py) drop PYTHONPATH.
 """
 
-from __future__ import annotations  # no `typing` import: tests/client/test_cli_imports.py
+from __future__ import annotations  # no `typing` import: tests/client/cli/test_cli_imports.py
 
 import hashlib
 import os

@@ -19,7 +19,7 @@ from mcp import Client, StdioServerParameters
 from mcp_types import Implementation
 
 from engram_sync.client._agent import control
-from tests.client.test_agent import EXE, PASSPHRASE, Env, new_vault, ok, user
+from tests.client.agent.test_agent import EXE, PASSPHRASE, Env, new_vault, ok, user
 from tests.relay.conftest import ADMIN_KEY, Relay
 
 __all__ = ["user"]  # the fixture, shared with test_agent.py

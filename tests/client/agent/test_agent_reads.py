@@ -33,7 +33,7 @@ from engram_sync.client._agent.paths import SOCKET_NAME, agent_dir
 from engram_sync.client._agent.reads import console_size
 from engram_sync.client._agent.server import LOCKED, REFUSED
 from engram_sync.client._cli import fast, support
-from tests.client.test_agent import PASSPHRASE, Env, agent_pid, ok, wait_gone
+from tests.client.agent.test_agent import PASSPHRASE, Env, agent_pid, ok, wait_gone
 
 EXE = str(Path(sys.executable).parent / "engram-sync")
 NOT_ANSWERED = 99

@@ -18,7 +18,7 @@ import sqlalchemy.exc
 
 from engram_sync.relay.db.failures import explain
 from tests.deploy.support import closed_port
-from tests.relay.test_cli import _relay
+from tests.relay.cli.test_cli import _relay
 
 SECRET = "hunter2-not-for-logs"
 COMMANDS = (

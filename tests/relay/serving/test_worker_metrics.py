@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.relay_process import listening_workers
 from engram_sync.relay.serving import server as serving
+from tests.relay.cli.test_cli import BIN, _env, _wait_ready
 from tests.relay.conftest import METRICS_TOKEN, free_port
 from tests.relay.support import wait_for
-from tests.relay.test_cli import BIN, _env, _wait_ready
 
 REQUESTS = 40
 POOL_SIZE = 3

@@ -17,14 +17,14 @@ from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
 from engram_sync.client._vault import store
 from engram_sync.shared_format.wire import PushResponse, SyncBlob
-from tests.client.test_rekey import PASSPHRASE, _decrypted, _keys, _team_vault
+from tests.client.flows.test_rekey import PASSPHRASE, _decrypted, _keys, _team_vault
 from tests.relay.conftest import Relay
 
 BARRIER_S = 60.0  # only a guard: the pushes meet at once when they run together
 
 
 def _vault_of(path: Path, relay: Relay, vault_id: str, extra: int) -> None:
-    """The team vault of tests/client/test_rekey.py with `extra` more memories, synced."""
+    """The team vault of tests/client/flows/test_rekey.py with `extra` more memories, synced."""
     _team_vault(path, relay, vault_id)
     with VaultSession.open(path, PASSPHRASE) as session:
         with session.vault.transaction() as conn:

@@ -1,6 +1,6 @@
 """Fair admission of whole-vault scans (relay.domain.scan_admission; docs/digest.md "Bounded
 scans"; issue 31 finding 7), the decision alone: no asyncio, no database. The gate that
-executes it, against a real relay: tests/relay/test_scan_gate.py."""
+executes it, against a real relay: tests/relay/services/test_scan_gate.py."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import Implementation
 
 from engram_sync.client._mcp.tokens import TOKENS_FILE
-from tests.client.test_agent import EXE, PASSPHRASE, WAIT_S, Env, new_vault, ok, user
+from tests.client.agent.test_agent import EXE, PASSPHRASE, WAIT_S, Env, new_vault, ok, user
 from tests.relay.conftest import free_port
 
 __all__ = ["user"]  # the fixture, shared with test_agent.py

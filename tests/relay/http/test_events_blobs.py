@@ -155,7 +155,7 @@ def test_a_watch_keeps_commits_only_for_blobs_streams_and_chains_them() -> None:
 
 
 def test_a_commit_without_blobs_or_too_large_for_notify_has_no_payload() -> None:
-    # the payload itself, with hostile vault ids: tests/relay/test_feed_hostile_ids.py
+    # the payload itself, with hostile vault ids: tests/relay/http/test_feed_hostile_ids.py
     assert commit_payload(_commit(4, 6, None)) is None
     assert commit_payload(_commit(4, 6, b"[" + b"1," * MAX_NOTIFY_PAYLOAD + b"1]")) is None
     fits = commit_payload(_commit(4, 6, b"[" + b"1," * (MAX_NOTIFY_PAYLOAD // 3) + b"1]"))

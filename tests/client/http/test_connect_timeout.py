@@ -16,7 +16,7 @@ from engram_sync.client._http.relay_client import (
     RelayClient,
     connect_timeout_from_env,
 )
-from tests.client.test_relay_client import VAULT, Script, Sleeps, scripted
+from tests.client.http.test_relay_client import VAULT, Script, Sleeps, scripted
 from tests.relay.conftest import free_port
 
 

@@ -1,7 +1,7 @@
 """Who may hold how many event streams and long-polls (relay/domain/stream_holders.py, PROTOCOL
 §15, issue 31 finding 2), on its own: the pure admission decision (holder counts -> admit,
 evict whose oldest, or refuse), its executor, and the connection guard's choice of the
-heaviest holder. No database, no HTTP: tests/relay/test_stream_caps.py holds the same
+heaviest holder. No database, no HTTP: tests/relay/serving/test_stream_caps.py holds the same
 promises through a real relay."""
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from tests.relay.support import (
 )
 
 relay = module_relay_fixture()
-MIGRATION = Path(__file__).resolve().parents[2] / "relay/migrations/versions/0008_digest.py"
+MIGRATION = Path(__file__).resolve().parents[3] / "relay/migrations/versions/0008_digest.py"
 
 
 def _version(memory_id: str, device_id: str, clock: int, deleted: bool) -> bytes:

@@ -34,6 +34,7 @@ from engram_sync.relay.store.scrub import scrub_vault
 from engram_sync.shared_format.digest import bucket_of, digest_int, digest_text
 from tests.relay.bucket_oracle import _version
 from tests.relay.conftest import ADMIN_KEY, Relay, base_config
+from tests.relay.services.test_maintenance import sample
 from tests.relay.support import (
     Sealer,
     assert_error,
@@ -44,7 +45,6 @@ from tests.relay.support import (
     serve,
     wait_for,
 )
-from tests.relay.test_maintenance import sample
 
 BIN = Path(sys.executable).parent
 FAST = 0.05  # seconds between two maintenance rounds

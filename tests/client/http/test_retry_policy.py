@@ -19,7 +19,7 @@ from engram_sync.client._errors import OutcomeUnknownError, RelayUnavailableErro
 from engram_sync.client._http.account_client import AccountClient
 from engram_sync.client._http.relay_client import RelayClient, Retry
 
-CLIENT = Path(__file__).resolve().parents[2] / "client"
+CLIENT = Path(__file__).resolve().parents[3] / "client"
 
 # (module, method) -> policy of its relay call. A new call must be added here.
 PINNED: dict[tuple[str, str], str] = {

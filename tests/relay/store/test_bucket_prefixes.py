@@ -27,8 +27,8 @@ from engram_sync.relay.store.push import push_group
 from engram_sync.relay.store.retire import erase_expired, retire
 from tests.conftest import backend_of, takes_backend
 from tests.relay.bucket_oracle import oracle, stored
+from tests.relay.services.test_push_groups import LIMITS, blob, job, run
 from tests.relay.support import migrated_backend_database, new_vault_id
-from tests.relay.test_push_groups import LIMITS, blob, job, run
 
 #: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
 pytestmark = pytest.mark.both_databases

@@ -1,6 +1,6 @@
 """The rules and store layers make no HTTP errors (issue 19, "Errors"; STYLE "Errors have
 one owner per layer"): they raise `relay.domain.domain_errors`, and `relay.http.errors` maps
-every one of those to its answer (the answers themselves: tests/relay/test_refusal_bodies.py).
+every one of those to its answer (the answers themselves: tests/relay/http/test_refusal_bodies.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from engram_sync.relay.domain import domain_errors
 from engram_sync.relay.http.errors import EXCEPTION_HANDLERS
 
-RELAY = Path(__file__).resolve().parents[2] / "relay"
+RELAY = Path(__file__).resolve().parents[3] / "relay"
 # Below the HTTP edge: pure rules, the group commit, the store, the refusals themselves.
 BELOW_THE_EDGE = sorted(
     [

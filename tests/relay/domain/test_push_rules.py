@@ -60,7 +60,7 @@ def plan(
 
 
 def structure_error(*blobs: SyncBlob) -> InvalidBlobError:
-    """The domain error of step 1 (its answer over HTTP: tests/relay/test_refusal_bodies.py)."""
+    """The domain error of step 1 (over HTTP: tests/relay/http/test_refusal_bodies.py)."""
     with pytest.raises(InvalidBlobError) as info:
         checked(*blobs)
     return info.value
