@@ -38,6 +38,7 @@ Layer = Literal["episodic", "semantic", "imagined"]
 #: Called with the phase ("pull" or "push") and the counts so far, during a sync.
 Progress = Callable[[str, SyncReport], None]
 SCOPES = ("moment", "episode", "narrative", "rule")  # VAULT §3
+LAYERS = ("episodic", "semantic", "imagined")  # VAULT §3
 
 
 @dataclass(frozen=True)
@@ -189,25 +190,37 @@ class Vault:
         content: str | None = None,
         *,
         privacy_level: PrivacyLevel | None = None,
+        tags: Iterable[str] | None = None,
+        project: str | None = None,
+        layer: Layer | None = None,
         source: str = "user",
         tool: str | None = None,
     ) -> bool:
-        """Replace a memory's content, or change its privacy level, or both; False when
-        there is no such memory. Made "strict_local", its later versions stay on this
-        device (the copy already synced stays elsewhere until `retract`); made syncing
-        again, it is pushed by the next `sync` (docs/privacy.md). `source` and `tool` (an
-        AI tool's name) are recorded as the writer in the local history (docs/history.md)."""
-        if content is None and privacy_level is None:
-            raise ValueError("nothing to change: give content or privacy_level")
+        """Replace a memory's content, change its privacy level, or replace its tags (all
+        of them: `[]` removes them), project or layer; any of these at once, as one new
+        version (None leaves a field as it is). False when there is no such memory. Made
+        "strict_local", its later versions stay on this device (the copy already synced
+        stays elsewhere until `retract`); made syncing again, it is pushed by the next
+        `sync` (docs/privacy.md). `source` and `tool` (an AI tool's name) are recorded as
+        the writer in the local history (docs/history.md)."""
+        new_tags = None if tags is None else builtins.list(tags)
+        if all(v is None for v in (content, privacy_level, new_tags, project, layer)):
+            raise ValueError(
+                "nothing to change: give content, privacy_level, tags, project or layer"
+            )
         if content is not None and not content.strip():
             raise ValueError("a memory's content must not be empty")
         if privacy_level is not None and privacy_level not in PRIVACY_LEVELS:
             raise ValueError(f"privacy_level must be one of {', '.join(PRIVACY_LEVELS)}")
+        if layer is not None and layer not in LAYERS:
+            raise ValueError(f"layer must be one of {', '.join(LAYERS)}")
+        if project is not None and not project.strip():
+            raise ValueError("a project must not be empty")
         session = self._session
         with session.vault.transaction() as conn:
             previous = local_writes.edit(
                 conn, memory_id, content, privacy_level, session.writer(source=source, tool=tool),
-                own_device=session.device.device_id,
+                own_device=session.device.device_id, tags=new_tags, project=project, layer=layer,
             )  # fmt: skip
         return previous is not None
 

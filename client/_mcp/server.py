@@ -144,15 +144,25 @@ def build_server(access: VaultAccess, live: LiveLoop | None = None, **auth: Any)
     async def get(id: MemoryId) -> dict[str, Any]:
         return await call(lambda v: tools.get(v, id))
 
-    @server.tool(description="Replace a memory's content or change its privacy (or both).")
+    @server.tool(
+        description="Change a memory: its content, privacy, tags (all replaced), project or layer."
+    )
     async def update(
         id: MemoryId,
         ctx: Context[Any, Any],
         content: Content | None = None,
         privacy: Privacy | None = None,
+        tags: Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=MAX_TAG_CHARS)]] | None,
+            Field(max_length=MAX_TAGS, description="The new tags, replacing all; [] removes."),
+        ] = None,
+        project: Project = None,
+        layer: LayerArg | None = None,
     ) -> dict[str, Any]:
         caller = caller_of(ctx)
-        return await call(lambda v: tools.update(v, caller, id, content, privacy))
+        return await call(
+            lambda v: tools.update(v, caller, id, content, privacy, tags, project, layer)
+        )
 
     @server.tool(description="Delete a memory everywhere it syncs (undelete brings it back).")
     async def forget(id: MemoryId, ctx: Context[Any, Any]) -> dict[str, Any]:
