@@ -389,19 +389,23 @@ class Vault:
         stop: threading.Event | None = None,
         on_report: Callable[[SyncReport], None] | None = None,
         on_status: Callable[[LiveStatus], None] | None = None,
+        wake: threading.Event | None = None,
     ) -> Iterator[SyncReport]:
         """Sync live until `stop` is set, yielding each sync's report (docs/live-sync.md).
 
         A sync runs as soon as the relay's live feed says another device pushed (PROTOCOL
         §15; the long-poll, or the timer alone, where the relay or a proxy offers no
         stream), as soon as this vault changes (a write through this `Vault` between two
-        reports, or by another program into its database, seen within about a second),
+        reports, or by another program into its database, seen within about half a second),
         and every `interval` seconds whatever happens (default: the vault's configured
         interval). `on_report` gets each report as it is yielded; `on_status` each change
         of the `LiveStatus` (connected, catching up, offline, ...). A relay that is
         unreachable or rate-limits is retried with backoff; every other error ends the
         watch (`DeviceRevokedError` when the relay revoked this device, `NotLinkedError`
-        at once before `link`).
+        at once before `link`). `wake`, an event the caller sets after writing to this
+        vault through another `Vault` of its own (another thread's connection), makes the
+        watch look for that write at once rather than within its check (about half a
+        second); the watch clears it.
         """
         every = interval if interval is not None else self._session.config.interval_secs
         live = LiveSync(
@@ -411,6 +415,7 @@ class Vault:
             retry=_transient,
             on_report=on_report,
             on_status=on_status,
+            wake=wake,
         )
         yield from live.run()
 
