@@ -26,6 +26,7 @@ from bench import (
     pull_memory,
     stream_hog,
 )
+from bench import mcp as mcp_bench
 from bench.anti_entropy import measure as measure_anti_entropy
 from bench.corpus import Corpus
 from bench.database import BenchDatabase
@@ -345,6 +346,17 @@ class Run:
                 history.Size.of(quick=self.s.quick), self.log,
             )  # fmt: skip
 
+    # -- issue 33: the MCP server (docs/mcp.md) -----------------------------------------------
+
+    def mcp(self) -> dict[str, Any]:
+        """Remember on A -> recall on B through two `engram-sync mcp`, recall on a large
+        vault, remember throughput over stdio (bench.mcp), on this run's relay."""
+        with self.monitor.phase("mcp"):
+            return mcp_bench.measure(
+                self.db.scratch / "mcp", self.relay.url, self.relay.key,
+                mcp_bench.Size.of(quick=self.s.quick), self.log,
+            )  # fmt: skip
+
     # -- 11: JSONL import (issue 17) ---------------------------------------------------------
 
     def jsonl_import(self) -> dict[str, Any]:
@@ -456,6 +468,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                             db.url, db.scratch, quick=settings.quick
                         )
                         sections["history"] = run.history()  # issue 35 (bench.history)
+                        sections["mcp"] = run.mcp()  # issue 33 (bench.mcp)
                         log("unlock once: a command with and without the key agent")
                         sections["agent"] = agent.measure(  # issue 17, docs/agent.md
                             db.scratch, agent.QUICK_RUNS if settings.quick else agent.RUNS

@@ -36,6 +36,7 @@ SECTIONS = (
     "agent",
     "stream_hog",
     "history",
+    "mcp",
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -66,6 +67,10 @@ TARGETS = {
     "history_edit_overhead",
     "history_pull_overhead",
     "history_storage_cap",
+    "mcp_remember_to_recall_p50",
+    "mcp_remember_to_recall_p99",
+    "mcp_recall_100k",
+    "mcp_remember_throughput",
 }
 
 
