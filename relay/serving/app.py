@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from litestar import Litestar, Request
@@ -51,6 +52,7 @@ from engram_sync.relay.store.push import (
     PushLimits,
     PushResult,
     Quota,
+    plain_postgres,
     push_group,
 )
 from engram_sync.relay.store.replicas import Replica, heartbeat, leave
@@ -207,10 +209,13 @@ def create_app(config: RelayConfig) -> Litestar:
             config.database_url, min_size=config.pool_min_size, max_size=config.pool_max_size
         )
         pool = state.pool
+        nonlocal limits
         # PROTOCOL §17: known before the first answer, so every answer carries it.
         try:
             async with pool.acquire() as conn:
                 state.generation = await read_generation(conn)
+                # issue 36: a push in fewer round trips, where the database allows it
+                limits = replace(limits, one_statement=await plain_postgres(conn))
         except BaseException:
             await pool.close()
             raise
