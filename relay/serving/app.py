@@ -45,6 +45,7 @@ from engram_sync.relay.services.metrics import RelayMetrics
 from engram_sync.relay.services.push_groups import PushGroups
 from engram_sync.relay.services.scan_gate import ScanGate
 from engram_sync.relay.services.state import RelayState
+from engram_sync.relay.serving.lean_app import LeanLitestar
 from engram_sync.relay.serving.request_context import request_id_middleware
 from engram_sync.relay.store.meta import read_generation
 from engram_sync.relay.store.push import (
@@ -241,7 +242,7 @@ def create_app(config: RelayConfig) -> Litestar:
         app_config.state = State({"relay": state})
         return app_config
 
-    app = Litestar(
+    app = LeanLitestar(  # issue 36: no pydantic or attrs plugin (relay.serving.lean_app)
         route_handlers=[
             sync.push,
             sync.pull,

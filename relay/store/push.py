@@ -280,15 +280,17 @@ WRITE_VAULT = f"""
 # alone has `is_vault`; the NULLs of each branch take the other branch's column types.
 _READ_VAULT_AND_KNOWN = f"""
     SELECT true AS is_vault, v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones,
-           v.digest, v.bucket_prefixes, v.bucket_counts,
+           v.digest, v.bucket_prefixes, v.bucket_counts,  -- PROTOCOL §18, revision 0012
            v.retired_at IS NOT NULL AS retired, v.successor, v.successor_statement,
            v.successor_stated_at, q.max_devices, q.max_bytes,
            NULL AS revoked, NULL AS id, NULL AS clock, NULL AS size, NULL AS owner,
            NULL AS deleted
     FROM vaults v LEFT JOIN quotas q ON q.vault_id = v.vault_id WHERE v.vault_id = $1
     UNION ALL
-    SELECT false, k.vault_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-           NULL, NULL, NULL, k.revoked, k.id, k.clock, k.size, k.owner, k.deleted
+    SELECT false, k.vault_id, NULL, NULL, NULL, NULL,
+           NULL, NULL, NULL,  -- the digest, bucket prefixes and counts
+           NULL, NULL, NULL, NULL, NULL, NULL,
+           k.revoked, k.id, k.clock, k.size, k.owner, k.deleted
     FROM ({_READ_KNOWN}) AS k
 """  # noqa: S608 - constants
 
