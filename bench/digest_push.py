@@ -63,7 +63,8 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
     (' v.tombstones, v.digest,"', ' v.tombstones,"', 1),
     ('    " v.bucket_prefixes, v.bucket_counts,"  # PROTOCOL §18, revision 0012\n', "", 1),
     (
-        "           v.digest, v.bucket_prefixes, v.bucket_counts,  -- PROTOCOL §18, revision 0012\n",
+        "           v.digest, v.bucket_prefixes, v.bucket_counts,"
+        "  -- PROTOCOL §18, revision 0012\n",
         "",
         1,
     ),
@@ -84,9 +85,11 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
     # the one-statement write (plain PostgreSQL, issue 36): no digest columns, the devices
     # then $17
     (
-        "        UPDATE vaults SET seq = $13, bytes_used = $14, live_blobs = $15, tombstones = $16,\n"
+        "        UPDATE vaults SET seq = $13, bytes_used = $14, live_blobs = $15,"
+        " tombstones = $16,\n"
         "            digest = $17, bucket_prefixes = $18, bucket_counts = $19\n",
-        "        UPDATE vaults SET seq = $13, bytes_used = $14, live_blobs = $15, tombstones = $16\n",
+        "        UPDATE vaults SET seq = $13, bytes_used = $14, live_blobs = $15,"
+        " tombstones = $16\n",
         1,
     ),
     ("unnest($20::text[])", "unnest($17::text[])", 1),
