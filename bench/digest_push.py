@@ -82,17 +82,15 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
         ' tombstones = $5"\n    " WHERE vault_id = $1"',
         1,
     ),
-    # the one-statement write (plain PostgreSQL, issue 36): no digest columns, the devices
-    # then $17
+    # the vault row sent with COMMIT (plain PostgreSQL, one vault, issue 36)
     (
-        "        UPDATE vaults SET seq = $13, bytes_used = $14, live_blobs = $15,"
-        " tombstones = $16,\n"
-        "            digest = $17, bucket_prefixes = $18, bucket_counts = $19\n",
-        "        UPDATE vaults SET seq = $13, bytes_used = $14, live_blobs = $15,"
-        " tombstones = $16\n",
+        '        f" live_blobs = {int(v.live_blobs)}, tombstones = {int(v.tombstones)},"\n'
+        '        f" digest = {hex_bytea(digest_bytes(v.digest))},"\n'
+        '        f" bucket_prefixes = {hex_bytea(v.bucket_prefixes)},"\n'
+        '        f" bucket_counts = {hex_bytea(v.bucket_counts)}"  # PROTOCOL §18, revision 0012\n',
+        '        f" live_blobs = {int(v.live_blobs)}, tombstones = {int(v.tombstones)}"\n',
         1,
     ),
-    ("unnest($20::text[])", "unnest($17::text[])", 1),
     (
         "        digest_bytes(v.digest),\n"
         "        v.bucket_prefixes, v.bucket_counts,  # PROTOCOL §18, revision 0012\n",
@@ -138,7 +136,20 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
     # in PushDecision.accept
     ("            bucket, version = hashed[item.index]\n", "", 1),
     ("            vault.versions.append((memory_id, bucket, version, replaced))\n", "", 1),
-    ("        _fold_digests(vaults)\n", "", 1),
+    (
+        "        await while_answered(\n"
+        "            conn.execute(\n"
+        "                WRITE_VAULT, *blob_columns(rows[vault.vault_id]), vault.vault_id,\n"
+        "                seen[vault.vault_id],\n"
+        "            ),\n"
+        "            lambda: _fold_digests(vaults),\n"
+        "        )  # fmt: skip\n",
+        "        await conn.execute(\n"
+        "            WRITE_VAULT, *blob_columns(rows[vault.vault_id]), vault.vault_id,\n"
+        "            seen[vault.vault_id],\n"
+        "        )\n",
+        1,
+    ),
     (
         "    await while_answered(\n"
         "        conn.executemany(BLOB_UPSERT, [blob_columns(rows[v.vault_id]) for v in vaults]),\n"

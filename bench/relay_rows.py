@@ -142,7 +142,9 @@ def write(data: dict[str, Any], out: Path, stem: str, command: str) -> Path:
         f"# Relay rows (issue 36): {env.get('git_sha', '?')}, {env.get('started_utc', '?')}",
         "",
         f"`{command}`, {data['settings']['workers']} relay worker(s), "
-        f"{data['total_s']:.0f} s; CPU {env.get('cpu', '?')}, cores {env.get('cores', '?')}.",
+        f"{data['total_s']:.0f} s; CPU {env.get('cpu_model', '?')}, cores {env.get('cores', '?')}, "
+        f"load {env.get('load_average_1m_at_start', 0):.1f} at the start; PostgreSQL "
+        f"{env.get('postgresql', '?')} ({env.get('postgresql_durability', '?')}).",
         "",
         "| verdict | row | value | target | detail |",
         "|---|---|---|---|---|",

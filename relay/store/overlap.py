@@ -3,11 +3,9 @@
 A push's digest hashing is done while the database answers rather than before or after:
 the buckets and version hashes of the pushed blobs while the stored versions are read
 (`relay.store.push._hashes`), the fold (the replaced versions' SHA-256, the XORs and the
-bucket prefixes, `_fold_digests`) while the blobs are written on Citus (on plain
-PostgreSQL the one write statement carries the digest, so the fold comes before it).
-On one connection asyncio would otherwise leave the relay idle while it waits for the
-answer, and the hashing would lengthen every push by its full time (docs/digest.md,
-figure 12)."""
+bucket prefixes, `_fold_digests`) while the blobs are written. On one connection asyncio
+would otherwise leave the relay idle while it waits for the answer, and the hashing
+would lengthen every push by its full time (docs/digest.md, figure 12)."""
 
 from __future__ import annotations
 

@@ -10,11 +10,12 @@ under the vault locks, so sequence order equals commit order (§9). A push refus
 whole (`relay.domain.domain_errors.QuotaExceededError`) gets that as its result and writes
 nothing; the others in its group go on.
 
-Two shapes of the same transaction (issue 36): on Citus a statement per table and vault
-(`_push_per_table`: 7 round trips for a group of one vault); on plain PostgreSQL a vault's
-writes in one statement (`WRITE_VAULT`) and a group of one vault in 4 round trips
-(`_push_one_vault`). `PushLimits.one_statement` chooses; the decision (`PushDecision`) is
-the same value in both.
+Two shapes of the same transaction (issue 36): a statement per table and vault
+(`_push_per_table`: 7 round trips for a group of one vault), on Citus and for groups of
+several vaults; on plain PostgreSQL a group of one vault in 4 round trips
+(`_push_one_vault`: BEGIN with the lock, the reads in one statement, the blobs and devices
+in one, the vault row with COMMIT). `PushLimits.one_statement` chooses; the decision
+(`PushDecision`) is the same value in both.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from engram_sync.relay.domain.domain_errors import (
     VaultRetiredError,
 )
 from engram_sync.relay.domain.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
-from engram_sync.relay.store.begun import begun, hex_text
+from engram_sync.relay.store.begun import Begun, begun, hex_bytea, hex_text
 from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
 from engram_sync.relay.store.feed_notify import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
 from engram_sync.relay.store.overlap import while_answered
@@ -64,10 +65,10 @@ class PushLimits:
     # PROTOCOL §15: this process's own waiters, told of the commits at once (before the
     # NOTIFY's round trip, which the other processes' waiters wait for)
     published: Callable[[list[Commit]], None] | None = None
-    # Issue 36: a group of one vault in four round trips (`_push_one_vault`) and each
-    # vault's writes in one statement (`WRITE_VAULT`), on plain PostgreSQL only: Citus
-    # refuses the statement (see `_UPDATE_VAULT`), so there the group keeps the shape of
-    # one statement per table (`plain_postgres` tells them apart at startup).
+    # Issue 36: a group of one vault in four round trips (`_push_one_vault`), on plain
+    # PostgreSQL only: Citus refuses `WRITE_VAULT` (see `_UPDATE_VAULT`), so there a group
+    # keeps the shape of one statement per table (`plain_postgres` tells them apart at
+    # startup).
     one_statement: bool = False
 
 
@@ -255,20 +256,16 @@ _SEEN_DEVICES = (
 )
 
 
-# Issue 36, plain PostgreSQL only (`PushLimits.one_statement`): a vault's blobs, vault row
-# and pushing devices written by one statement, the three above as data-modifying CTEs
-# ($1-$11 the upsert's arrays, $12-$19 the vault row, $20 the devices). Each sees the
-# statement's snapshot, and none reads what another writes (the upsert and the devices
-# read `vaults` only to join its id). Public: the push round-trip test counts it.
+# Issue 36, plain PostgreSQL, a group of one vault (`_push_one_vault`): the vault's blobs and
+# its pushing devices' last_seen written by one statement, the two above as data-modifying
+# CTEs ($1-$11 the upsert's arrays, $12 the vault, $13 the devices; Citus refuses it), while
+# the digest is folded; the vault row's update then goes with COMMIT (`_vault_update_sql`).
+# Both CTEs read `vaults` only to join its id. Public: the round-trip test names it.
 WRITE_VAULT = f"""
     WITH written AS ({BLOB_UPSERT}),
-    vault AS (
-        UPDATE vaults SET seq = $13, bytes_used = $14, live_blobs = $15, tombstones = $16,
-            digest = $17, bucket_prefixes = $18, bucket_counts = $19
-        WHERE vault_id = $12),
     seen AS (
         INSERT INTO devices (vault_id, device_id)
-        SELECT v.vault_id, d.device_id FROM vaults v, unnest($20::text[]) AS d(device_id)
+        SELECT v.vault_id, d.device_id FROM vaults v, unnest($13::text[]) AS d(device_id)
         WHERE v.vault_id = $12
         ON CONFLICT (vault_id, device_id) DO UPDATE SET last_seen = EXCLUDED.last_seen)
     SELECT 1
@@ -367,8 +364,8 @@ async def _push_per_table(
     conn: asyncpg.Connection, jobs: list[PushJob], vault_ids: list[str], limits: PushLimits
 ) -> tuple[list[PushResult] | None, list[str]]:
     """The group in one transaction, a statement per table: the shape Citus needs (and that
-    plain PostgreSQL uses for a group of several vaults). (results, []) once done, or (None,
-    the vaults to create first)."""
+    plain PostgreSQL keeps for a group of several vaults). (results, []) once done, or
+    (None, the vaults to create first)."""
     async with conn.transaction():
         # Only a vault that exists before its lock statement runs is locked by it, and
         # each READ COMMITTED statement sees what committed before it: a vault created
@@ -397,7 +394,7 @@ async def _push_per_table(
             lambda: _hashes(jobs),
         )
         decision = PushDecision.read(locked, known, limits.max_blob_bytes)
-        return await _decide_and_write(conn, jobs, decision, hashes, limits), []
+        return await _decide_and_write(conn, jobs, decision, hashes), []
 
 
 async def _push_one_vault(
@@ -406,12 +403,13 @@ async def _push_one_vault(
     """Issue 36, plain PostgreSQL (`PushLimits.one_statement`): a group of one vault in four
     round trips, where `_push_per_table` takes seven. BEGIN travels with the vault's lock
     (`relay.store.begun`, the id spelled in hex), the vault's row and the stored versions
-    come in one statement read under the lock (`_READ_VAULT_AND_KNOWN`), the writes are one
-    statement (`WRITE_VAULT`), then COMMIT. None when the vault does not exist yet (the
+    come in one statement read under the lock (`_READ_VAULT_AND_KNOWN`), the blobs and
+    devices are written by one statement (`WRITE_VAULT`) while the digest is folded, and
+    the vault row's update travels with COMMIT. None when the vault does not exist yet (the
     lock statement locked no row; `push_group` creates it and comes back)."""
     lock = f"SELECT 1 FROM vaults WHERE vault_id = {hex_text(vault_id)} FOR UPDATE"  # noqa: S608 - hex digits only
-    async with begun(conn, lock) as status:
-        if status != "SELECT 1":
+    async with begun(conn, lock) as transaction:
+        if transaction.status != "SELECT 1":
             return None
         pushers, memories = _pushers_and_memories(jobs)
         # PROTOCOL §18: the buckets and version hashes while the stored versions are read
@@ -425,7 +423,7 @@ async def _push_one_vault(
         locked = _locked([r for r in rows if r["is_vault"]], limits.default_quota)
         known = [r for r in rows if not r["is_vault"]]
         decision = PushDecision.read(locked, known, limits.max_blob_bytes)
-        return await _decide_and_write(conn, jobs, decision, hashes, limits)
+        return await _decide_and_write(conn, jobs, decision, hashes, transaction)
 
 
 def _pushers_and_memories(jobs: list[PushJob]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
@@ -508,7 +506,7 @@ async def _decide_and_write(
     jobs: list[PushJob],
     decision: PushDecision,
     hashes: list[list[tuple[int, int]]],
-    limits: PushLimits,
+    transaction: Begun | None = None,
 ) -> list[PushResult]:
     results: list[PushResult] = []
     for job, hashed in zip(jobs, hashes, strict=True):
@@ -524,7 +522,7 @@ async def _decide_and_write(
         writes = list(decision.writes.values())
         changed = sorted({w.vault_id for w in writes})
         vaults = [decision.vaults[v] for v in changed]
-        await _write(conn, writes, vaults, sorted(seen), one_statement=limits.one_statement)
+        await _write(conn, writes, vaults, sorted(seen), transaction)
     return results
 
 
@@ -700,27 +698,30 @@ async def _write(
     writes: list[HeldWrite],
     vaults: list[LockedVault],
     devices: list[tuple[str, str]],
-    *,
-    one_statement: bool,
+    transaction: Begun | None,
 ) -> None:
     """The blobs, vault rows and devices of each vault, in vault-id order, inside the
     group's transaction (on Citus a group over several shards commits with two-phase
-    commit). `one_statement` (plain PostgreSQL, issue 36): one `WRITE_VAULT` per vault, all
-    sent pipelined (one round trip a group), the digest folded before it (the vault row it
-    writes carries the digest). Else one statement per table per vault, each sent pipelined
-    (three round trips a group), the digest folded while the blobs are written."""
+    commit), the digest folded while the blobs are written (PROTOCOL §18). In a
+    `transaction` of `begun` (plain PostgreSQL, one vault, issue 36): the blobs and devices
+    by one statement (`WRITE_VAULT`), the vault row sent with COMMIT. Else one statement per
+    table for every vault of the group, each sent pipelined (three round trips a group)."""
     rows: dict[str, list[tuple[str, CheckedBlob, int]]] = {v.vault_id: [] for v in vaults}
     for w in writes:
         rows[w.vault_id].append(w)
     seen: dict[str, list[str]] = {v.vault_id: [] for v in vaults}
     for vault_id, device_id in devices:
         seen[vault_id].append(device_id)
-    if one_statement:
-        _fold_digests(vaults)
-        await conn.executemany(
-            WRITE_VAULT,
-            [(*blob_columns(rows[v.vault_id]), *_vault_row(v), seen[v.vault_id]) for v in vaults],
-        )
+    if transaction is not None:
+        (vault,) = vaults
+        await while_answered(
+            conn.execute(
+                WRITE_VAULT, *blob_columns(rows[vault.vault_id]), vault.vault_id,
+                seen[vault.vault_id],
+            ),
+            lambda: _fold_digests(vaults),
+        )  # fmt: skip
+        transaction.with_commit.append(_vault_update_sql(vault))
         return
     # Each statement for every vault of the group in one pipelined round trip; the
     # digest's hashing meanwhile (PROTOCOL §18).
@@ -732,8 +733,21 @@ async def _write(
     await conn.executemany(_SEEN_DEVICES, [(v.vault_id, seen[v.vault_id]) for v in vaults])
 
 
+def _vault_update_sql(v: LockedVault) -> str:
+    """`_UPDATE_VAULT` for `v` without parameters, to go with COMMIT (`relay.store.begun`):
+    numbers, and the id and the bytes in hex digits only."""
+    counts = (
+        f"seq = {int(v.seq)}, bytes_used = {int(v.bytes_used)},"
+        f" live_blobs = {int(v.live_blobs)}, tombstones = {int(v.tombstones)},"
+        f" digest = {hex_bytea(digest_bytes(v.digest))},"
+        f" bucket_prefixes = {hex_bytea(v.bucket_prefixes)},"
+        f" bucket_counts = {hex_bytea(v.bucket_counts)}"  # PROTOCOL §18, revision 0012
+    )
+    return f"UPDATE vaults SET {counts} WHERE vault_id = {hex_text(v.vault_id)}"  # noqa: S608
+
+
 def _vault_row(v: LockedVault) -> tuple[Any, ...]:
-    """The parameters of `_UPDATE_VAULT` (and of `WRITE_VAULT`'s $12-$19) for `v`."""
+    """The parameters of `_UPDATE_VAULT` for `v`."""
     return (
         v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones,
         digest_bytes(v.digest),

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from engram_sync.relay.db.url import to_libpq_url
-from engram_sync.relay.store.begun import begun, hex_text
+from engram_sync.relay.store.begun import begun, hex_bytea, hex_text
 from engram_sync.relay.store.sync import record_progress
 
 T = TypeVar("T")
@@ -31,20 +31,35 @@ def run(url: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
 
 
 def test_hex_text_is_the_string_whatever_it_holds(fresh_database_url: str) -> None:
-    async def work(conn: asyncpg.Connection) -> list[str]:
-        return [await conn.fetchval(f"SELECT {hex_text(value)}") for value in HOSTILE]
+    async def work(conn: asyncpg.Connection) -> tuple[list[str], list[bytes]]:
+        texts = [await conn.fetchval(f"SELECT {hex_text(value)}") for value in HOSTILE]
+        raw = [await conn.fetchval(f"SELECT {hex_bytea(v.encode())}") for v in HOSTILE]
+        return texts, raw
 
-    assert run(fresh_database_url, work) == HOSTILE
+    assert run(fresh_database_url, work) == (HOSTILE, [v.encode() for v in HOSTILE])
 
 
 def test_begun_commits_in_one_transaction_and_rolls_back_on_error(
     fresh_database_url: str,
 ) -> None:
     async def work(conn: asyncpg.Connection) -> tuple[str, list[str]]:
-        async with begun(conn, f"SELECT 1 FROM vaults WHERE vault_id = {hex_text('none')}") as s:
-            status = s
+        async with begun(conn, f"SELECT 1 FROM vaults WHERE vault_id = {hex_text('none')}") as tx:
+            status = tx.status
             assert conn.is_in_transaction()
             await conn.execute("INSERT INTO vaults (vault_id) VALUES ('kept')")
+            tx.with_commit.append(  # sent with COMMIT, in the same transaction
+                f"UPDATE vaults SET digest = {hex_bytea(bytes(range(32)))} WHERE vault_id = 'kept'"
+            )
+        assert not conn.is_in_transaction()
+        assert await conn.fetchval("SELECT digest FROM vaults") == bytes(range(32))
+
+        async def failing_with_commit() -> None:
+            async with begun(conn, "SELECT 1") as tx:
+                await conn.execute("INSERT INTO vaults (vault_id) VALUES ('undone too')")
+                tx.with_commit.append("SELECT 1 FROM no_such_table")
+
+        with pytest.raises(asyncpg.UndefinedTableError):  # COMMIT skipped, rolled back
+            await failing_with_commit()
         assert not conn.is_in_transaction()
 
         async def undone() -> None:
