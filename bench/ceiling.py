@@ -10,6 +10,7 @@ Vault ids of the ceiling are separate from the relay's.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 import asyncpg
 
 from bench.corpus import Corpus
+from bench.relay_load import LatencyRun
 from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.relay.domain.push_rules import CheckedBlob
 from engram_sync.relay.services.config import DEFAULT_MAX_PAGE_BYTES
@@ -92,6 +94,46 @@ async def write(conn: asyncpg.Connection, prepared: Prepared) -> float:
         prepared.size_bytes,
     )
     return elapsed
+
+
+async def concurrent_single_upserts(
+    url: str, corpus: Corpus, *, connections: int, duration: float, tag: str
+) -> LatencyRun:
+    """The raw statement under the relay latency test's concurrency (issue 36): connection k
+    upserts one new blob at a time into vault `raw-<tag>-<k>` with `BLOB_UPSERT`, each its
+    own commit, back to back for `duration` s (a warm-up statement first). No HTTP, no
+    lock, no vault row: what one blob's durable write costs at that concurrency."""
+    run = LatencyRun()
+    conns = [await connect(url) for _ in range(connections)]
+    counter = count()
+
+    async def one(conn: asyncpg.Connection, vault_id: str, until: float | None) -> None:
+        while True:
+            index = next(counter)  # a new memory each time, as the relay's test pushes
+            blob = corpus.envelope(index, vault_id=vault_id, device_id="raw-device", clock=1)
+            cols = columns([blob], index + 1)
+            started = time.perf_counter()
+            if until is not None and started >= until:
+                return
+            await conn.execute(BLOB_UPSERT, *cols)
+            if until is None:
+                return
+            run.latencies_ms.append((time.perf_counter() - started) * 1000)
+
+    try:
+        vaults = [f"raw-{tag}-{k}" for k in range(connections)]
+        for conn, vault_id in zip(conns, vaults, strict=True):
+            await conn.execute("INSERT INTO vaults (vault_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                               vault_id)  # fmt: skip
+        await asyncio.gather(*(one(c, v, None) for c, v in zip(conns, vaults, strict=True)))
+        started = time.perf_counter()
+        until = started + duration
+        await asyncio.gather(*(one(c, v, until) for c, v in zip(conns, vaults, strict=True)))
+        run.seconds = time.perf_counter() - started
+    finally:
+        for conn in conns:
+            await conn.close()
+    return run
 
 
 async def read(conn: asyncpg.Connection, vault_id: str, *, page: int) -> tuple[float, int]:

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import citus_report, plots, report, runner
+from bench import citus_report, plots, relay_rows, report, runner
 from bench.settings import Settings
 from bench.targets import judge
 
@@ -42,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
                         "24 with --quick)")  # fmt: skip
     parser.add_argument("--import-memories", type=int, help="memories of the JSONL import "
                         "(default 100000; 2000 with --quick)")  # fmt: skip
+    parser.add_argument("--relay", action="store_true", help="only the relay's rows (issue 36: "
+                        "push and pull against the ceiling, p99 against the raw statement, idle "
+                        "and pull RSS, the digest's push cost; --n default 20000, --repeats 5, "
+                        "--duration 5)")  # fmt: skip
     parser.add_argument("--citus", action="store_true", help="only push and pull on a Citus "
                         "cluster against one plain PostgreSQL (issue 18; --n default 20000, "
                         "--large-vault 20000; 2000 and 4000 with --quick)")  # fmt: skip
@@ -54,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.citus:  # bench.citus_compare's own sizes
         args.n = args.n or (CITUS_QUICK_N if args.quick else CITUS_N)
         args.large_vault = args.large_vault or (CITUS_QUICK_LARGE if args.quick else CITUS_N)
+    if args.relay:  # bench.relay_rows's own sizes: >= 5 interleaved repeats
+        args.n = args.n or 20_000
+        args.repeats = args.repeats or 5
+        args.duration = args.duration or 5.0
     try:
         settings = Settings.build(
             quick=args.quick,
@@ -77,6 +85,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - started:7.1f}s] {message}", file=sys.stderr, flush=True)
 
     command = "python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    if args.relay:
+        data = relay_rows.execute(settings, log)
+        env = data["environment"]
+        stem = f"{env['started_utc'][:10]}-{env['git_sha']}-relay"
+        md_path = relay_rows.write(data, settings.out, stem, command.strip())
+        for target in data["targets"]:
+            log(f"{target['verdict']}  {target['name']}: {report.fmt(target['value'])} "
+                f"(target {target['target']}; {target['detail']})")  # fmt: skip
+        log(f"report: {md_path}")
+        return 0
     if args.citus:
         md_path = citus_report.run(settings, log, command.strip())
         log(f"report: {md_path}")

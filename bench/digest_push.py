@@ -63,6 +63,13 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
     (' v.tombstones, v.digest,"', ' v.tombstones,"', 1),
     ('    " v.bucket_prefixes, v.bucket_counts,"  # PROTOCOL §18, revision 0012\n', "", 1),
     (
+        "           v.digest, v.bucket_prefixes, v.bucket_counts,"
+        "  -- PROTOCOL §18, revision 0012\n",
+        "",
+        1,
+    ),
+    ("           NULL, NULL, NULL,  -- the digest, bucket prefixes and counts\n", "", 1),
+    (
         '            digest=digest_int(r["digest"]),\n'
         '            bucket_prefixes=r["bucket_prefixes"],\n'
         '            bucket_counts=r["bucket_counts"],\n',
@@ -75,25 +82,50 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
         ' tombstones = $5"\n    " WHERE vault_id = $1"',
         1,
     ),
+    # the vault row sent with COMMIT (plain PostgreSQL, one vault, issue 36)
     (
-        "                digest_bytes(v.digest),\n"
-        "                v.bucket_prefixes, v.bucket_counts,  # PROTOCOL §18, revision 0012\n",
+        '        f" live_blobs = {int(v.live_blobs)}, tombstones = {int(v.tombstones)},"\n'
+        '        f" digest = {hex_bytea(digest_bytes(v.digest))},"\n'
+        '        f" bucket_prefixes = {hex_bytea(v.bucket_prefixes)},"\n'
+        '        f" bucket_counts = {hex_bytea(v.bucket_counts)}"  # PROTOCOL §18, revision 0012\n',
+        '        f" live_blobs = {int(v.live_blobs)}, tombstones = {int(v.tombstones)}"\n',
+        1,
+    ),
+    (
+        "        digest_bytes(v.digest),\n"
+        "        v.bucket_prefixes, v.bucket_counts,  # PROTOCOL §18, revision 0012\n",
         "",
         1,
     ),
     # no hashing: no bucket, no versions kept to fold, the statements awaited as before
     (
-        "    known, hashes = await while_answered(\n"
-        "        conn.fetchmany(\n"
-        "            _READ_KNOWN, [(v, sorted(pushers[v]), sorted(memories[v])) for v in"
-        " sorted(pushers)]\n"
-        "        ),\n"
-        "        lambda: _hashes(jobs),\n"
-        "    )\n",
-        "    known = await conn.fetchmany(\n"
-        "        _READ_KNOWN, [(v, sorted(pushers[v]), sorted(memories[v])) for v in"
-        " sorted(pushers)]\n"
-        "    )\n",
+        "        known, hashes = await while_answered(\n"
+        "            conn.fetchmany(\n"
+        "                _READ_KNOWN,\n"
+        "                [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
+        "            ),\n"
+        "            lambda: _hashes(jobs),\n"
+        "        )\n",
+        "        known = await conn.fetchmany(\n"
+        "            _READ_KNOWN,\n"
+        "            [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
+        "        )\n"
+        "        hashes: list[list[tuple[int, int]]] = []\n",
+        1,
+    ),
+    (
+        "        rows, hashes = await while_answered(\n"
+        "            conn.fetch(\n"
+        "                _READ_VAULT_AND_KNOWN, vault_id, sorted(pushers[vault_id]),\n"
+        "                sorted(memories[vault_id]),\n"
+        "            ),\n"
+        "            lambda: _hashes(jobs),\n"
+        "        )  # fmt: skip\n",
+        "        rows = await conn.fetch(\n"
+        "            _READ_VAULT_AND_KNOWN, vault_id, sorted(pushers[vault_id]),\n"
+        "            sorted(memories[vault_id]),\n"
+        "        )\n"
+        "        hashes: list[list[tuple[int, int]]] = []\n",
         1,
     ),
     (
@@ -104,6 +136,20 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
     # in PushDecision.accept
     ("            bucket, version = hashed[item.index]\n", "", 1),
     ("            vault.versions.append((memory_id, bucket, version, replaced))\n", "", 1),
+    (
+        "        await while_answered(\n"
+        "            conn.execute(\n"
+        "                WRITE_VAULT, *blob_columns(rows[vault.vault_id]), vault.vault_id,\n"
+        "                seen[vault.vault_id],\n"
+        "            ),\n"
+        "            lambda: _fold_digests(vaults),\n"
+        "        )  # fmt: skip\n",
+        "        await conn.execute(\n"
+        "            WRITE_VAULT, *blob_columns(rows[vault.vault_id]), vault.vault_id,\n"
+        "            seen[vault.vault_id],\n"
+        "        )\n",
+        1,
+    ),
     (
         "    await while_answered(\n"
         "        conn.executemany(BLOB_UPSERT, [blob_columns(rows[v.vault_id]) for v in vaults]),\n"
@@ -325,8 +371,8 @@ def measure(
     if not same:
         asyncio.run(_before_schema(before_url))
     children = {
-        "with": ("-m", "bench.relay_process"),
-        "before": ("-m", "bench.relay_process")
+        "with": ("-m", "bench.relay_child"),
+        "before": ("-m", "bench.relay_child")
         if same
         else ("-m", "bench.digest_push", "--serve-before"),
     }
@@ -373,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.serve_before:  # the child of the `before` relay
         install_before()
-        from bench.relay_process import serve
+        from bench.relay_child import serve
 
         serve()
         return 0

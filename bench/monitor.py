@@ -99,6 +99,22 @@ class ResourceMonitor:
                 total += child.memory_info().rss
         return float(total) / MB
 
+    def process_rss_mb(self) -> list[dict[str, Any]]:
+        """Each relay process's RSS now (issue 36): the relay itself (with `--workers` its
+        supervisor), each worker, and multiprocessing's resource tracker, in MiB."""
+        processes = []
+        for proc in [self._relay, *self._relay.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                command = " ".join(proc.cmdline())
+                role = (
+                    "relay" if proc.pid == self._relay.pid
+                    else "resource tracker" if "resource_tracker" in command
+                    else "worker"
+                )  # fmt: skip
+                processes.append({"pid": proc.pid, "role": role,
+                                  "rss_mb": proc.memory_info().rss / MB})  # fmt: skip
+        return processes
+
     def _sample(self) -> None:
         with contextlib.suppress(psutil.Error):
             mb = self.rss_mb()

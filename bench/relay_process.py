@@ -1,6 +1,6 @@
 """The relay under test, in its own process (honest RSS and CPU figures).
 
-The child side (`python -m bench.relay_process`) builds `create_app(RelayConfig)`
+The child side (`python -m bench.relay_child`) builds `create_app(RelayConfig)`
 with the production defaults and serves it with uvicorn like `engram-relay serve`
 does; the parent side (`RelayProcess`) starts it on a free loopback port, waits
 for `/ready` and stops it with SIGTERM.
@@ -24,14 +24,9 @@ from typing import Final
 import httpx
 import psutil
 
-from bench.database import BenchDatabase
+from bench.relay_child import ENV_DATABASE_URL, ENV_KEY, ENV_PORT, ENV_WORKERS, serve
 
 ROOT: Final = Path(__file__).resolve().parents[1]
-ENV_DATABASE_URL: Final = "ENGRAM_BENCH_DATABASE_URL"
-ENV_PORT: Final = "ENGRAM_BENCH_PORT"
-ENV_KEY: Final = "ENGRAM_BENCH_KEY"
-ENV_WORKERS: Final = "ENGRAM_BENCH_WORKERS"
-KEY_RATE: Final = 1_000_000  # requests/second: the bench measures the relay, not its limiter
 
 
 def free_port() -> int:
@@ -40,25 +35,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def serve() -> None:
-    """Child side: serve the relay until SIGTERM, like `engram-relay serve --workers N`."""
-    from engram_sync.relay.services.config import config_from_env
-    from engram_sync.relay.serving.server import export_for_workers, serve_app
-
-    # The bench's key as a static key (SYNC_API_KEYS), so that every worker knows it.
-    os.environ["SYNC_API_KEYS"] = f"{os.environ[ENV_KEY]}:{KEY_RATE}"
-    # bench.live_feed holds 10,000 idle event streams: the default cap is 1,000 a process.
-    os.environ.setdefault("ENGRAM_RELAY_MAX_CONNECTIONS", "12000")
-    # ...all with one key from one address (bench.stream_hog sets the production caps).
-    os.environ.setdefault("ENGRAM_RELAY_EVENTS_MAX_PER_KEY", "1000000")
-    os.environ.setdefault("ENGRAM_RELAY_EVENTS_MAX_PER_ADDRESS", "1000000")
-    url = os.environ[ENV_DATABASE_URL]
-    workers = int(os.environ.get(ENV_WORKERS, "1"))
-    export_for_workers(url, {}, "warning", "text")
-    serve_app(config_from_env(url), host="127.0.0.1", port=int(os.environ[ENV_PORT]),
-              workers=workers)  # fmt: skip
 
 
 def listening_workers(pid: int, port: int) -> list[psutil.Process]:
@@ -82,7 +58,7 @@ class RelayProcess:
         key: str,
         log_path: Path,
         workers: int = 1,
-        child: tuple[str, ...] = ("-m", "bench.relay_process"),
+        child: tuple[str, ...] = ("-m", "bench.relay_child"),
     ) -> None:
         self.database_url = database_url
         self.child = child  # the child's arguments to python: one that ends in `serve()`
@@ -173,6 +149,8 @@ class RelayProcess:
 @contextlib.contextmanager
 def scratch_relay(key: str) -> Iterator[RelayProcess]:
     """A relay process on a new scratch database, serving `key`; both gone after."""
+    from bench.database import BenchDatabase  # the parent's side only
+
     with (
         BenchDatabase() as db,
         tempfile.TemporaryDirectory() as tmp,
@@ -181,5 +159,4 @@ def scratch_relay(key: str) -> Iterator[RelayProcess]:
         yield relay
 
 
-if __name__ == "__main__":
-    serve()
+__all__ = ["ROOT", "RelayProcess", "free_port", "listening_workers", "scratch_relay", "serve"]

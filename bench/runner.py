@@ -234,6 +234,29 @@ class Run:
             raw[mode] = [ms for run in runs for ms in run.latencies_ms]
         return results, raw
 
+    def raw_latency(self) -> dict[str, Any]:
+        """Issue 36: the raw upsert of one blob on DEVICES connections, one run of the
+        latency test's duration per repeat (bench.ceiling.concurrent_single_upserts): the
+        p99 a push's p99 at the same concurrency is judged against."""
+        p50: list[float] = []
+        p99: list[float] = []
+        for r in range(self.s.repeats):
+            self.log(
+                f"raw statement latency repeat {r + 1}/{self.s.repeats}: {DEVICES} connections"
+            )
+            with self.monitor.phase("raw_latency"):
+                result = self.loop.run(
+                    ceiling.concurrent_single_upserts(
+                        self.db.url, self.corpus, connections=DEVICES, duration=self.s.duration,
+                        tag=f"r{r}",
+                    )
+                )  # fmt: skip
+            ordered = sorted(result.latencies_ms)
+            p50.append(percentile(ordered, 50))
+            p99.append(percentile(ordered, 99))
+        return {"connections": DEVICES, "duration_s": self.s.duration,
+                "p50_ms": summary(p50, "ms"), "p99_ms": summary(p99, "ms")}  # fmt: skip
+
     # -- 8: relay RSS under concurrent full pulls of large blobs ----------------------------
 
     def pull_memory(self) -> dict[str, Any]:
@@ -421,6 +444,7 @@ def _relay_memory(monitor: ResourceMonitor, start_mb: float, end_mb: float) -> d
 
 def execute(settings: Settings, log: Log) -> dict[str, Any]:
     """Run every measurement; returns the report's data (targets not yet judged)."""
+
     started = time.perf_counter()
     corpus_size = max(settings.n, settings.sweep_n)
     log(f"sealing {corpus_size} realistic blobs (BlobCipher.seal)")
@@ -440,6 +464,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
             log(f"relay pid {relay.pid} ready at {relay.url}")
             monitor = ResourceMonitor(relay.pid, db.postmaster_pid()).start()
             start_mb = monitor.rss_mb()
+            idle = {"workers": settings.workers, "processes": monitor.process_rss_mb()}
             try:
                 with (
                     asyncio.Runner() as loop,
@@ -456,6 +481,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         sections["digest"] = measure_anti_entropy(run)  # fig 12, PROTOCOL §18
                         latency, latencies = run.latency()
                         sections["latency"] = latency
+                        sections["raw_latency"] = run.raw_latency()  # issue 36
                         sections["client_e2e"] = run.client_e2e()
                         sections["pull_memory"] = run.pull_memory()
                         sections["jsonl_import"] = run.jsonl_import()
@@ -480,6 +506,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
             finally:
                 monitor.stop()
     sections["relay_memory"] = _relay_memory(monitor, start_mb, end_mb)
+    sections["relay_idle"] = idle  # issue 36: each relay process at rest
     sections["cpu"] = {name: usage.as_json() for name, usage in monitor.phases.items()}
     sections["peer"] = {
         "available": False,

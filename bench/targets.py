@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 P99_LIMIT_MS: Final = 25.0
+PUSH_CEILING_RATIO: Final = 0.7  # issue 36: relay push / raw upsert, medians of >= 5 repeats
+PULL_CEILING_RATIO: Final = 0.6  # issue 36: relay pull / raw page read
+P99_RAW_RATIO: Final = 3.0  # issue 36: a push's p99 at 32 devices / the raw statement's
+IDLE_RSS_LIMIT_MB: Final = 100.0  # issue 36: each relay process at rest
 PULL_RSS_LIMIT_MB: Final = 300.0  # issue 14 item 5: RSS under 4 concurrent full pulls
 PADDING_OVERHEAD_LIMIT: Final = 0.03  # issue 16: PADMÉ padding's storage cost on the corpus
 FIND_ROUND_TRIPS: Final = 3.0  # issue 16: one divergent memory found in <= 3 round trips
@@ -54,24 +58,9 @@ class Target:
 
 def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target of the run with its verdict."""
-    push = sections["relay_push"]["ratio_to_ceiling"]
-    pull = sections["relay_pull"]["ratio_to_ceiling"]
     size = sections["pull_vs_size"]
     targets = [
-        Target(
-            "relay_push_vs_ceiling",
-            "relay push blobs/s / raw asyncpg upsert blobs/s (median of per-repeat ratios)",
-            push,
-            0.5,
-            ">=",
-        ),
-        Target(
-            "relay_pull_vs_ceiling",
-            "relay pull blobs/s / raw asyncpg page read blobs/s (median of per-repeat ratios)",
-            pull,
-            0.25,
-            ">=",
-        ),
+        *throughput_targets(sections),
         Target(
             "pull_cost_vs_vault_size",
             f"incremental pull time, {size['large_vault_blobs']}-blob vault / "
@@ -99,6 +88,10 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
                 detail="and no errors" if errors == 0 else f"{errors:g} errors in a repeat",
             )
         )
+    if "raw_latency" in sections:  # issue 36
+        targets += p99_ratio_targets(latency, sections["raw_latency"])
+    if "relay_idle" in sections:  # issue 36
+        targets.append(idle_rss_target(sections["relay_idle"]))
     targets.append(pull_memory_target(sections["pull_memory"]))
     targets += digest_targets(sections["digest"])
     targets.append(
@@ -133,6 +126,79 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
     if "mcp" in sections:  # issue 33 (bench.mcp)
         targets += mcp_targets(sections["mcp"])
     return [t.as_json() for t in targets]
+
+
+def loaded(detail: str, load: dict[str, float] | None) -> str:
+    """`detail` with the machine's 1-minute load average before and after the figure's
+    measurement (issue 36: the machine may be shared; absolute rows are read with it)."""
+    if not load:
+        return detail
+    where = f"load {load['before']:.1f} -> {load['after']:.1f}"
+    return f"{detail}; {where}" if detail else where
+
+
+def throughput_targets(sections: dict[str, Any]) -> list[Target]:
+    """Issue 36: relay push and pull against the raw ceiling measured in the same run,
+    interleaved repeats, the median of the per-repeat ratios."""
+    push, pull = sections["relay_push"], sections["relay_pull"]
+    load = sections.get("load", {}).get("throughput")
+    return [
+        Target("relay_push_vs_ceiling",
+               f"relay push blobs/s / raw asyncpg upsert blobs/s, median of "
+               f"{len(push['ratios']['values'])} interleaved repeats of {push['blobs']:,} blobs",
+               push["ratio_to_ceiling"], PUSH_CEILING_RATIO, ">=",
+               detail=loaded(f"repeats {', '.join(f'{v:.2f}' for v in push['ratios']['values'])}",
+                             load)),
+        Target("relay_pull_vs_ceiling",
+               f"relay pull blobs/s / raw asyncpg page read blobs/s, median of "
+               f"{len(pull['ratios']['values'])} interleaved repeats",
+               pull["ratio_to_ceiling"], PULL_CEILING_RATIO, ">=",
+               detail=loaded(f"repeats {', '.join(f'{v:.2f}' for v in pull['ratios']['values'])}",
+                             load)),
+    ]  # fmt: skip
+
+
+def p99_ratio_targets(
+    latency: dict[str, Any], raw: dict[str, Any], load: dict[str, float] | None = None
+) -> list[Target]:
+    """Issue 36: p99 of a single-blob push at 32 devices / the p99 of the raw upsert of one
+    blob on 32 connections (bench.ceiling.concurrent_single_upserts), same run."""
+    targets = []
+    for mode, words in (("vault_per_device", "a vault per device"),
+                        ("shared_vault", "one shared vault")):  # fmt: skip
+        relay_p99 = latency[mode]["p99_ms"]["median"]
+        errors = latency[mode]["errors"]["max"]
+        targets.append(Target(
+            f"push_p99_vs_raw_{mode}",
+            f"p99 of single-blob pushes, {latency['devices']} devices, {words} / p99 of the raw"
+            f" upsert on {raw['connections']} connections (medians over repeats)",
+            relay_p99 / raw["p99_ms"]["median"], P99_RAW_RATIO, "<=",
+            extra_ok=errors == 0,
+            detail=loaded(f"{relay_p99:.1f} / {raw['p99_ms']['median']:.1f} ms"
+                          + ("" if errors == 0 else f"; {errors:g} errors"), load),
+        ))  # fmt: skip
+    return targets
+
+
+def idle_rss_target(idle: dict[str, Any], load: dict[str, float] | None = None) -> Target:
+    """Issue 36: each relay process's RSS at rest, before any request but /ready (the largest
+    of them; with `--workers` the total of the supervisor, the workers and the resource
+    tracker is in the detail)."""
+    processes = idle["processes"]
+    largest = max(processes, key=lambda p: p["rss_mb"])
+    return Target(
+        "relay_idle_rss",
+        f"RSS at rest of the largest relay process, {idle['workers']} worker(s) (MiB)",
+        largest["rss_mb"],
+        IDLE_RSS_LIMIT_MB,
+        "<=",
+        detail=loaded(
+            f"{largest['role']}; all {len(processes)} processes "
+            f"{sum(p['rss_mb'] for p in processes):.0f} MiB: "
+            + ", ".join(f"{p['role']} {p['rss_mb']:.0f}" for p in processes),
+            load,
+        ),
+    )
 
 
 def stream_hog_target(hog: dict[str, Any]) -> Target:
@@ -298,7 +364,7 @@ def scrub_recovery_target(d: dict[str, Any]) -> Target:
     )
 
 
-def pull_memory_target(pulls: dict[str, Any]) -> Target:
+def pull_memory_target(pulls: dict[str, Any], load: dict[str, float] | None = None) -> Target:
     """Relay RSS under concurrent full pulls of a vault of 1 MiB blobs (bench.pull_memory);
     every pull must also have got every blob."""
     return Target(
@@ -309,8 +375,11 @@ def pull_memory_target(pulls: dict[str, Any]) -> Target:
         PULL_RSS_LIMIT_MB,
         "<=",
         extra_ok=pulls["blobs_per_pull"] == pulls["blobs"],
-        detail=f"({pulls['pages_per_pull']} pages of at most "
-        f"{pulls['max_page_bytes'] / 1024 / 1024:g} MiB per pull, every blob)",
+        detail=loaded(
+            f"({pulls['pages_per_pull']} pages of at most "
+            f"{pulls['max_page_bytes'] / 1024 / 1024:g} MiB per pull, every blob)",
+            load,
+        ),
     )
 
 

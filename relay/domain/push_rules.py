@@ -18,7 +18,7 @@ from engram_sync.relay.domain.domain_errors import (
     InvalidBlobError,
 )
 from engram_sync.relay.domain.instants import parse_storable
-from engram_sync.shared_format.b64 import Base64Error, b64decode_std
+from engram_sync.shared_format.b64 import Base64Error, b64decoded_len_std
 from engram_sync.shared_format.blob import HMAC_LEN, MIN_CIPHERTEXT_BYTES
 from engram_sync.shared_format.ids import check_id
 from engram_sync.shared_format.wire import SyncBlob
@@ -45,21 +45,22 @@ def _structure_problem(blob: SyncBlob) -> _Problem | datetime:
         problem = check_id(getattr(blob, name), name)
         if problem:
             return _Problem(name, problem)
+    # Lengths without decoding (issue 36): the relay never decrypts, it only checks.
     try:
-        raw = b64decode_std(blob.ciphertext)
+        size = b64decoded_len_std(blob.ciphertext)
     except Base64Error as exc:
         return _Problem("ciphertext", f"ciphertext is not valid base64: {exc}")
-    if len(raw) < MIN_CIPHERTEXT_BYTES:
+    if size < MIN_CIPHERTEXT_BYTES:
         return _Problem(
             "ciphertext",
-            f"ciphertext decodes to {len(raw)} bytes, fewer than {MIN_CIPHERTEXT_BYTES}",
+            f"ciphertext decodes to {size} bytes, fewer than {MIN_CIPHERTEXT_BYTES}",
         )
     try:
-        mac = b64decode_std(blob.hmac)
+        mac = b64decoded_len_std(blob.hmac)
     except Base64Error as exc:
         return _Problem("hmac", f"hmac is not valid base64: {exc}")
-    if len(mac) != HMAC_LEN:
-        return _Problem("hmac", f"hmac decodes to {len(mac)} bytes, not {HMAC_LEN}")
+    if mac != HMAC_LEN:
+        return _Problem("hmac", f"hmac decodes to {mac} bytes, not {HMAC_LEN}")
     try:
         return parse_storable(blob.created_at)  # RFC 3339, and within the database's range
     except ValueError as exc:

@@ -20,6 +20,7 @@ from engram_sync.relay.services.config import RelayConfig
 from engram_sync.relay.services.metrics import RelayMetrics
 from engram_sync.relay.services.push_groups import PushGroups
 from engram_sync.relay.services.scan_gate import ScanGate
+from engram_sync.relay.store.push import PushLimits
 
 
 @dataclass
@@ -45,6 +46,8 @@ class RelayState:
     pool: asyncpg.Pool | None = None
     static_keys: dict[bytes, Principal] = field(default_factory=dict)
     push_groups: PushGroups | None = None
+    # the push's limits; `one_statement` set at startup (plain PostgreSQL, issue 36)
+    push_limits: PushLimits | None = None
     hub: ChangeHub | None = None  # PROTOCOL §15: the live change feed (relay.services.change_hub)
     # PROTOCOL §15: who holds the hub's waiters, capped per key, account, address
     holders: StreamHolders | None = None

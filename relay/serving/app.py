@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from typing import Any
 
 from litestar import Litestar, Request
@@ -45,6 +46,7 @@ from engram_sync.relay.services.metrics import RelayMetrics
 from engram_sync.relay.services.push_groups import PushGroups
 from engram_sync.relay.services.scan_gate import ScanGate
 from engram_sync.relay.services.state import RelayState
+from engram_sync.relay.serving.lean_app import LeanLitestar
 from engram_sync.relay.serving.request_context import request_id_middleware
 from engram_sync.relay.store.meta import read_generation
 from engram_sync.relay.store.push import (
@@ -52,6 +54,7 @@ from engram_sync.relay.store.push import (
     PushLimits,
     PushResult,
     Quota,
+    plain_postgres,
     push_group,
 )
 from engram_sync.relay.store.replicas import Replica, heartbeat, leave
@@ -185,7 +188,7 @@ def create_app(config: RelayConfig) -> Litestar:
         app_config.state = State({"relay": state})
         return app_config
 
-    app = Litestar(
+    app = LeanLitestar(  # issue 36: no pydantic or attrs plugin (relay.serving.lean_app)
         route_handlers=_routes(config),
         lifespan=[_lifespan(state)],
         on_app_init=[on_app_init],
@@ -207,7 +210,7 @@ def _relay_state(config: RelayConfig) -> RelayState:
     hub = state.hub = ChangeHub(max_waiters=config.events_max_streams)
     state.holders = StreamHolders(config.stream_caps)
     state.scans = ScanGate(config.scan_limits, config.scan_timeout_s)
-    limits = PushLimits(
+    state.push_limits = PushLimits(
         config.max_blob_bytes,
         Quota(config.quota_devices, config.quota_bytes),
         announce=config.feed_notify,  # ENGRAM_RELAY_LIVE_FEED=off: no NOTIFY (PROTOCOL §15)
@@ -217,6 +220,8 @@ def _relay_state(config: RelayConfig) -> RelayState:
 
     async def run_group(jobs: list[PushJob]) -> list[PushResult]:
         state.metrics.push_group_size.observe(len(jobs))
+        limits = state.push_limits
+        assert limits is not None
         return await push_group(state.require_pool(), jobs, limits)  # NOTIFYs after commit
 
     state.push_groups = PushGroups(
@@ -242,6 +247,10 @@ def _lifespan(state: RelayState) -> Callable[[Litestar], AbstractAsyncContextMan
         try:
             async with pool.acquire() as conn:
                 state.generation = await read_generation(conn)
+                # issue 36: a push in fewer round trips, where the database allows it
+                one_statement = await plain_postgres(conn)
+                if state.push_limits is not None:
+                    state.push_limits = replace(state.push_limits, one_statement=one_statement)
         except BaseException:
             await pool.close()
             raise

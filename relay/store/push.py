@@ -9,6 +9,13 @@ one task on the vault's shard: deploy/SCALING.md §3). Sequence numbers are hand
 under the vault locks, so sequence order equals commit order (§9). A push refused as a
 whole (`relay.domain.domain_errors.QuotaExceededError`) gets that as its result and writes
 nothing; the others in its group go on.
+
+Two shapes of the same transaction (issue 36): a statement per table and vault
+(`_push_per_table`: 7 round trips for a group of one vault), on Citus and for groups of
+several vaults; on plain PostgreSQL a group of one vault in 4 round trips
+(`_push_one_vault`: BEGIN with the lock, the reads in one statement, the blobs and devices
+in one, the vault row with COMMIT). `PushLimits.one_statement` chooses; the decision
+(`PushDecision`) is the same value in both.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from engram_sync.relay.domain.domain_errors import (
     VaultRetiredError,
 )
 from engram_sync.relay.domain.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
+from engram_sync.relay.store.begun import Begun, begun, hex_bytea, hex_text
 from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
 from engram_sync.relay.store.feed_notify import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
 from engram_sync.relay.store.overlap import while_answered
@@ -57,6 +65,11 @@ class PushLimits:
     # PROTOCOL §15: this process's own waiters, told of the commits at once (before the
     # NOTIFY's round trip, which the other processes' waiters wait for)
     published: Callable[[list[Commit]], None] | None = None
+    # Issue 36: a group of one vault in four round trips (`_push_one_vault`), on plain
+    # PostgreSQL only: Citus refuses `WRITE_VAULT` (see `_UPDATE_VAULT`), so there a group
+    # keeps the shape of one statement per table (`plain_postgres` tells them apart at
+    # startup).
+    one_statement: bool = False
 
 
 @dataclass(frozen=True)
@@ -243,6 +256,50 @@ _SEEN_DEVICES = (
 )
 
 
+# Issue 36, plain PostgreSQL, a group of one vault (`_push_one_vault`): the vault's blobs and
+# its pushing devices' last_seen written by one statement, the two above as data-modifying
+# CTEs ($1-$11 the upsert's arrays, $12 the vault, $13 the devices; Citus refuses it), while
+# the digest is folded; the vault row's update then goes with COMMIT (`_vault_update_sql`).
+# Both CTEs read `vaults` only to join its id. Public: the round-trip test names it.
+WRITE_VAULT = f"""
+    WITH written AS ({BLOB_UPSERT}),
+    seen AS (
+        INSERT INTO devices (vault_id, device_id)
+        SELECT v.vault_id, d.device_id FROM vaults v, unnest($13::text[]) AS d(device_id)
+        WHERE v.vault_id = $12
+        ON CONFLICT (vault_id, device_id) DO UPDATE SET last_seen = EXCLUDED.last_seen)
+    SELECT 1
+"""  # noqa: S608 - constants
+
+# Issue 36, plain PostgreSQL, a group of one vault (`_push_one_vault`): after the lock (its
+# own statement, sent with BEGIN), the vault's row and the rows of `_READ_KNOWN` in one
+# statement, hence one snapshot taken under the lock. The vault's row comes first and
+# alone has `is_vault`; the NULLs of each branch take the other branch's column types.
+_READ_VAULT_AND_KNOWN = f"""
+    SELECT true AS is_vault, v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones,
+           v.digest, v.bucket_prefixes, v.bucket_counts,  -- PROTOCOL §18, revision 0012
+           v.retired_at IS NOT NULL AS retired, v.successor, v.successor_statement,
+           v.successor_stated_at, q.max_devices, q.max_bytes,
+           NULL AS revoked, NULL AS id, NULL AS clock, NULL AS size, NULL AS owner,
+           NULL AS deleted
+    FROM vaults v LEFT JOIN quotas q ON q.vault_id = v.vault_id WHERE v.vault_id = $1
+    UNION ALL
+    SELECT false, k.vault_id, NULL, NULL, NULL, NULL,
+           NULL, NULL, NULL,  -- the digest, bucket prefixes and counts
+           NULL, NULL, NULL, NULL, NULL, NULL,
+           k.revoked, k.id, k.clock, k.size, k.owner, k.deleted
+    FROM ({_READ_KNOWN}) AS k
+"""  # noqa: S608 - constants
+
+
+async def plain_postgres(conn: asyncpg.Connection) -> bool:
+    """Whether the relay's database is plain PostgreSQL (no Citus extension): then a push
+    group may use the one-statement shape (`PushLimits.one_statement`)."""
+    return not await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+    )
+
+
 def blob_columns(rows: list[tuple[str, CheckedBlob, int]]) -> list[list[Any]]:
     """The eleven arrays of `BLOB_UPSERT` for (vault_id, blob, seq) rows of one vault
     (a comprehension per column: 0.18 ms for 500 rows, where appending row by row took
@@ -274,35 +331,21 @@ async def push_group(
     vault_ids = sorted({job.vault_id for job in jobs})
     async with pool.acquire() as conn:
         while True:
-            async with conn.transaction():
-                # Only a vault that exists before its lock statement runs is locked by it,
-                # and each READ COMMITTED statement sees what committed before it: a vault
-                # created between the lock and the read would be read without its lock
-                # (a group holding that lock then deadlocked with this one, and both could
-                # take the same sequence numbers). So the locks are taken only once every
-                # vault of the group exists.
-                if len(vault_ids) == 1:
-                    rows = await conn.fetch(_LOCK_READ_VAULT, vault_ids[0])
-                    locked = _locked(rows, limits.default_quota)
-                    missing = [] if locked else vault_ids
-                else:
-                    existing = await conn.fetch(_EXISTING_VAULTS, vault_ids)
-                    missing = sorted(set(vault_ids) - {r["vault_id"] for r in existing})
-                    if not missing:
-                        locked = await _lock_vaults(conn, vault_ids, limits.default_quota)
-                        missing = [v for v in vault_ids if v not in locked]  # deleted since
-                if not missing:
-                    results = await _decide_and_write(conn, jobs, locked, limits)
-            if not missing:
+            if limits.one_statement and len(vault_ids) == 1:
+                done = await _push_one_vault(conn, jobs, vault_ids[0], limits)
+                missing = [] if done is not None else vault_ids
+            else:
+                done, missing = await _push_per_table(conn, jobs, vault_ids, limits)
+            if done is not None:
                 # PROTOCOL §15: committed now. This process's waiters first, then one NOTIFY
                 # per vault of the group, on the same connection, outside the transaction
                 # (a failure is only logged).
-                commits = committed_changes(jobs, results)
+                commits = committed_changes(jobs, done)
                 if limits.published is not None:
                     limits.published(commits)
                 if limits.announce:
                     await announce(conn, commits)
-                return results
+                return done
             # First push to a vault: its row is created on its own and committed, outside
             # the locking transaction, so no transaction ever holds a row it inserted while
             # it waits for another vault's lock (which could deadlock two groups).
@@ -315,6 +358,82 @@ async def push_group(
                 " INSERT INTO vaults (vault_id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING",
                 missing,
             )
+
+
+async def _push_per_table(
+    conn: asyncpg.Connection, jobs: list[PushJob], vault_ids: list[str], limits: PushLimits
+) -> tuple[list[PushResult] | None, list[str]]:
+    """The group in one transaction, a statement per table: the shape Citus needs (and that
+    plain PostgreSQL keeps for a group of several vaults). (results, []) once done, or
+    (None, the vaults to create first)."""
+    async with conn.transaction():
+        # Only a vault that exists before its lock statement runs is locked by it, and
+        # each READ COMMITTED statement sees what committed before it: a vault created
+        # between the lock and the read would be read without its lock (a group holding
+        # that lock then deadlocked with this one, and both could take the same sequence
+        # numbers). So the locks are taken only once every vault of the group exists.
+        if len(vault_ids) == 1:
+            rows = await conn.fetch(_LOCK_READ_VAULT, vault_ids[0])
+            locked = _locked(rows, limits.default_quota)
+            missing = [] if locked else vault_ids
+        else:
+            existing = await conn.fetch(_EXISTING_VAULTS, vault_ids)
+            missing = sorted(set(vault_ids) - {r["vault_id"] for r in existing})
+            if not missing:
+                locked = await _lock_vaults(conn, vault_ids, limits.default_quota)
+                missing = [v for v in vault_ids if v not in locked]  # deleted since
+        if missing:
+            return None, missing
+        pushers, memories = _pushers_and_memories(jobs)
+        # PROTOCOL §18: the buckets and version hashes while the stored versions are read
+        known, hashes = await while_answered(
+            conn.fetchmany(
+                _READ_KNOWN,
+                [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],
+            ),
+            lambda: _hashes(jobs),
+        )
+        decision = PushDecision.read(locked, known, limits.max_blob_bytes)
+        return await _decide_and_write(conn, jobs, decision, hashes), []
+
+
+async def _push_one_vault(
+    conn: asyncpg.Connection, jobs: list[PushJob], vault_id: str, limits: PushLimits
+) -> list[PushResult] | None:
+    """Issue 36, plain PostgreSQL (`PushLimits.one_statement`): a group of one vault in four
+    round trips, where `_push_per_table` takes seven. BEGIN travels with the vault's lock
+    (`relay.store.begun`, the id spelled in hex), the vault's row and the stored versions
+    come in one statement read under the lock (`_READ_VAULT_AND_KNOWN`), the blobs and
+    devices are written by one statement (`WRITE_VAULT`) while the digest is folded, and
+    the vault row's update travels with COMMIT. None when the vault does not exist yet (the
+    lock statement locked no row; `push_group` creates it and comes back)."""
+    lock = f"SELECT 1 FROM vaults WHERE vault_id = {hex_text(vault_id)} FOR UPDATE"  # noqa: S608 - hex digits only
+    async with begun(conn, lock) as transaction:
+        if transaction.status != "SELECT 1":
+            return None
+        pushers, memories = _pushers_and_memories(jobs)
+        # PROTOCOL §18: the buckets and version hashes while the stored versions are read
+        rows, hashes = await while_answered(
+            conn.fetch(
+                _READ_VAULT_AND_KNOWN, vault_id, sorted(pushers[vault_id]),
+                sorted(memories[vault_id]),
+            ),
+            lambda: _hashes(jobs),
+        )  # fmt: skip
+        locked = _locked([r for r in rows if r["is_vault"]], limits.default_quota)
+        known = [r for r in rows if not r["is_vault"]]
+        decision = PushDecision.read(locked, known, limits.max_blob_bytes)
+        return await _decide_and_write(conn, jobs, decision, hashes, transaction)
+
+
+def _pushers_and_memories(jobs: list[PushJob]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Per vault, the devices pushing to it and the memories pushed."""
+    pushers: dict[str, set[str]] = {}
+    memories: dict[str, set[str]] = {}
+    for j in jobs:
+        pushers.setdefault(j.vault_id, set()).update(c.blob.device_id for c in j.checked)
+        memories.setdefault(j.vault_id, set()).update(c.blob.memory_id for c in j.checked)
+    return pushers, memories
 
 
 def committed_changes(jobs: list[PushJob], results: list[PushResult]) -> list[Commit]:
@@ -385,22 +504,10 @@ def _locked(rows: list[asyncpg.Record], default: Quota) -> dict[str, LockedVault
 async def _decide_and_write(
     conn: asyncpg.Connection,
     jobs: list[PushJob],
-    locked: dict[str, LockedVault],
-    limits: PushLimits,
+    decision: PushDecision,
+    hashes: list[list[tuple[int, int]]],
+    transaction: Begun | None = None,
 ) -> list[PushResult]:
-    pushers: dict[str, set[str]] = {}
-    memories: dict[str, set[str]] = {}
-    for j in jobs:
-        pushers.setdefault(j.vault_id, set()).update(c.blob.device_id for c in j.checked)
-        memories.setdefault(j.vault_id, set()).update(c.blob.memory_id for c in j.checked)
-    # PROTOCOL §18: the buckets and version hashes while the stored versions are read
-    known, hashes = await while_answered(
-        conn.fetchmany(
-            _READ_KNOWN, [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)]
-        ),
-        lambda: _hashes(jobs),
-    )
-    decision = PushDecision.read(locked, known, limits.max_blob_bytes)
     results: list[PushResult] = []
     for job, hashed in zip(jobs, hashes, strict=True):
         try:
@@ -414,7 +521,8 @@ async def _decide_and_write(
                 if isinstance(r, PushOutcome) for c in r.plan.accepted}  # fmt: skip
         writes = list(decision.writes.values())
         changed = sorted({w.vault_id for w in writes})
-        await _write(conn, writes, [locked[v] for v in changed], sorted(seen))
+        vaults = [decision.vaults[v] for v in changed]
+        await _write(conn, writes, vaults, sorted(seen), transaction)
     return results
 
 
@@ -590,31 +698,58 @@ async def _write(
     writes: list[HeldWrite],
     vaults: list[LockedVault],
     devices: list[tuple[str, str]],
+    transaction: Begun | None,
 ) -> None:
-    """The blobs, vault rows and devices of each vault: one statement each per vault, in
-    vault-id order, pipelined (three round trips a group), inside the group's transaction
-    (on Citus a group over several shards commits with two-phase commit)."""
+    """The blobs, vault rows and devices of each vault, in vault-id order, inside the
+    group's transaction (on Citus a group over several shards commits with two-phase
+    commit), the digest folded while the blobs are written (PROTOCOL §18). In a
+    `transaction` of `begun` (plain PostgreSQL, one vault, issue 36): the blobs and devices
+    by one statement (`WRITE_VAULT`), the vault row sent with COMMIT. Else one statement per
+    table for every vault of the group, each sent pipelined (three round trips a group)."""
     rows: dict[str, list[tuple[str, CheckedBlob, int]]] = {v.vault_id: [] for v in vaults}
     for w in writes:
         rows[w.vault_id].append(w)
     seen: dict[str, list[str]] = {v.vault_id: [] for v in vaults}
     for vault_id, device_id in devices:
         seen[vault_id].append(device_id)
+    if transaction is not None:
+        (vault,) = vaults
+        await while_answered(
+            conn.execute(
+                WRITE_VAULT, *blob_columns(rows[vault.vault_id]), vault.vault_id,
+                seen[vault.vault_id],
+            ),
+            lambda: _fold_digests(vaults),
+        )  # fmt: skip
+        transaction.with_commit.append(_vault_update_sql(vault))
+        return
     # Each statement for every vault of the group in one pipelined round trip; the
     # digest's hashing meanwhile (PROTOCOL §18).
     await while_answered(
         conn.executemany(BLOB_UPSERT, [blob_columns(rows[v.vault_id]) for v in vaults]),
         lambda: _fold_digests(vaults),
     )
-    await conn.executemany(
-        _UPDATE_VAULT,
-        [
-            (
-                v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones,
-                digest_bytes(v.digest),
-                v.bucket_prefixes, v.bucket_counts,  # PROTOCOL §18, revision 0012
-            )
-            for v in vaults
-        ],
-    )  # fmt: skip
+    await conn.executemany(_UPDATE_VAULT, [_vault_row(v) for v in vaults])
     await conn.executemany(_SEEN_DEVICES, [(v.vault_id, seen[v.vault_id]) for v in vaults])
+
+
+def _vault_update_sql(v: LockedVault) -> str:
+    """`_UPDATE_VAULT` for `v` without parameters, to go with COMMIT (`relay.store.begun`):
+    numbers, and the id and the bytes in hex digits only."""
+    counts = (
+        f"seq = {int(v.seq)}, bytes_used = {int(v.bytes_used)},"
+        f" live_blobs = {int(v.live_blobs)}, tombstones = {int(v.tombstones)},"
+        f" digest = {hex_bytea(digest_bytes(v.digest))},"
+        f" bucket_prefixes = {hex_bytea(v.bucket_prefixes)},"
+        f" bucket_counts = {hex_bytea(v.bucket_counts)}"  # PROTOCOL §18, revision 0012
+    )
+    return f"UPDATE vaults SET {counts} WHERE vault_id = {hex_text(v.vault_id)}"  # noqa: S608
+
+
+def _vault_row(v: LockedVault) -> tuple[Any, ...]:
+    """The parameters of `_UPDATE_VAULT` for `v`."""
+    return (
+        v.vault_id, v.seq, v.bytes_used, v.live_blobs, v.tombstones,
+        digest_bytes(v.digest),
+        v.bucket_prefixes, v.bucket_counts,  # PROTOCOL §18, revision 0012
+    )  # fmt: skip

@@ -9,6 +9,7 @@ import asyncpg
 from msgspec import UNSET
 
 from engram_sync.relay.domain.domain_errors import ResyncRequiredError
+from engram_sync.relay.store.begun import begun
 from engram_sync.relay.store.retire import Retirement, retirement
 from engram_sync.shared_format.wire import SyncBlob
 
@@ -108,6 +109,31 @@ def _to_blob(row: asyncpg.Record, *, with_seq: bool = False) -> SyncBlob:
 _HAS_BOUND_KEY = "SELECT EXISTS (SELECT 1 FROM api_keys WHERE vault_id = $1 AND device_id = $2)"
 
 
+# PROTOCOL §12: a device's pull progress, never moved back. EXCLUDED: Citus refuses now() in
+# DO UPDATE SET (deploy/SCALING.md §3).
+_RECORD_PROGRESS = """
+    INSERT INTO devices (vault_id, device_id, pulled_cursor, pulled_at)
+    VALUES ($1, $2, $3, now())
+    ON CONFLICT (vault_id, device_id) DO UPDATE SET
+        pulled_cursor = GREATEST(devices.pulled_cursor, EXCLUDED.pulled_cursor),
+        pulled_at = EXCLUDED.pulled_at, last_seen = EXCLUDED.last_seen
+"""
+
+
+async def record_progress(
+    conn: asyncpg.Connection, vault_id: str, device_id: str, cursor: int
+) -> None:
+    """Record that `device_id` pulled `vault_id` through `cursor` (PROTOCOL §12), in a
+    transaction of its own whose commit does not wait for the WAL flush
+    (`synchronous_commit = off` for it alone; issue 36: one flush per page was most of a
+    pull's wall time). Its only reader is compaction, and a progress write lost in a crash
+    only leaves a lower cursor: compaction then keeps more tombstones, never fewer
+    (docs/pull-progress.md "A lost progress write"). Three round trips, none waiting for the
+    disk (BEGIN travels with the SET: `relay.store.begun`)."""
+    async with begun(conn, "SET LOCAL synchronous_commit = off"):
+        await conn.execute(_RECORD_PROGRESS, vault_id, device_id, cursor)
+
+
 def progress_device(
     bound: str | None, named: str | None, *, named_has_bound_key: bool
 ) -> str | None:
@@ -200,18 +226,7 @@ async def pull_by_cursor(
             bound = await conn.fetchval(_HAS_BOUND_KEY, vault_id, device_id)
             device_id = progress_device(None, device_id, named_has_bound_key=bool(bound))
         if device_id is not None:
-            await conn.execute(
-                """
-                INSERT INTO devices (vault_id, device_id, pulled_cursor, pulled_at)
-                VALUES ($1, $2, $3, now())
-                ON CONFLICT (vault_id, device_id) DO UPDATE SET
-                    pulled_cursor = GREATEST(devices.pulled_cursor, EXCLUDED.pulled_cursor),
-                    pulled_at = EXCLUDED.pulled_at, last_seen = EXCLUDED.last_seen
-                """,  # EXCLUDED: Citus refuses now() in DO UPDATE SET (SCALING.md §3)
-                vault_id,
-                device_id,
-                new_cursor,
-            )
+            await record_progress(conn, vault_id, device_id, new_cursor)
         lag = max(0, head - new_cursor)
         blobs = [_to_blob(r, with_seq=True) for r in rows]
         return Page(blobs, has_more, new_cursor, head, lag, retired)

@@ -37,6 +37,8 @@ SECTIONS = (
     "stream_hog",
     "history",
     "mcp",
+    "raw_latency",  # issue 36
+    "relay_idle",
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -44,6 +46,9 @@ TARGETS = {
     "pull_cost_vs_vault_size",
     "push_p99_shared_vault",
     "push_p99_vault_per_device",
+    "push_p99_vs_raw_vault_per_device",  # issue 36
+    "push_p99_vs_raw_shared_vault",
+    "relay_idle_rss",
     "relay_rss_concurrent_full_pulls",
     "padding_storage_overhead",
     "digest_find_round_trips",

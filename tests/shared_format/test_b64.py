@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from engram_sync.shared_format.b64 import (
     Base64Error,
     b64decode_std,
+    b64decoded_len_std,
     b64encode_std,
     b64url_decode,
     b64url_encode,
@@ -152,3 +153,28 @@ def test_fast_path_agrees_with_the_definition(text: str) -> None:
             b64decode_std(text)
     else:
         assert b64decode_std(text) == expected
+
+
+def _outcome(measure: object, text: str) -> int | str:
+    try:
+        return measure(text)  # type: ignore[operator,no-any-return]
+    except Base64Error as exc:
+        return f"refused: {exc}"
+
+
+_NEAR_BASE64 = st.text(
+    alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_ \n\x00é",
+    max_size=12,
+)
+
+
+@given(st.one_of(st.binary(max_size=64).map(b64encode_std), _NEAR_BASE64,
+                 st.binary(min_size=1, max_size=64).map(b64encode_std).flatmap(
+                     lambda t: st.integers(0, len(t) - 1).flatmap(
+                         lambda i: st.sampled_from("AQgw+/=Bb9").map(
+                             lambda c: t[:i] + c + t[i + 1 :])))))  # fmt: skip
+def test_the_decoded_length_is_the_decoders_without_decoding(text: str) -> None:
+    """Issue 36: `b64decoded_len_std` answers what `len(b64decode_std(...))` answers, or
+    refuses with the same error, for canonical text, near-base64 text and canonical text
+    with one character changed (trailing bits, padding in the wrong place)."""
+    assert _outcome(b64decoded_len_std, text) == _outcome(lambda t: len(b64decode_std(t)), text)

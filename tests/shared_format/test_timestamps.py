@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engram_sync.shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
+from engram_sync.shared_format.timestamps import (
+    _parse_by_rules,
+    format_rfc3339,
+    parse_rfc3339,
+    utc_now_rfc3339,
+)
 
 
 def test_now_uses_plus_zero_offset() -> None:
@@ -62,3 +67,30 @@ def test_format_parse_round_trip(moment: datetime) -> None:
 def test_format_refuses_naive() -> None:
     with pytest.raises(ValueError, match="naive"):
         format_rfc3339(datetime(2026, 1, 1))
+
+
+def _outcome(parse: object, text: str) -> tuple[datetime, object] | str:
+    try:
+        moment = parse(text)  # type: ignore[operator]
+    except ValueError as exc:
+        return f"refused: {exc}"
+    return moment, moment.utcoffset()
+
+
+_DIGITS = st.text(alphabet="0123456789", min_size=1, max_size=1)
+
+
+@given(
+    st.datetimes(timezones=st.timezones()).map(lambda m: m.isoformat(timespec="microseconds")),
+    st.lists(st.tuples(st.integers(0, 31), st.one_of(_DIGITS, st.sampled_from("a٣ :+-Z."))),
+             max_size=3),
+)  # fmt: skip
+def test_the_fast_path_answers_as_the_rules(text: str, changes: list[tuple[int, str]]) -> None:
+    """Issue 36: the form Engram writes goes through msgspec; wherever it does, the
+    instant and offset are those of the rules (`_parse_by_rules`), and what the rules
+    refuse is refused (with their message). Texts of that form, some with characters
+    changed (out-of-range fields, offsets past :59, foreign digits, separators)."""
+    for at, char in changes:
+        if at < len(text):
+            text = text[:at] + char + text[at + 1 :]
+    assert _outcome(parse_rfc3339, text) == _outcome(_parse_by_rules, text)

@@ -11,6 +11,7 @@ import base64
 import contextlib
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import asyncpg
@@ -34,6 +35,9 @@ pytestmark = pytest.mark.both_databases
 
 T = TypeVar("T")
 LIMITS = PushLimits(max_blob_bytes=1_048_576, default_quota=Quota(0, 0))
+# Issue 36: the shape the relay uses on plain PostgreSQL (a group of one vault in four round
+# trips, each vault's writes in one statement); Citus keeps LIMITS's statement per table.
+ONE_STATEMENT = replace(LIMITS, one_statement=True)
 TEMPLATE = Sealer("template").blob("m", 1)
 DEVICES = ("dev-a", "dev-b", "dev-c", "dev-revoked")
 MEMORIES = ("m0", "m1", "m2", "m3")
@@ -44,6 +48,12 @@ MEMORIES = ("m0", "m1", "m2", "m3")
 def database_url(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[str]:
     with migrated_backend_database(request, postgres_url) as url:
         yield url
+
+
+@pytest.fixture
+def shape(request: pytest.FixtureRequest, database_url: str) -> PushLimits:
+    """The limits the relay would push with on this test's database (`plain_postgres`)."""
+    return ONE_STATEMENT if backend_of(request) == "postgres" else LIMITS
 
 
 def run(database_url: str, work: Callable[[asyncpg.Pool], Awaitable[T]]) -> T:
@@ -183,8 +193,11 @@ EXAMPLES = {"postgres": 60, "citus": 12}
 
 
 def test_a_group_answers_and_stores_what_running_alone_would(
-    request: pytest.FixtureRequest, database_url: str
+    request: pytest.FixtureRequest, database_url: str, shape: PushLimits
 ) -> None:
+    """The group in the database's shape, each push alone in the statement-per-table shape:
+    on plain PostgreSQL the two shapes are checked against each other too."""
+
     @settings(
         max_examples=EXAMPLES[backend_of(request)],
         deadline=None,
@@ -202,7 +215,7 @@ def test_a_group_answers_and_stores_what_running_alone_would(
         async def work(pool: asyncpg.Pool) -> None:
             await _prepare(pool, grouped, pre)
             await _prepare(pool, alone, pre)
-            group_results = await push_group(pool, make_jobs(grouped, specs), LIMITS)
+            group_results = await push_group(pool, make_jobs(grouped, specs), shape)
             alone_results = [
                 (await push_group(pool, [j], LIMITS))[0] for j in make_jobs(alone, specs)
             ]
@@ -218,7 +231,9 @@ def test_a_group_answers_and_stores_what_running_alone_would(
     check()
 
 
-def test_a_refused_push_leaves_the_rest_of_its_group_alone(database_url: str) -> None:
+def test_a_refused_push_leaves_the_rest_of_its_group_alone(
+    database_url: str, shape: PushLimits
+) -> None:
     vault = new_vault_id("refused")
 
     async def work(pool: asyncpg.Pool) -> list[PushResult]:
@@ -234,7 +249,7 @@ def test_a_refused_push_leaves_the_rest_of_its_group_alone(database_url: str) ->
                 job(vault, [blob(vault, "big", "dev-a", 1, 800)]),  # 400 + 800 > 1000
                 job(vault, [blob(vault, "small-2", "dev-a", 1, 400)]),
             ],
-            LIMITS,
+            shape,
         )
 
     first, refused, third = run(database_url, work)
@@ -255,13 +270,14 @@ def test_a_refused_push_leaves_the_rest_of_its_group_alone(database_url: str) ->
 class CountingRunner:
     """The real group transaction, recording the size of every group it ran."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, limits: PushLimits) -> None:
         self.pool = pool
+        self.limits = limits
         self.sizes: list[int] = []
 
     async def __call__(self, jobs: list[PushJob]) -> list[PushResult]:
         self.sizes.append(len(jobs))
-        return await push_group(self.pool, jobs, LIMITS)
+        return await push_group(self.pool, jobs, self.limits)
 
 
 @pytest.fixture
@@ -278,14 +294,14 @@ def pool_factory(database_url: str) -> Callable[[], Any]:
 
 
 def test_concurrent_pushes_share_transactions_and_a_lone_push_runs_alone(
-    pool_factory: Callable[[], Any],
+    pool_factory: Callable[[], Any], shape: PushLimits
 ) -> None:
     vault = new_vault_id("shared")
     pushes = 40
 
     async def work() -> tuple[list[int], list[int], list[int], list[int]]:
         async with pool_factory() as pool:
-            runner = CountingRunner(pool)
+            runner = CountingRunner(pool, shape)
             groups = PushGroups(runner, lanes=2, max_group_blobs=2000)
             lone = await groups.push(job(vault, [blob(vault, "lone", "dev-a", 1)]))
             lone_sizes = list(runner.sizes)
@@ -307,12 +323,12 @@ def test_concurrent_pushes_share_transactions_and_a_lone_push_runs_alone(
     assert seqs == list(range(1, pushes + 2))
 
 
-def test_the_blob_cap_splits_groups(pool_factory: Callable[[], Any]) -> None:
+def test_the_blob_cap_splits_groups(pool_factory: Callable[[], Any], shape: PushLimits) -> None:
     vault = new_vault_id("capped")
 
     async def work() -> list[int]:
         async with pool_factory() as pool:
-            runner = CountingRunner(pool)
+            runner = CountingRunner(pool, shape)
             groups = PushGroups(runner, lanes=1, max_group_blobs=5)
             await asyncio.gather(*(
                 groups.push(job(vault, [blob(vault, f"m{i}-{k}", "dev-a", 1) for k in range(3)]))
@@ -325,7 +341,9 @@ def test_the_blob_cap_splits_groups(pool_factory: Callable[[], Any]) -> None:
     assert max(sizes) == 1  # two pushes of 3 blobs never fit a cap of 5
 
 
-def test_a_bad_value_fails_only_its_own_push(pool_factory: Callable[[], Any]) -> None:
+def test_a_bad_value_fails_only_its_own_push(
+    pool_factory: Callable[[], Any], shape: PushLimits
+) -> None:
     """A value PostgreSQL refuses (a NUL in text; the routes never let one through) rolls
     back its group; the group is run again push by push, so only that push fails."""
     vault = new_vault_id("poison")
@@ -339,7 +357,7 @@ def test_a_bad_value_fails_only_its_own_push(pool_factory: Callable[[], Any]) ->
 
     async def work() -> list[Any]:
         async with pool_factory() as pool:
-            groups = PushGroups(CountingRunner(pool), lanes=1, max_group_blobs=2000)
+            groups = PushGroups(CountingRunner(pool, shape), lanes=1, max_group_blobs=2000)
             return await asyncio.gather(  # type: ignore[return-value]
                 groups.push(job(vault, [blob(vault, "good-1", "dev-a", 1)])),
                 groups.push(job(vault, [blob(vault, "good-2", "dev-a", 1)])),
@@ -356,7 +374,7 @@ def test_a_bad_value_fails_only_its_own_push(pool_factory: Callable[[], Any]) ->
 
 
 def test_two_replicas_with_overlapping_groups_never_deadlock(
-    pool_factory: Callable[[], Any],
+    pool_factory: Callable[[], Any], shape: PushLimits
 ) -> None:
     """Two processes' worth of lanes push to overlapping sets of new and existing vaults."""
     tag = new_vault_id("overlap")
@@ -367,7 +385,7 @@ def test_two_replicas_with_overlapping_groups_never_deadlock(
     async def work() -> tuple[int, list[tuple[str, int]]]:
         async with pool_factory() as pool_1, pool_factory() as pool_2:
             replicas = [
-                PushGroups(CountingRunner(p), lanes=2, max_group_blobs=2000)
+                PushGroups(CountingRunner(p, shape), lanes=2, max_group_blobs=2000)
                 for p in (pool_1, pool_2)
             ]
             outcomes = await asyncio.gather(*(
@@ -458,12 +476,14 @@ def test_a_vault_created_while_the_group_locks_is_locked_before_it_is_written(
     assert RacingConnection.unlocked_at_write == []  # both were locked at the write
 
 
-def test_a_cancelled_push_does_not_disturb_the_others(pool_factory: Callable[[], Any]) -> None:
+def test_a_cancelled_push_does_not_disturb_the_others(
+    pool_factory: Callable[[], Any], shape: PushLimits
+) -> None:
     vault = new_vault_id("cancel")
 
     async def work() -> tuple[bool, list[int]]:
         async with pool_factory() as pool:
-            groups = PushGroups(CountingRunner(pool), lanes=1, max_group_blobs=2000)
+            groups = PushGroups(CountingRunner(pool, shape), lanes=1, max_group_blobs=2000)
             tasks = [
                 asyncio.create_task(groups.push(job(vault, [blob(vault, f"m{i}", "dev-a", 1)])))
                 for i in range(10)

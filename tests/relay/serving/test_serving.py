@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import pickle
 import socket
+import subprocess
+import sys
 from multiprocessing.reduction import ForkingPickler
 
 import pytest
@@ -94,3 +96,33 @@ def test_settling_the_app_freezes_the_heap_built_so_far() -> None:
         assert gc.get_freeze_count() > 10_000  # modules, routes and the app itself
     finally:
         gc.unfreeze()
+
+
+def test_building_the_app_imports_no_model_library_the_relay_does_not_use() -> None:
+    """Issue 36 (relay.serving.lean_app): Litestar's pydantic and attrs plugins cost every
+    relay process about 10 MiB and serve nothing (the bodies are msgspec structs). In a
+    fresh interpreter, where both libraries are installed (the test extra has them)."""
+    probe = (
+        "import sys\n"
+        "from engram_sync.relay.services.config import RelayConfig\n"
+        "from engram_sync.relay.serving.app import create_app\n"
+        "app = create_app(RelayConfig(database_url='postgresql://unused@127.0.0.1:1/none'))\n"
+        "import pydantic, attrs  # installed: their absence above is the relay's doing\n"
+        "print(sorted(p.__class__.__name__ for p in app.plugins))\n"
+    )
+    before = (
+        "import sys\n"
+        "from engram_sync.relay.services.config import RelayConfig\n"
+        "from engram_sync.relay.serving.app import create_app\n"
+        "create_app(RelayConfig(database_url='postgresql://unused@127.0.0.1:1/none'))\n"
+        "print(sorted(m for m in ('pydantic', 'attrs', 'attr') if m in sys.modules))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", before], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
+    plugins = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert "MsgspecDIPlugin" in plugins.stdout
+    assert "Pydantic" not in plugins.stdout

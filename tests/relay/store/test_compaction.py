@@ -237,6 +237,49 @@ def test_a_stale_lagging_device_must_resync(relay: Relay, scenario: Scenario) ->
     assert_error(s.c.pull(s.vault, 7, origin=4), 409, "resync_required")
 
 
+def lose_progress(relay: Relay, vault: str, device_id: str, cursor: int) -> None:
+    """What a crash does to progress writes committed without a WAL flush (issue 36,
+    docs/pull-progress.md "A lost progress write"): the device's cursor back at an older
+    value, its `last_seen` and `pulled_at` as they were then."""
+    relay.sql(
+        "UPDATE devices SET pulled_cursor = $3 WHERE vault_id = $1 AND device_id = $2",
+        vault,
+        device_id,
+        cursor,
+    )
+
+
+def test_lost_progress_writes_keep_what_a_device_needs(relay: Relay, scenario: Scenario) -> None:
+    """C pulled through 7, then its progress writes were lost (cursor back at 4): compaction
+    keeps the tombstones C's recorded cursor is below, and C still gets them."""
+    s = scenario
+    assert s.c.catch_up(s.vault, 4) == 7
+    lose_progress(relay, s.vault, s.c.device_id, 4)
+    age_tombstones(relay, s.vault)
+    assert compact(relay, s.vault) == CompactionResult(s.vault, 0, 0)
+    assert tombstones(relay, s.vault) == ["m1", "m2"]
+    # A device that pulls from a cursor below them (a restored phone, say) gets them.
+    page = s.c.pull(s.vault, 4).json()
+    assert versions(page["blobs"]) == [("m1", 2), ("m2", 2), ("m5", 1)]
+    assert pulled_cursors(relay, s.vault)[s.c.device_id] == 7
+    assert compact(relay, s.vault).removed == 2  # recorded again: now they may go
+
+
+def test_a_lost_last_seen_makes_a_device_resync_never_miss(
+    relay: Relay, scenario: Scenario
+) -> None:
+    """The lost write also held C's `last_seen`: with it 40 days old C no longer holds
+    compaction back, and its next pull below the horizon is `resync_required`, never a
+    page that silently skips the deletions."""
+    s = scenario
+    assert s.c.catch_up(s.vault, 4) == 7
+    lose_progress(relay, s.vault, s.c.device_id, 4)
+    age_device(relay, s.vault, s.c.device_id)
+    age_tombstones(relay, s.vault)
+    assert compact(relay, s.vault) == CompactionResult(s.vault, 2, 6)
+    assert_error(s.c.pull(s.vault, 4), 409, "resync_required")
+
+
 def test_a_revoked_device_does_not_block(relay: Relay, scenario: Scenario) -> None:
     s = scenario
     age_tombstones(relay, s.vault)
