@@ -1,0 +1,57 @@
+// The relay's routes the page uses (PROTOCOL §5, §9), same-origin through `engram-sync web`'s
+// proxy (/v1/*). The API key goes in the Authorization header and nowhere else.
+
+export const PAGE_LIMIT = 1000; // PROTOCOL §5: the relay caps a page at 1000
+
+export class RelayError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+export class Relay {
+  constructor(apiKey, base = "") {
+    this.base = base;
+    this.headers = { Authorization: `Bearer ${apiKey}` };
+  }
+
+  async request(method, path, body) {
+    const init = { method, headers: { ...this.headers }, cache: "no-store",
+      credentials: "omit", referrerPolicy: "no-referrer" };
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const response = await fetch(`${this.base}${path}`, init);
+    const text = await response.text();
+    let data = null;
+    try {
+      data = text ? JSON.parse(text) : null;
+    } catch {
+      data = null;
+    }
+    if (!response.ok) {
+      const code = data && typeof data.code === "string" ? data.code : `http_${response.status}`;
+      const said = data && typeof data.error === "string" ? data.error : text.slice(0, 200);
+      throw new RelayError(response.status, code, `relay answered ${response.status}: ${said}`);
+    }
+    if (data === null) throw new RelayError(response.status, "not_json", "relay answer is not JSON");
+    return data;
+  }
+
+  pull(vaultId, cursor, limit = PAGE_LIMIT) {
+    const v = encodeURIComponent(vaultId);
+    return this.request("GET", `/v1/vaults/${v}/pull?cursor=${cursor}&limit=${limit}`);
+  }
+
+  push(vaultId, blobs) {
+    return this.request("POST", `/v1/vaults/${encodeURIComponent(vaultId)}/push`, { blobs });
+  }
+
+  register(vaultId, deviceId, label) {
+    return this.request("POST", `/v1/vaults/${encodeURIComponent(vaultId)}/devices/register`,
+      { device_id: deviceId, label });
+  }
+}
