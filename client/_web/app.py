@@ -21,7 +21,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .forwarding import REQUEST_HEADERS, RESPONSE_HEADERS, forwarded, upstream_url
+from .forwarding import REQUEST_HEADERS, RESPONSE_HEADERS, forwarded, relay_base, upstream_url
 from .headers import ALLOWED_HOSTS, SECURITY_HEADERS
 
 #: A held pull waits up to 60 s (PROTOCOL §15); the event stream has no read timeout.
@@ -55,7 +55,8 @@ SECURITY_HEADERS_RAW: Final = tuple((k.encode(), v.encode()) for k, v in SECURIT
 
 
 def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
-    """The app: `relay_url` already checked (forwarding.relay_base)."""
+    """The app; ValueError when `relay_url` is not an http(s) URL (forwarding.relay_base)."""
+    relay_url = relay_base(relay_url)
     client = httpx.AsyncClient(timeout=_TIMEOUT, follow_redirects=False, trust_env=False)
 
     async def settings(_: Request) -> Response:

@@ -12,7 +12,6 @@ import uvicorn
 
 from .app import build_app
 from .bundle import bundle_dir
-from .forwarding import relay_base
 
 LOOPBACK: Final = "127.0.0.1"
 
@@ -35,7 +34,7 @@ def run(
     announce: Callable[[str], None] = print,
 ) -> None:
     """Serve until SIGINT or SIGTERM."""
-    app = build_app(bundle_dir(), relay_base(relay_url), vault_id)
+    app = build_app(bundle_dir(), relay_url, vault_id)
     sock = listening_socket(port)
     url = f"http://{LOOPBACK}:{sock.getsockname()[1]}/"
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")

@@ -3,9 +3,10 @@ Playwright through `executable_path` (Playwright's own browser download is not r
 
 `chromium_path` is /usr/bin/chromium, else the `chromium` package installed with apt-get when
 running as root (about 2 minutes, under a file lock so parallel sessions install it once), else
-the tests are skipped with the reason. One browser per session (`browser`); each test gets a
-fresh context (`page`). `bundle_url` serves the installed bundle with `engram-sync web`'s app
-(client/_web/app.py) in a thread, for tests that need no relay."""
+the tests are skipped with the reason. One browser per session (`browser`), in a thread of
+its own; each `browser.run(steps)` gets a fresh context. `bundle_url` serves the installed
+bundle with `engram-sync web`'s app (client/_web/app.py) in a thread, for tests that need no
+relay."""
 
 from __future__ import annotations
 
@@ -15,14 +16,16 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import pytest
 
 CHROMIUM: Final = Path("/usr/bin/chromium")
 INSTALL_LOCK: Final = Path("/tmp/engram-sync-chromium.lock")
+T = TypeVar("T")
 FLAGS: Final = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -57,35 +60,62 @@ def chromium_path() -> Path:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
-def browser(chromium_path: Path) -> Iterator[Any]:
-    try:
+class BrowserThread:
+    """Playwright's sync API and the browser in a thread of their own: the sync API keeps its
+    event loop marked as running in the thread that started it, which would break every
+    `asyncio.run` of the session's other tests (the database fixtures, ...). Everything that
+    touches the browser runs in that thread (`run`)."""
+
+    def __init__(self, executable: Path) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chromium")
+        self.pool.submit(self._start, executable).result(timeout=120)
+
+    def _start(self, executable: Path) -> None:
         from playwright.sync_api import sync_playwright
+
+        self.driver = sync_playwright().start()
+        self.browser = self.driver.chromium.launch(
+            executable_path=str(executable), args=list(FLAGS)
+        )
+
+    def _in_context(self, steps: Callable[[Any], T]) -> T:
+        context = self.browser.new_context()
+        context.set_default_timeout(10_000)  # a test stays short; a hang fails in 10 s
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        try:
+            result = steps(page)
+        finally:
+            context.close()
+        assert errors == [], f"errors in the page: {errors}"
+        return result
+
+    def run(self, steps: Callable[[Any], T], timeout: float = 60) -> T:
+        """`steps(page)` on a fresh context's page, in the browser's thread; its result."""
+        return self.pool.submit(self._in_context, steps).result(timeout=timeout)
+
+    def close(self) -> None:
+        def stop() -> None:
+            self.browser.close()
+            self.driver.stop()
+
+        self.pool.submit(stop).result(timeout=30)
+        self.pool.shutdown()
+
+
+@pytest.fixture(scope="session")
+def browser(chromium_path: Path) -> Iterator[BrowserThread]:
+    """The session's one browser."""
+    try:
+        import playwright.sync_api  # noqa: F401
     except ImportError:
         pytest.skip("playwright is not installed (the test extra)")
-    driver = sync_playwright().start()
+    thread = BrowserThread(chromium_path)
     try:
-        launched = driver.chromium.launch(executable_path=str(chromium_path), args=list(FLAGS))
-        try:
-            yield launched
-        finally:
-            launched.close()
+        yield thread
     finally:
-        driver.stop()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    """A fresh context and page; page errors fail the test."""
-    context = browser.new_context()
-    opened = context.new_page()
-    errors: list[str] = []
-    opened.on("pageerror", lambda error: errors.append(str(error)))
-    try:
-        yield opened
-    finally:
-        context.close()
-    assert errors == [], f"errors in the page: {errors}"
+        thread.close()
 
 
 class ServedApp:
@@ -128,9 +158,8 @@ def bundle_url() -> Iterator[str]:
         yield served.url
 
 
-@pytest.fixture
-def bundle_page(page: Any, bundle_url: str) -> Any:
-    """`page` on the served bundle, its modules loaded."""
-    page.goto(bundle_url)
+def open_bundle(page: Any, url: str) -> Any:
+    """`page` at `url`, its modules loaded (app.js marks the body when it has run)."""
+    page.goto(url)
     page.wait_for_selector("body[data-ready='1']", state="attached")
     return page

@@ -24,6 +24,7 @@ from engram_sync.shared_format.wire import SyncBlob, decode_json, encode_json
 from tests.shared_format.conftest import GOLDEN_PASSPHRASE
 from tests.shared_format.test_blob import GOLDEN, GOLDEN_DELETED, GOLDEN_LIVE
 from tests.shared_format.test_padding import GOLDEN_LENGTHS
+from tests.web.conftest import BrowserThread, open_bundle
 
 VAULT_ID_V1 = "f12cfc020e8f2617d25e815aac10ac29b9976567614222be954e44cbef329684"
 VAULT_ID_V2 = "f3cdfd36920cb64e4aa8836cf44fb385c0285360fdf6ebee7f12eac5bd86e511"
@@ -40,10 +41,15 @@ _IMPORTS = """
 """
 
 
-def in_page(page: Any, body: str, arg: Any = None) -> Any:
+def evaluate(browser: BrowserThread, url: str, script: str, arg: Any = None) -> Any:
+    """`script` (a function of one argument) evaluated in a page on the served bundle."""
+    return browser.run(lambda page: open_bundle(page, url).evaluate(script, arg))
+
+
+def in_page(browser: BrowserThread, url: str, body: str, arg: Any = None) -> Any:
     """Run `body` (an async function body with `arg`, the modules and the golden keys)."""
     script = f"async ([passphrase, arg]) => {{ {_IMPORTS} {body} }}"
-    return page.evaluate(script, [GOLDEN_PASSPHRASE, arg])
+    return evaluate(browser, url, script, [GOLDEN_PASSPHRASE, arg])
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +57,10 @@ def golden_keys() -> SyncKeys:
     return derive_sync_keys(GOLDEN_PASSPHRASE)
 
 
-def test_the_page_derives_the_golden_vault_ids(bundle_page: Any) -> None:
-    ids = bundle_page.evaluate(
+def test_the_page_derives_the_golden_vault_ids(browser: BrowserThread, bundle_url: str) -> None:
+    ids = evaluate(
+        browser,
+        bundle_url,
         """async (passphrase) => {
           const kdf = await import('./js/kdf.js');
           return [await kdf.vaultIdV1(passphrase), await kdf.vaultIdV2(passphrase)];
@@ -62,9 +70,12 @@ def test_the_page_derives_the_golden_vault_ids(bundle_page: Any) -> None:
     assert ids == [VAULT_ID_V1, VAULT_ID_V2]
 
 
-def test_the_page_keys_give_the_golden_hmacs_and_cannot_be_exported(bundle_page: Any) -> None:
+def test_the_page_keys_give_the_golden_hmacs_and_cannot_be_exported(
+    browser: BrowserThread, bundle_url: str
+) -> None:
     result = in_page(
-        bundle_page,
+        browser,
+        bundle_url,
         """
         const live = b64.b64encode(await blob.blobHmac(keys.mac, {...arg, deleted: false}));
         const dead = b64.b64encode(await blob.blobHmac(keys.mac, {...arg, deleted: true}));
@@ -83,9 +94,11 @@ def test_the_page_keys_give_the_golden_hmacs_and_cannot_be_exported(bundle_page:
     assert result["usages"] == [["encrypt", "decrypt"], ["sign", "verify"]]
 
 
-def test_the_page_pads_to_the_golden_padme_lengths(bundle_page: Any) -> None:
+def test_the_page_pads_to_the_golden_padme_lengths(browser: BrowserThread, bundle_url: str) -> None:
     lengths = [length for length, _ in GOLDEN_LENGTHS]
-    padded = bundle_page.evaluate(
+    padded = evaluate(
+        browser,
+        bundle_url,
         """async (lengths) => {
           const padding = await import('./js/padding.js');
           return lengths.map((n) => padding.padmeLength(n));
@@ -108,7 +121,7 @@ def _python_memory() -> MemoryPlaintext:
 
 
 def test_python_blobs_open_in_the_page_and_a_tampered_one_is_refused(
-    bundle_page: Any, golden_keys: SyncKeys
+    browser: BrowserThread, bundle_url: str, golden_keys: SyncKeys
 ) -> None:
     cipher = BlobCipher(golden_keys)
     memory = _python_memory()
@@ -123,7 +136,8 @@ def test_python_blobs_open_in_the_page_and_a_tampered_one_is_refused(
     wire = [json.loads(encode_json(b)) for b in (live, dead)]
     tampered = dict(wire[0], vector_clock=wire[0]["vector_clock"] + 1)
     result = in_page(
-        bundle_page,
+        browser,
+        bundle_url,
         """
         const opened = [];
         for (const b of arg.blobs) {
@@ -144,9 +158,12 @@ def test_python_blobs_open_in_the_page_and_a_tampered_one_is_refused(
     assert result["refused"] == "tampered"
 
 
-def test_page_blobs_open_with_python_byte_exact(bundle_page: Any, golden_keys: SyncKeys) -> None:
+def test_page_blobs_open_with_python_byte_exact(
+    browser: BrowserThread, bundle_url: str, golden_keys: SyncKeys
+) -> None:
     result = in_page(
-        bundle_page,
+        browser,
+        bundle_url,
         """
         const memory = plain.newMemory('mem_5e1f0c2a-bbbb-4c', arg.content,
           {tags: ['web', 'x'], project: 'p', now: '2026-08-30T12:00:00.123000+00:00'});
