@@ -5,6 +5,7 @@ Chromium unlocks through its proxy, lists and searches them, adds one; the Pytho
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import subprocess
@@ -13,10 +14,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
 from engram_sync.client import Vault
+from engram_sync.shared_format.sync_keys import derive_sync_keys
 from tests.e2e.conftest import PASSPHRASE, VAULT_ID, DeviceHandle, make_device
 from tests.e2e.conftest import relay as relay  # the e2e relay fixture (a real relay)
 from tests.relay.conftest import ADMIN_KEY, Relay
@@ -119,3 +122,68 @@ def test_the_server_answers_with_its_security_headers(web_url: str) -> None:
     started = time.monotonic()
     assert httpx.get(web_url + "js/app.js", timeout=5).status_code == 200
     assert time.monotonic() - started < 5
+
+
+SECRET_CONTENT = "the zero-knowledge secret: 7f3a orchid"
+
+
+def _observed(page: Any, url: str) -> dict[str, Any]:
+    """Every request the page makes while it unlocks, searches and adds; then its storage."""
+    requests: list[dict[str, Any]] = []
+
+    def record(request: Any) -> None:
+        body = request.post_data_buffer
+        requests.append({"url": request.url, "headers": request.all_headers(), "body": body or b""})
+
+    page.context.on("request", record)  # the page's and its workers' requests
+    unlock(page, url)
+    page.wait_for_function("() => document.querySelectorAll('#memories li').length === 2")
+    page.fill("#search", "bananas")
+    page.fill("#search", "")
+    page.fill("#add-content", SECRET_CONTENT)
+    page.click("#add-button")
+    page.wait_for_function(
+        "() => document.getElementById('status').textContent.startsWith('Added')"
+    )
+    storage = page.evaluate(
+        """async () => ({
+          local: Object.keys(localStorage).length,
+          session: Object.keys(sessionStorage).length,
+          idb: (await indexedDB.databases()).length,
+          cookies: document.cookie,
+          caches: (await caches.keys()).length,
+        })"""
+    )
+    return {"requests": requests, "storage": storage}
+
+
+def test_no_request_carries_the_passphrase_a_key_or_a_plaintext(
+    browser: BrowserThread, web_url: str, device: DeviceHandle
+) -> None:
+    seen = browser.run(lambda page: _observed(page, web_url))
+    keys = derive_sync_keys(PASSPHRASE)
+    secrets = [PASSPHRASE, "bananas are berries", "the relay stores only ciphertext",
+               SECRET_CONTENT]  # fmt: skip
+    for raw in (keys.enc_key, keys.hmac_key):
+        secrets += [
+            raw.hex(),
+            base64.b64encode(raw).decode(),
+            base64.urlsafe_b64encode(raw).decode(),
+        ]
+    needles = [s.encode() for s in secrets] + [keys.enc_key, keys.hmac_key]
+    assert len(seen["requests"]) > 5
+    pushes = [r for r in seen["requests"] if r["url"].endswith("/push")]
+    assert len(pushes) == 1  # the added memory went out, as ciphertext
+    for request in seen["requests"]:
+        for name, value in request["headers"].items():
+            if name == "authorization":
+                assert value == f"Bearer {ADMIN_KEY}"  # the API key, there and only there
+            for needle in needles:
+                assert needle not in value.encode(), f"{name} of {request['url']} leaks"
+        for needle in needles:
+            assert needle not in request["url"].encode()
+            assert needle not in request["body"], f"the body of {request['url']} leaks"
+            assert needle not in unquote(request["url"]).encode()
+        assert ADMIN_KEY not in request["url"]
+        assert ADMIN_KEY.encode() not in request["body"]
+    assert seen["storage"] == {"local": 0, "session": 0, "idb": 0, "cookies": "", "caches": 0}
