@@ -25,6 +25,7 @@ from bench import (
     live_throughput,
     pull_memory,
     stream_hog,
+    web_vault,
 )
 from bench.anti_entropy import measure as measure_anti_entropy
 from bench.corpus import Corpus
@@ -345,6 +346,16 @@ class Run:
                 history.Size.of(quick=self.s.quick), self.log,
             )  # fmt: skip
 
+    # -- issue 34: the web vault in Chromium (docs/web-vault.md) ------------------------------
+
+    def web_vault(self) -> dict[str, Any]:
+        """Unlock, a 10,000-memory pull and search in the page (bench.web_vault), on this run's
+        relay; `{"skipped": reason}` without Chromium or Playwright."""
+        with self.monitor.phase("web_vault"):
+            return web_vault.measure(
+                self.relay.url, self.relay.key, web_vault.Size.of(quick=self.s.quick), self.log
+            )
+
     # -- 11: JSONL import (issue 17) ---------------------------------------------------------
 
     def jsonl_import(self) -> dict[str, Any]:
@@ -456,6 +467,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                             db.url, db.scratch, quick=settings.quick
                         )
                         sections["history"] = run.history()  # issue 35 (bench.history)
+                        sections["web_vault"] = run.web_vault()  # issue 34 (bench.web_vault)
                         log("unlock once: a command with and without the key agent")
                         sections["agent"] = agent.measure(  # issue 17, docs/agent.md
                             db.scratch, agent.QUICK_RUNS if settings.quick else agent.RUNS

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from bench.browser import CHROMIUM
+
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = (
     "ceiling",
@@ -36,6 +38,7 @@ SECTIONS = (
     "agent",
     "stream_hog",
     "history",
+    *(("web_vault",) if CHROMIUM.exists() else ()),  # issue 34: needs Chromium (bench.web_vault)
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -66,7 +69,7 @@ TARGETS = {
     "history_edit_overhead",
     "history_pull_overhead",
     "history_storage_cap",
-}
+} | ({"web_unlock", "web_pull_10k", "web_search_10k"} if CHROMIUM.exists() else set())
 
 
 def _is_number(value: Any) -> bool:

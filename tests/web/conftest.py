@@ -14,22 +14,17 @@ import fcntl
 import os
 import shutil
 import subprocess
-import threading
-import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Final
 
 import pytest
 
-CHROMIUM: Final = Path("/usr/bin/chromium")
+from bench.browser import CHROMIUM, BrowserThread, ServedApp, open_bundle
+
+__all__ = ["BrowserThread", "ServedApp", "open_bundle"]
+
 INSTALL_LOCK: Final = Path("/tmp/engram-sync-chromium.lock")
-T = TypeVar("T")
-FLAGS: Final = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-)  # fmt: skip
 
 
 def _apt_install() -> str | None:
@@ -60,50 +55,6 @@ def chromium_path() -> Path:
     return CHROMIUM
 
 
-class BrowserThread:
-    """Playwright's sync API and the browser in a thread of their own: the sync API keeps its
-    event loop marked as running in the thread that started it, which would break every
-    `asyncio.run` of the session's other tests (the database fixtures, ...). Everything that
-    touches the browser runs in that thread (`run`)."""
-
-    def __init__(self, executable: Path) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chromium")
-        self.pool.submit(self._start, executable).result(timeout=120)
-
-    def _start(self, executable: Path) -> None:
-        from playwright.sync_api import sync_playwright
-
-        self.driver = sync_playwright().start()
-        self.browser = self.driver.chromium.launch(
-            executable_path=str(executable), args=list(FLAGS)
-        )
-
-    def _in_context(self, steps: Callable[[Any], T]) -> T:
-        context = self.browser.new_context()
-        context.set_default_timeout(10_000)  # a test stays short; a hang fails in 10 s
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        try:
-            result = steps(page)
-        finally:
-            context.close()
-        assert errors == [], f"errors in the page: {errors}"
-        return result
-
-    def run(self, steps: Callable[[Any], T], timeout: float = 60) -> T:
-        """`steps(page)` on a fresh context's page, in the browser's thread; its result."""
-        return self.pool.submit(self._in_context, steps).result(timeout=timeout)
-
-    def close(self) -> None:
-        def stop() -> None:
-            self.browser.close()
-            self.driver.stop()
-
-        self.pool.submit(stop).result(timeout=30)
-        self.pool.shutdown()
-
-
 @pytest.fixture(scope="session")
 def browser(chromium_path: Path) -> Iterator[BrowserThread]:
     """The session's one browser."""
@@ -118,36 +69,6 @@ def browser(chromium_path: Path) -> Iterator[BrowserThread]:
         thread.close()
 
 
-class ServedApp:
-    """An ASGI app served by uvicorn on 127.0.0.1 in a daemon thread."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        from engram_sync.client._web.serve import listening_socket
-
-        self.sock = listening_socket(0)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
-        )
-
-    def __enter__(self) -> ServedApp:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the web vault's app did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
-
-
 @pytest.fixture(scope="session")
 def bundle_url() -> Iterator[str]:
     """The bundle as `engram-sync web` serves it, proxying to a relay nobody listens on."""
@@ -156,10 +77,3 @@ def bundle_url() -> Iterator[str]:
 
     with ServedApp(build_app(bundle_dir(), "http://127.0.0.1:9", "team-web")) as served:
         yield served.url
-
-
-def open_bundle(page: Any, url: str) -> Any:
-    """`page` at `url`, its modules loaded (app.js marks the body when it has run)."""
-    page.goto(url)
-    page.wait_for_selector("body[data-ready='1']", state="attached")
-    return page

@@ -1,7 +1,9 @@
 // The web vault's page: unlock, pull, list, search, view, add, delete. Plain DOM (no inline
 // script, no eval: the CSP of `engram-sync web` allows 'self' and 'wasm-unsafe-eval' only).
 // Keys live in memory as non-extractable CryptoKeys; a reload, the Lock button or 15 minutes
-// without input lock the page (everything is dropped with the page's state).
+// without input lock the page (everything is dropped with the page's state). Phases leave
+// performance marks (engram:unlock, engram:keys, engram:pulled, engram:listed) and each search
+// an `engram:search` measure, which `python -m bench.web_vault` reads; they hold no data.
 
 import { deriveSyncKeys, vaultIdV2 } from "./kdf.js";
 import { Relay } from "./relay.js";
@@ -68,15 +70,22 @@ function show(memoryId) {
   $("view-meta").textContent = `${m.layer} · modified ${m.modified_at}${tags}${project}`;
 }
 
+/** The set changed (pull, add, delete): the search index is built again on next use. */
+function changed() {
+  index = null;
+}
+
 function refresh() {
-  index = new SearchIndex(vault.list());
   const query = $("search").value;
   if (query.trim()) {
+    const started = performance.now();
+    index ??= new SearchIndex(vault.list());
     const { mode, results } = index.search(query);
     $("search-mode").textContent = results.length ? (mode === "all" ? "" :
       `no memory has every word: ${mode === "any" ? "any word" : "substring"} matches`)
       : "no memory matches";
     render(results);
+    performance.measure("engram:search", { start: started });
   } else {
     $("search-mode").textContent = "";
     render(vault.list());
@@ -85,6 +94,8 @@ function refresh() {
 
 async function sync() {
   const report = await vault.pull();
+  performance.mark("engram:pulled");
+  changed();
   for (const s of vault.skipped.splice(0)) {
     problem(`skipped ${s.memory_id} (device ${s.device_id}, clock ${s.vector_clock}): ${s.reason}`);
   }
@@ -98,11 +109,14 @@ async function onUnlock(event) {
   $("unlock-button").disabled = true;
   const passphrase = $("passphrase").value;
   const apiKey = $("api-key").value.trim();
+  performance.clearMarks();
+  performance.mark("engram:unlock");
   try {
     status("Deriving keys…");
     const [keys, derivedId] = await Promise.all([deriveSyncKeys(passphrase),
       $("vault-id").value.trim() ? Promise.resolve(null) : vaultIdV2(passphrase)]);
     const vaultId = $("vault-id").value.trim() || derivedId;
+    performance.mark("engram:keys");
     $("passphrase").value = "";
     $("api-key").value = "";
     status("Pulling…");
@@ -112,6 +126,7 @@ async function onUnlock(event) {
     $("unlock").hidden = true;
     $("vault").hidden = false;
     await sync();
+    performance.mark("engram:listed");
     touch();
   } catch (e) {
     vault = null;
@@ -138,6 +153,7 @@ function onAdd(event) {
     const project = $("add-project").value.trim() || null;
     const memory = await vault.add($("add-content").value, { tags, project });
     $("add-content").value = "";
+    changed();
     refresh();
     show(memory.id);
     status(`Added ${memory.id}: ${vault.memories.size} memories`);
@@ -149,6 +165,7 @@ function onDelete() {
     const id = $("view").dataset.id;
     await vault.remove(id);
     $("view").hidden = true;
+    changed();
     refresh();
     status(`Deleted ${id}: ${vault.memories.size} memories`);
   });
