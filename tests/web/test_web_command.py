@@ -187,3 +187,55 @@ def test_no_request_carries_the_passphrase_a_key_or_a_plaintext(
         assert ADMIN_KEY not in request["url"]
         assert ADMIN_KEY.encode() not in request["body"]
     assert seen["storage"] == {"local": 0, "session": 0, "idb": 0, "cookies": "", "caches": 0}
+
+
+HOSTILE = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script> hostile text'
+
+
+def _delete_then_pull(page: Any, url: str, device: DeviceHandle) -> dict[str, Any]:
+    """The page deletes a memory; the Python device (opened and closed in this thread: SQLite
+    connections stay in their thread) adds one with markup in it and syncs; the page's Sync
+    lists it as text; a reload locks the page."""
+    unlock(page, url)
+    page.wait_for_function("() => document.querySelectorAll('#memories li').length === 2")
+    page.click("#memories li:has-text('bananas are berries')")
+    page.click("#delete-button")
+    page.wait_for_function(
+        "() => document.getElementById('status').textContent.startsWith('Deleted')"
+    )
+    try:
+        with device.open() as session:
+            Vault(session).add(HOSTILE)
+        first = device.sync()
+    finally:
+        device.restart()
+    page.click("#sync-button")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#memories li')].some((li) =>"
+        " li.textContent.includes('hostile text'))"
+    )
+    shown = page.locator("#memories li").all_inner_texts()
+    injected = page.evaluate(
+        "() => [window.pwned ?? null, document.querySelectorAll('#memories img, #memories script')"
+        ".length]"
+    )
+    page.reload()
+    page.wait_for_selector("body[data-ready='1']", state="attached")
+    locked = [page.is_visible("#unlock"), page.is_visible("#vault")]
+    return {"applied": first.applied, "shown": shown, "injected": injected, "locked": locked}
+
+
+def test_a_deletion_in_the_page_and_a_python_write_cross_and_markup_stays_text(
+    browser: BrowserThread, web_url: str, device: DeviceHandle
+) -> None:
+    device.restart()  # closed here, opened again in the browser's thread
+    seen = browser.run(lambda page: _delete_then_pull(page, web_url, device))
+    assert seen["applied"] == 1  # the page's tombstone, applied on the Python device
+    assert len(seen["shown"]) == 2
+    assert any(HOSTILE in text for text in seen["shown"])  # the markup, as text
+    assert not any("bananas" in text for text in seen["shown"])
+    assert seen["injected"] == [None, 0]
+    assert seen["locked"] == [True, False]  # a reload drops the keys and the set
+    with device.open() as session:
+        contents = {m.content for m in Vault(session).list()}
+    assert contents == {"the relay stores only ciphertext", HOSTILE}
