@@ -74,9 +74,11 @@ def unlock(page: Any, url: str) -> None:
         " || document.getElementById('status').classList.contains('error')"
     )
     assert page.is_visible("#vault"), page.inner_text("#status")
+    assert not page.is_visible("#unlock")  # the credentials form is gone
 
 
 def _list_search_add(page: Any, url: str) -> None:
+    page.clock.install()  # the page's timers, fast-forwarded below for the idle lock
     unlock(page, url)
     page.wait_for_function("() => document.querySelectorAll('#memories li').length === 2")
     texts = page.locator("#memories li").all_inner_texts()
@@ -93,9 +95,17 @@ def _list_search_add(page: Any, url: str) -> None:
         "() => document.getElementById('status').textContent.startsWith('Added')"
     )
     assert page.locator("#memories li").count() == 3
+    page.clock.fast_forward("14:00")  # 14 minutes without input: still open
+    assert page.is_visible("#vault")
+    page.keyboard.press("Shift")  # input restarts the 15 minutes
+    page.clock.fast_forward("14:00")
+    assert page.is_visible("#vault")
+    page.clock.fast_forward("01:01")  # 15 minutes after the last input: locked (a reload)
+    page.wait_for_selector("#unlock", state="visible")
+    assert not page.is_visible("#vault")
 
 
-def test_the_page_lists_searches_and_adds_and_the_python_device_syncs_it(
+def test_the_page_lists_searches_adds_locks_when_idle_and_the_python_device_syncs_it(
     browser: BrowserThread, web_url: str, device: DeviceHandle
 ) -> None:
     browser.run(lambda page: _list_search_add(page, web_url))
