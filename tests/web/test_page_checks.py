@@ -23,8 +23,13 @@ PULL = """async ([passphrase, pages]) => {
   const kdf = await import('./js/kdf.js');
   const { WebVault } = await import('./js/vault.js');
   const keys = await kdf.deriveSyncKeys(passphrase);
+  const { RelayError } = await import('./js/relay.js');
   let turn = 0;
-  const relay = { pull: async () => structuredClone(pages[turn++]) };
+  const relay = { pull: async () => {
+    const next = structuredClone(pages[turn++]);
+    if (next === 'resync') throw new RelayError(409, 'resync_required', 'compacted');
+    return next;
+  } };
   const vault = new WebVault({ keys, relay, vaultId: 'team-web', relayName: 'stub',
     label: 'test' });
   let error = null;
@@ -108,3 +113,15 @@ def test_a_blob_failing_its_hmac_is_skipped_and_reported(
     assert result["clock"] == 2  # the forged clock never raised it
     assert len(result["skipped"]) == 1
     assert "HMAC mismatch" in result["skipped"][0]
+
+
+def test_resync_required_re_pulls_from_zero_once(
+    browser: BrowserThread, bundle_url: str, blobs: list[dict[str, Any]]
+) -> None:
+    honest = {"blobs": blobs, "has_more": False, "cursor": 3}
+    result = pull(browser, bundle_url, ["resync", honest])
+    assert result["error"] is None
+    assert result["ids"] == ["mem_1", "mem_2"]
+    endless = pull(browser, bundle_url, ["resync", "resync", honest])
+    assert endless["error"] == ["RelayError", "compacted"]
+    assert endless["ids"] == []

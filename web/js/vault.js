@@ -64,13 +64,17 @@ export class WebVault {
   /** Pull every page after the cursor; returns {applied, skipped}. Throws PageRefused. */
   async pull() {
     const report = { applied: 0, skipped: 0, pages: 0 };
+    let resynced = false;
     for (;;) {
       let page;
       try {
         page = await this.relay.pull(this.vaultId, this.cursor, PAGE_LIMIT);
       } catch (e) {
-        if (e instanceof RelayError && e.code === "resync_required") {
-          this.cursor = 0; // PROTOCOL §9, §12: a full re-pull, reconciled by LWW
+        // PROTOCOL §9, §12: a full re-pull from 0, reconciled by LWW; once per pull, so a
+        // relay answering resync_required to cursor 0 too cannot keep the page pulling
+        if (e instanceof RelayError && e.code === "resync_required" && !resynced) {
+          resynced = true;
+          this.cursor = 0;
           continue;
         }
         throw e;
