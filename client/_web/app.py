@@ -73,12 +73,11 @@ def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
                 {"error": "request body too large for the proxy", "code": "too_large"},
                 status_code=413,
             )
-        upstream = client.build_request(
-            request.method,
-            url,
-            headers=forwarded(request.headers.items(), REQUEST_HEADERS),
-            content=body,
-        )
+        headers = forwarded(request.headers.items(), REQUEST_HEADERS)
+        # Bytes are passed on decoded (aiter_bytes): a relay behind a compressing proxy
+        # answers gzip, and the page gets no Content-Encoding from us. Identity is asked for.
+        headers.append(("accept-encoding", "identity"))
+        upstream = client.build_request(request.method, url, headers=headers, content=body)
         try:
             answer = await client.send(upstream, stream=True)
         except httpx.HTTPError as exc:
@@ -90,7 +89,7 @@ def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
                 status_code=502,
             )
         return StreamingResponse(
-            answer.aiter_raw(),
+            answer.aiter_bytes(),
             status_code=answer.status_code,
             headers=dict(forwarded(answer.headers.items(), RESPONSE_HEADERS)),
             background=BackgroundTask(answer.aclose),

@@ -3,13 +3,15 @@ the relay and back, as pure decisions, and the proxy doing it against a recordin
 
 from __future__ import annotations
 
+import gzip
+import json
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engram_sync.client._web.app import build_app
@@ -70,7 +72,16 @@ def upstream() -> Iterator[ServedApp]:
             headers={"set-cookie": "tracker=1", "retry-after": "3"},
         )
 
-    app = Starlette(routes=[Route("/v1/{rest:path}", echo, methods=["GET", "POST"])])
+    async def gzipped(request: Request) -> Response:
+        body = gzip.compress(json.dumps({"asked": request.headers.get("accept-encoding")}).encode())
+        return Response(body, headers={"content-encoding": "gzip"}, media_type="application/json")
+
+    app = Starlette(
+        routes=[
+            Route("/v1/gzip", gzipped),
+            Route("/v1/{rest:path}", echo, methods=["GET", "POST"]),
+        ]
+    )
     with ServedApp(app) as served:
         yield served
 
@@ -84,6 +95,7 @@ def test_the_proxy_forwards_the_page_authorization_and_adds_nothing(upstream: Se
             timeout=5,
         )
         keyless = httpx.get(f"{web.url}v1/vaults/v/pull?cursor=0", timeout=5)
+        compressed = httpx.get(f"{web.url}v1/gzip", headers={"Accept-Encoding": "identity"})
     assert answer.status_code == 200
     seen = answer.json()
     assert seen["headers"]["authorization"] == "Bearer page-key"
@@ -94,3 +106,6 @@ def test_the_proxy_forwards_the_page_authorization_and_adds_nothing(upstream: Se
     assert answer.headers["retry-after"] == "3"
     assert "content-security-policy" in answer.headers
     assert "authorization" not in keyless.json()["headers"]  # no key of the proxy's own
+    # a relay behind a compressing proxy: the page gets the JSON itself, no Content-Encoding
+    assert "content-encoding" not in compressed.headers
+    assert compressed.json() == {"asked": "identity"}
