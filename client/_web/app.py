@@ -64,7 +64,8 @@ def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
 
     async def proxy(request: Request) -> Response:
         try:
-            url = upstream_url(relay_url, request.url.path, request.url.query)
+            raw_path = request.scope.get("raw_path") or request.url.path.encode()
+            url = upstream_url(relay_url, raw_path.decode("latin-1"), request.url.query)
         except ValueError as exc:
             return JSONResponse({"error": str(exc), "code": "not_proxied"}, status_code=400)
         body = await request.body()

@@ -8,9 +8,10 @@ never logged."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Final
-from urllib.parse import quote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 #: Request headers passed to the relay (lowercase); every other header stays here.
 REQUEST_HEADERS: Final = frozenset(
@@ -20,6 +21,8 @@ REQUEST_HEADERS: Final = frozenset(
 RESPONSE_HEADERS: Final = frozenset({"content-type", "retry-after"})
 #: The relay's routes the proxy serves: the device routes of PROTOCOL §5, §9-§19.
 PREFIX: Final = "/v1/"
+#: RFC 3986 path characters (unreserved, sub-delims, ":", "@", "/") and percent-escapes.
+_PATH: Final = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/]|%[0-9A-Fa-f]{2})*")
 
 
 def forwarded(headers: Iterable[tuple[str, str]], allowed: frozenset[str]) -> list[tuple[str, str]]:
@@ -35,12 +38,16 @@ def relay_base(server_url: str) -> str:
     return server_url.rstrip("/")
 
 
-def upstream_url(base: str, path: str, query: str) -> str:
-    """The relay URL for a proxied `/v1/...` path (re-quoted: no `..` or host can escape)."""
-    if not path.startswith(PREFIX):
+def upstream_url(base: str, raw_path: str, query: str) -> str:
+    """The relay URL for a proxied `/v1/...` path, given as sent (still percent-encoded, so a
+    vault id holding `/` stays one segment, as the Python client's `quote(id, safe="")` sends
+    it). Dot segments, encoded or not, and characters outside a URL path are refused: no
+    path can leave the relay's /v1/ or reach another host."""
+    if not raw_path.startswith(PREFIX):
         raise ValueError("only /v1/ paths are proxied")
-    segments = path.split("/")
-    if any(segment in (".", "..") for segment in segments):
+    segments = raw_path.split("/")
+    if any(unquote(segment) in (".", "..") for segment in segments):
         raise ValueError("dot segments are not proxied")
-    safe = "/".join(quote(segment, safe="@:+$,;=-._~!*'()") for segment in segments)
-    return f"{base}{safe}" + (f"?{query}" if query else "")
+    if not _PATH.fullmatch(raw_path):
+        raise ValueError("the path holds characters a URL path cannot")
+    return f"{base}{raw_path}" + (f"?{query}" if query else "")
