@@ -17,8 +17,8 @@ export class Relay {
     this.headers = { Authorization: `Bearer ${apiKey}` };
   }
 
-  async request(method, path, body) {
-    const init = { method, headers: { ...this.headers }, cache: "no-store",
+  async request(method, path, body, extraHeaders = {}) {
+    const init = { method, headers: { ...this.headers, ...extraHeaders }, cache: "no-store",
       credentials: "omit", referrerPolicy: "no-referrer" };
     if (body !== undefined) {
       init.headers["Content-Type"] = "application/json";
@@ -41,9 +41,13 @@ export class Relay {
     return data;
   }
 
-  pull(vaultId, cursor, limit = PAGE_LIMIT) {
+  /** A cursor pull (§9); `deviceId` names the puller (X-Engram-Device, §12), so the relay
+   * records how far this device pulled and compaction need not wait for it. */
+  pull(vaultId, cursor, limit = PAGE_LIMIT, deviceId = null) {
     const v = encodeURIComponent(vaultId);
-    return this.request("GET", `/v1/vaults/${v}/pull?cursor=${cursor}&limit=${limit}`);
+    const extra = deviceId ? { "X-Engram-Device": deviceId } : {};
+    return this.request("GET", `/v1/vaults/${v}/pull?cursor=${cursor}&limit=${limit}`,
+      undefined, extra);
   }
 
   push(vaultId, blobs) {

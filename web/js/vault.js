@@ -68,7 +68,7 @@ export class WebVault {
     for (;;) {
       let page;
       try {
-        page = await this.relay.pull(this.vaultId, this.cursor, PAGE_LIMIT);
+        page = await this.relay.pull(this.vaultId, this.cursor, PAGE_LIMIT, this.deviceId);
       } catch (e) {
         // PROTOCOL §9, §12: a full re-pull from 0, reconciled by LWW; once per pull, so a
         // relay answering resync_required to cursor 0 too cannot keep the page pulling
