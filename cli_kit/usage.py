@@ -8,7 +8,8 @@ subclasses, not `click.ClickException`; both kinds are handled here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import typer
@@ -89,3 +90,46 @@ def version_callback(prog: str, version: str) -> Any:
             raise typer.Exit(0)
 
     return show
+
+
+def version_option(prog: str, version: str) -> Any:
+    """The root callback's `--version` option: eager, prints `prog version`, exits 0."""
+    return typer.Option(
+        "--version",
+        help="Show the version and exit.",
+        is_eager=True,
+        callback=version_callback(prog, version),
+    )
+
+
+def debug_option() -> Any:
+    """The root callback's `--debug` option, declared for the help: `run` reads it from
+    argv before parsing, so it works after a command too."""
+    return typer.Option("--debug", help="Show the full traceback of an error (any position).")
+
+
+def run(app: typer.Typer, prog: str, err: Any, report: Callable[[Exception], int]) -> None:
+    """A command line's entry point: the command's own exit code; `typer.Exit` as asked;
+    an abort (Ctrl-C) 130; a usage error in words (exit 2, with or without `--debug`: its
+    traceback is the option parser's, not ours); any other error `--debug`'s traceback,
+    else `report(exc)`'s one line and exit code."""
+    debug = "--debug" in sys.argv
+    if debug:
+        sys.argv.remove("--debug")
+    try:
+        command = plain_help(typer.main.get_command(app))
+        code = command.main(prog_name=prog, standalone_mode=False)  # typer.Exit(n) returns n
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("aborted")
+        sys.exit(130)
+    except Exception as exc:
+        usage = usage_exit(exc, err)
+        if usage is not None:
+            sys.exit(usage)
+        if debug:
+            raise
+        sys.exit(report(exc))

@@ -5,6 +5,7 @@ No message or repr ever holds an API key (at most its first characters).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
@@ -214,42 +215,64 @@ def relay_error(status: int, body: bytes, *, retry_after: float | None = None) -
     A body that is not the relay's JSON error shape gives a message with the
     status and the first 200 characters of the body.
     """
-    parsed = _parsed(body)
-    error = parsed.get("error") if parsed is not None else None
+    said = _parsed(body) or {}
+    error = said.get("error")
     if status == 402 and isinstance(error, dict):
         return _quota_error(error)
     if isinstance(error, str) and error.strip():
         message = one_line(error)
-        code_value = parsed.get("code") if parsed is not None else None
+        code_value = said.get("code")
         code = code_value if isinstance(code_value, str) and code_value else f"http_{status}"
     else:
-        message = f"the relay answered HTTP {status}: {body_excerpt(body)}"
-        code = f"http_{status}"
-    if status == 401:
-        return AuthError(status, code, message)
-    if status == 403:
-        cls = DeviceRevokedError if code == "device_revoked" else ForbiddenError
-        return cls(status, code, message)
-    if status == 402:
-        return QuotaExceededError(message, detail="unknown", limit=0, used=0)
-    if status == 409 and code == "resync_required":
-        horizon = _int(parsed.get("horizon")) if parsed is not None else None
-        return ResyncRequiredError(message, horizon=horizon)
-    if status == 400 and code == "invalid_blob" and parsed is not None:
-        reason = parsed.get("reason")
-        return InvalidBlobError(
-            message,
-            index=_int(parsed.get("index")),
-            reason=one_line(reason)[:BODY_EXCERPT_CHARS] if isinstance(reason, str) else message,
-        )
+        message, code = f"the relay answered HTTP {status}: {body_excerpt(body)}", f"http_{status}"
+    build = _BY_STATUS_AND_CODE.get((status, code)) or _BY_STATUS.get(status)
     if status == 429:
         return RateLimitedError(code, message, retry_after=retry_after)
-    if status == 410 and code == "vault_retired":
-        said = parsed if parsed is not None else {}
-        return VaultRetiredError(
-            message,
-            successor=vault_id_hint(said.get("successor")),
-            statement=statement_hint(said.get("statement")),  # PROTOCOL §19
-            stated_at=statement_hint(said.get("stated_at")),
-        )
-    return RelayError(status, code, message)
+    return build(status, code, message, said) if build else RelayError(status, code, message)
+
+
+def _forbidden(status: int, code: str, message: str, said: dict[str, Any]) -> RelayError:
+    cls = DeviceRevokedError if code == "device_revoked" else ForbiddenError
+    return cls(status, code, message)
+
+
+def _resync(status: int, code: str, message: str, said: dict[str, Any]) -> RelayError:
+    return ResyncRequiredError(message, horizon=_int(said.get("horizon")))
+
+
+def _invalid_blob(status: int, code: str, message: str, said: dict[str, Any]) -> RelayError:
+    reason = said.get("reason")
+    return InvalidBlobError(
+        message,
+        index=_int(said.get("index")),
+        reason=one_line(reason)[:BODY_EXCERPT_CHARS] if isinstance(reason, str) else message,
+    )
+
+
+def _retired(status: int, code: str, message: str, said: dict[str, Any]) -> RelayError:
+    return VaultRetiredError(
+        message,
+        successor=vault_id_hint(said.get("successor")),
+        statement=statement_hint(said.get("statement")),  # PROTOCOL §19
+        stated_at=statement_hint(said.get("stated_at")),
+    )
+
+
+_Build = Callable[[int, str, str, dict[str, Any]], RelayError]
+
+#: The error type of an answer, by its status alone (429 is built in relay_error: it needs
+#: the Retry-After header).
+_BY_STATUS: dict[int, _Build] = {
+    401: lambda status, code, message, said: AuthError(status, code, message),
+    403: _forbidden,
+    402: lambda status, code, message, said: QuotaExceededError(
+        message, detail="unknown", limit=0, used=0
+    ),
+}
+
+#: The error type of an answer by its status and code, before _BY_STATUS.
+_BY_STATUS_AND_CODE: dict[tuple[int, str], _Build] = {
+    (409, "resync_required"): _resync,
+    (400, "invalid_blob"): _invalid_blob,
+    (410, "vault_retired"): _retired,
+}

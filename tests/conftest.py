@@ -10,6 +10,7 @@ per session); both drop it afterwards.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import secrets
 import shutil
@@ -127,8 +128,38 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     tiers.add_options(parser)
 
 
+#: tests/site/sitecustomize.py: the Argon2id memo of the test run's processes.
+SITE = Path(__file__).resolve().parent / "site"
+
+
+def _install_argon2_memo(config: pytest.Config) -> None:
+    """Memoise the format's Argon2id derivations in this process and in every process the
+    tests start (tests/site/sitecustomize.py says why and what stays real)."""
+    spec = importlib.util.spec_from_file_location(
+        "engram_test_argon2_memo", SITE / "sitecustomize.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    memo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(memo)
+    directory = os.environ.get(memo.ENV)
+    if not directory:  # the first process of the run (an xdist worker inherits the folder)
+        directory = tempfile.mkdtemp(prefix="engram-test-argon2-")
+        os.environ[memo.ENV] = directory
+        config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
+        paths = [str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])]
+        os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    memo.install(Path(directory))
+    import argon2.low_level
+
+    from engram_sync.shared_format import kdf
+
+    kdf.hash_secret_raw = argon2.low_level.hash_secret_raw  # bound at its import, before
+
+
 def pytest_configure(config: pytest.Config) -> None:
     tiers.configure(config)
+    _install_argon2_memo(config)
     config.addinivalue_line(
         "markers",
         "both_databases: the module's database tests get a [citus] case too, run with --citus"

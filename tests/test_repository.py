@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -79,3 +80,16 @@ def test_code_imports_the_packages_by_their_installed_names() -> None:
     assert old == [], old
     # the positive case next to it: the scan does see the imports, in their installed form
     assert len([path for path, text in sources.items() if _NAMESPACED.search(text)]) > 100
+
+
+def test_the_migrations_sit_at_the_top_level_and_ship_inside_the_relay() -> None:
+    """The design card's layout (issue 32): `alembic/` at the top level holds the migration
+    environment and versions; `relay/migrations` is a relative link to it, so the package
+    data of `engram_sync.relay` still carries them (docs/packaging.md)."""
+    top = ROOT / "alembic"
+    assert (top / "env.py").is_file()
+    assert sorted((top / "versions").glob("0001_*.py"))
+    link = ROOT / "relay" / "migrations"
+    assert link.is_symlink()
+    assert os.readlink(link) == "../alembic"
+    assert "script_location = %(here)s/alembic" in (ROOT / "alembic.ini").read_text()

@@ -439,6 +439,7 @@ def close_vault(vault_dir: Path, password: str) -> bool:
         return relay.delete_vault_wrap(vault_id, secret).deleted
 
 
+# long: PROTOCOL §13's sign-in, unwrap and link steps in their order
 def link_with_account(
     session: VaultSession,
     server_url: str,

@@ -266,6 +266,7 @@ def _drop_code(session: VaultSession, relay: AccountClient, server_url: str, vau
         _forget_requests(conn, vault_id)
 
 
+# long: PROTOCOL §14's requester steps in their order; the branches are helpers below
 def request_key(
     session: VaultSession,
     label: str | None = None,
@@ -296,25 +297,7 @@ def request_key(
         if not use_code:
             _drop_code(session, relay, server_url, vault_id)
         saved = _saved_request(session.vault.conn, server_url, vault_id)
-        waiting: Waiting | None = None
-        if saved is not None:
-            try:
-                state = relay.handoff_status(vault_id, saved.request_id).status
-            except RelayError as exc:
-                if exc.status not in (403, 404):
-                    raise
-                state = "gone"
-            if state in ("pending", "sealed"):
-                waiting = Waiting(
-                    saved.request_id,
-                    saved.keypair.fingerprint,
-                    saved.expires_at,
-                    resumed=True,
-                    by_code=saved.pake is not None,
-                )
-            else:
-                with session.vault.transaction() as conn:
-                    _forget_requests(conn, vault_id)
+        waiting = _resumable(session, relay, saved, vault_id) if saved is not None else None
         if waiting is None:
             code = pairing.requester_code(session.vault.conn, server_url, vault_id)
             try:
@@ -335,35 +318,9 @@ def request_key(
                 "team approve` showed: run `engram-sync team request --expect FINGERPRINT`, or "
                 "run it in a terminal to be asked (nothing was claimed or stored)"
             )
-        try:
-            claimed = relay.handoff_claim(vault_id, waiting.request_id)
-        except RelayError as exc:
-            if exc.status == 410:
-                with session.vault.transaction() as conn:
-                    _forget_requests(conn, vault_id)
-                raise TeamError(
-                    "this request was already claimed or expired: run `engram-sync team "
-                    "request` again"
-                ) from None
-            raise
+        claimed = _claim(session, relay, vault_id, waiting)
         key, admin_fingerprint = _authenticate(session, relay, saved, claimed, vault_id)
-        if expect is not None and normalize_fingerprint(expect) != admin_fingerprint:
-            _refuse(
-                session,
-                saved,
-                vault_id,
-                f"the admin key's fingerprint is {admin_fingerprint}, not the expected "
-                f"{normalize_fingerprint(expect)}: a relay may have sealed a key of its own",
-            )
-        if saved.pake is None and expect is None:
-            assert confirm is not None
-            if not confirm(admin_fingerprint):
-                _refuse(
-                    session,
-                    saved,
-                    vault_id,
-                    f"the admin key's fingerprint {admin_fingerprint} was not confirmed",
-                )
+        _check_admin(session, saved, vault_id, admin_fingerprint, expect, confirm)
     with session.vault.transaction() as conn:
         store_vault_key(conn, key, "handoff")
         _forget_requests(conn, vault_id)
@@ -371,6 +328,75 @@ def request_key(
             pairing.forget_code(conn, saved.pairing_id, "requester")
     session.forget_keys()
     return vault_id
+
+
+def _resumable(
+    session: VaultSession, relay: AccountClient, saved: _Saved, vault_id: str
+) -> Waiting | None:
+    """The saved request as one to wait on again, if the relay still has it pending or
+    sealed; otherwise it is forgotten and None (a new request is made)."""
+    try:
+        state = relay.handoff_status(vault_id, saved.request_id).status
+    except RelayError as exc:
+        if exc.status not in (403, 404):
+            raise
+        state = "gone"
+    if state in ("pending", "sealed"):
+        return Waiting(
+            saved.request_id,
+            saved.keypair.fingerprint,
+            saved.expires_at,
+            resumed=True,
+            by_code=saved.pake is not None,
+        )
+    with session.vault.transaction() as conn:
+        _forget_requests(conn, vault_id)
+    return None
+
+
+def _claim(
+    session: VaultSession, relay: AccountClient, vault_id: str, waiting: Waiting
+) -> HandoffClaimed:
+    """The sealed answer; a request already claimed or expired (410) is forgotten."""
+    try:
+        return relay.handoff_claim(vault_id, waiting.request_id)
+    except RelayError as exc:
+        if exc.status == 410:
+            with session.vault.transaction() as conn:
+                _forget_requests(conn, vault_id)
+            raise TeamError(
+                "this request was already claimed or expired: run `engram-sync team request` again"
+            ) from None
+        raise
+
+
+def _check_admin(
+    session: VaultSession,
+    saved: _Saved,
+    vault_id: str,
+    admin_fingerprint: str,
+    expect: str | None,
+    confirm: Callable[[str], bool] | None,
+) -> None:
+    """PROTOCOL §14 step 4: the admin key's fingerprint is the expected one or confirmed by
+    the person (a request authenticated by its pairing code needs neither)."""
+    if expect is not None and normalize_fingerprint(expect) != admin_fingerprint:
+        _refuse(
+            session,
+            saved,
+            vault_id,
+            f"the admin key's fingerprint is {admin_fingerprint}, not the expected "
+            f"{normalize_fingerprint(expect)}: a relay may have sealed a key of its own",
+        )
+    if saved.pake is None and expect is None:
+        assert confirm is not None
+        if not confirm(admin_fingerprint):
+            _refuse(
+                session,
+                saved,
+                vault_id,
+                f"the admin key's fingerprint {admin_fingerprint} was not confirmed",
+            )
 
 
 def _refuse(session: VaultSession, saved: _Saved, vault_id: str, why: str) -> NoReturn:
@@ -511,6 +537,8 @@ def has_code_for(session: VaultSession, request: PendingRequest) -> bool:
     )
 
 
+# long: PROTOCOL §14's admin steps in their order, each a few lines; split, the order would be
+#   harder to check
 def approve(session: VaultSession, request: PendingRequest) -> Approval:
     """Seal this device's K to `request`.
 

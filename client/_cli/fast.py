@@ -31,7 +31,7 @@ REPLY_TIMEOUT_S = 10.0  # the agent answers in milliseconds; a wedged one is lef
 MAX_OUTPUT = 64 * 1024 * 1024  # client._agent.messages.MAX_OUTPUT
 DEFAULT_VAULT = "~/.engram/vault"  # client._cli.support.DEFAULT_VAULT
 REGISTRY = ("engram-sync", "vaults.json")  # client._cli.vault_registry.registry_path
-#: The environment variables rich 15's Console reads (tests/client/test_agent_reads.py
+#: The environment variables rich 15's Console reads (tests/client/agent/test_agent_reads.py
 #: checks the list against rich's source).
 RICH_ENVIRON = (
     "COLUMNS",

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Final
 import typer
 
 from engram_sync import __version__
-from engram_sync.cli_kit.usage import plain_help, usage_exit, version_callback
+from engram_sync.cli_kit.usage import debug_option, run, version_option
 from engram_sync.shared_format.errors import FormatError, WrongPassphraseError
 from engram_sync.shared_format.plaintext import encode_memory
 
@@ -74,7 +74,7 @@ from .verify import verify
 
 # A command imports what only it needs in its body (the relay client and httpx, the sync
 # engine, spake2, zxcvbn, rich's progress bars), so `list` does not pay for `sync` (issue 17,
-# docs/agent.md; tests/client/test_cli_imports.py pins it).
+# docs/agent.md; tests/client/cli/test_cli_imports.py pins it).
 
 
 app = typer.Typer(
@@ -114,19 +114,8 @@ def _main(
             metavar="DIR|NAME",
         ),
     ] = None,
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version",
-            help="Show the version and exit.",
-            is_eager=True,
-            callback=version_callback("engram-sync", __version__),
-        ),
-    ] = False,
-    debug: Annotated[
-        bool,
-        typer.Option("--debug", help="Show the full traceback of an error (any position)."),
-    ] = False,  # read by main() before parsing, so it works after a command too
+    version: Annotated[bool, version_option("engram-sync", __version__)] = False,
+    debug: Annotated[bool, debug_option()] = False,
 ) -> None:
     OPTIONS.vault = resolve_vault(vault)  # a name from the registry, or a directory
 
@@ -151,6 +140,7 @@ def init(
 
 
 @app.command()
+# long: the command's options are its signature (typer)
 def link(
     relay: Annotated[str, typer.Option("--relay", help="Relay URL, e.g. http://127.0.0.1:8788")],
     api_key: Annotated[
@@ -636,29 +626,7 @@ def conflicts_restore(conflict_id: Annotated[int, typer.Argument(help="Conflict 
 
 def main() -> None:
     """Entry point: one clear line and a non-zero exit on errors; `--debug` for tracebacks."""
-    debug = "--debug" in sys.argv
-    if debug:
-        sys.argv.remove("--debug")
-    try:
-        command = plain_help(typer.main.get_command(app))
-        # a typer.Exit(n) inside a command returns n
-        code = command.main(prog_name="engram-sync", standalone_mode=False)
-        if isinstance(code, int) and code:
-            sys.exit(code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
-        err.print("aborted")
-        sys.exit(130)
-    except Exception as exc:
-        # a usage error, in words (cli_kit.usage), exits 2 with or without --debug:
-        # its traceback is the option parser's, not ours
-        usage = usage_exit(exc, err)
-        if usage is not None:
-            sys.exit(usage)
-        if debug:
-            raise
-        sys.exit(_report_error(exc))
+    run(app, "engram-sync", err, _report_error)
 
 
 def _report_error(exc: Exception) -> int:

@@ -3,7 +3,7 @@ live while it runs, and `engram-sync mcp token add|list|revoke` for the HTTP cli
 tokens (issue 33, docs/mcp.md).
 
 The `mcp` package (the `mcp` extra) is imported in the server's branch only, so no other
-command pays for it (tests/client/test_cli_imports.py) and a plain install says what to
+command pays for it (tests/client/cli/test_cli_imports.py) and a plain install says what to
 install instead of failing on import.
 """
 

@@ -19,16 +19,24 @@ import typer
 from engram_sync.shared_format.errors import WrongPassphraseError
 
 from .._session import VaultSession
-from .support import OPTIONS, CliError, ask_passphrase, err, out, print_json
+from .support import (
+    NEW_PASSPHRASE_ENV,
+    OPTIONS,
+    CliError,
+    ask_passphrase,
+    ask_secret,
+    err,
+    out,
+    print_json,
+)
 from .teams import account_password
 
 if TYPE_CHECKING:
     from .._flows.rekey import RekeyProgress, RekeyReport
 
 # The re-key engine, the account layer and rich's progress bar are imported where used, so
-# another command does not load them (issue 17; tests/client/test_cli_imports.py).
+# another command does not load them (issue 17; tests/client/cli/test_cli_imports.py).
 
-NEW_PASSPHRASE_ENV: Final = "ENGRAM_NEW_PASSPHRASE"  # noqa: S105 - a variable name
 NEW_API_KEY_ENV: Final = "ENGRAM_NEW_API_KEY"
 BATCH_ENV: Final = "ENGRAM_REKEY_BATCH"  # blobs per push of the copy (default PUSH_BATCH)
 
@@ -49,17 +57,9 @@ _DECLINED: Final = "nothing changed: run `engram-sync rekey` again with a strong
 
 def ask_new_passphrase() -> str:
     """The new passphrase: ENGRAM_NEW_PASSPHRASE, else a prompt asked twice."""
-    env = os.environ.get(NEW_PASSPHRASE_ENV)
-    if env:
-        return env
-    if not sys.stdin.isatty():
-        raise CliError(
-            f"no new passphrase: set {NEW_PASSPHRASE_ENV} or run in a terminal to be asked"
-        )
-    value: str = typer.prompt("New vault passphrase", hide_input=True, confirmation_prompt=True)
-    if not value:
-        raise CliError("the new passphrase must not be empty")
-    return value
+    return ask_secret(
+        NEW_PASSPHRASE_ENV, "New vault passphrase", what="new passphrase", confirm=True
+    )
 
 
 def ask_new_api_key() -> str | None:
@@ -136,6 +136,7 @@ def _progress_bar(show: bool) -> Iterator[RekeyProgress | None]:
         yield progress
 
 
+# long: the command's options are its signature (typer)
 def rekey(
     json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
     join: Annotated[

@@ -30,27 +30,25 @@ from .._flows.successor import (
     unproven_what,
 )
 from .._session import VaultSession
-from .support import OPTIONS, CliError, ask_passphrase, err, out, print_json
+from .support import (
+    NEW_PASSPHRASE_ENV,
+    OPTIONS,
+    CliError,
+    ask_passphrase,
+    ask_secret,
+    err,
+    out,
+    print_json,
+)
 from .teams import account_password
 
 ACCOUNT_PASSWORD_ENV = "ENGRAM_ACCOUNT_PASSWORD"  # noqa: S105 - a variable name
-NEW_PASSPHRASE_ENV = "ENGRAM_NEW_PASSPHRASE"  # noqa: S105 - as `rekey` reads it
 NEW_API_KEY_ENV = "ENGRAM_NEW_API_KEY"
 
 
 def ask_new_passphrase() -> str:
     """The passphrase the vault was re-keyed to: ENGRAM_NEW_PASSPHRASE, else a prompt."""
-    env = os.environ.get(NEW_PASSPHRASE_ENV)
-    if env:
-        return env
-    if not sys.stdin.isatty():
-        raise CliError(
-            f"no new passphrase: set {NEW_PASSPHRASE_ENV} or run in a terminal to be asked"
-        )
-    value: str = typer.prompt("The vault's new passphrase", hide_input=True)
-    if not value:
-        raise CliError("the new passphrase must not be empty")
-    return value
+    return ask_secret(NEW_PASSPHRASE_ENV, "The vault's new passphrase", what="new passphrase")
 
 
 def _confirm(what: str) -> bool:

@@ -33,16 +33,27 @@ class _Options:
 OPTIONS = _Options()
 
 
-def ask_passphrase(confirm: bool = False) -> str:
-    env = os.environ.get("ENGRAM_PASSPHRASE")
-    if env:
-        return env
+#: The passphrase a vault is re-keyed to (`rekey`, `rekey join`), for scripts.
+NEW_PASSPHRASE_ENV: Final = "ENGRAM_NEW_PASSPHRASE"  # noqa: S105 - a variable name
+
+
+def ask_secret(env: str, prompt: str, *, what: str, confirm: bool = False) -> str:
+    """`env`'s value, else asked on the terminal (hidden; twice with `confirm`); never
+    empty. Without a terminal, an error naming the variable to set."""
+    value = os.environ.get(env)
+    if value:
+        return value
     if not sys.stdin.isatty():
-        raise CliError("no passphrase: set ENGRAM_PASSPHRASE or run in a terminal to be asked")
-    value: str = typer.prompt("Vault passphrase", hide_input=True, confirmation_prompt=confirm)
-    if not value:
-        raise CliError("the passphrase must not be empty")
-    return value
+        raise CliError(f"no {what}: set {env} or run in a terminal to be asked")
+    asked: str = typer.prompt(prompt, hide_input=True, confirmation_prompt=confirm)
+    if not asked:
+        raise CliError(f"the {what} must not be empty")
+    return asked
+
+
+def ask_passphrase(confirm: bool = False) -> str:
+    """The vault's passphrase: ENGRAM_PASSPHRASE, else a prompt."""
+    return ask_secret("ENGRAM_PASSPHRASE", "Vault passphrase", what="passphrase", confirm=confirm)
 
 
 @contextmanager

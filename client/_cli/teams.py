@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     from .._accounts import team
 
 # The account layer (httpx, spake2, cryptography) is imported in the commands that use it,
-# so another command does not load it (issue 17; tests/client/test_cli_imports.py).
+# so another command does not load it (issue 17; tests/client/cli/test_cli_imports.py).
 
 #: client._accounts.team.DEFAULT_WAIT_SECS, here for `team request --wait` without importing
-#: the handoff at start-up (tests/client/test_cli_imports.py checks they are equal).
+#: the handoff at start-up (tests/client/cli/test_cli_imports.py checks they are equal).
 DEFAULT_WAIT_SECS: Final = 900.0
 
 account_app = typer.Typer(
@@ -241,6 +241,7 @@ def team_invite(
 
 
 @team_app.command("request")
+# long: the command's options are its signature (typer)
 def team_request(
     label: Annotated[str | None, typer.Option("--label", help="Shown to the admin.")] = None,
     wait: Annotated[

@@ -84,6 +84,7 @@ def _write_lines(handle: IO[str], lines: Iterable[str]) -> int:
     return count
 
 
+# long: the command's options are its signature (typer); the body is 12 lines
 def import_command(
     source: Annotated[
         str | None,

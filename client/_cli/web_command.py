@@ -3,7 +3,7 @@
 
 It needs no passphrase and holds no key: the page asks for the API key, vault id and
 passphrase and keeps its keys in the browser. Starlette and uvicorn (the `web` extra) are
-imported in the command's body only (tests/client/test_cli_imports.py), so a plain install
+imported in the command's body only (tests/client/cli/test_cli_imports.py), so a plain install
 says what to install instead of failing on import."""
 
 from __future__ import annotations

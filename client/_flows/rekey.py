@@ -244,6 +244,8 @@ class Rekey:
 
     # -- the whole run ------------------------------------------------------------------------
 
+    # long: the re-key's phases in their order (docs/rekey.md), each resumable; the phases are
+    #   helpers
     def run(
         self,
         *,

@@ -235,6 +235,7 @@ def _rekey_database(session: VaultSession, new_passphrase: str) -> bool:
     return True
 
 
+# long: PROTOCOL §19's follower checks in their order, each refusing with its own message
 def join_with_passphrase(
     session: VaultSession,
     new_passphrase: str,

@@ -353,6 +353,7 @@ def _renew_generation(url: str, restored: _Server) -> None:
     )
 
 
+# long: the command's options are its signature (typer); the body is the restore's steps in order
 def restore(
     input_: Annotated[
         str,

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from engram_sync import __version__
-from engram_sync.cli_kit.usage import plain_help, usage_exit, version_callback
+from engram_sync.cli_kit.usage import debug_option, run, version_option
 from engram_sync.relay.cli import backup as ops
 from engram_sync.relay.cli import vaults as cli_vaults
 from engram_sync.relay.cli.options import DatabaseUrl, DataDir
@@ -56,24 +56,14 @@ err = Console(stderr=True, soft_wrap=True)
 
 @app.callback()
 def _main(
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version",
-            help="Show the version and exit.",
-            is_eager=True,
-            callback=version_callback("engram-relay", __version__),
-        ),
-    ] = False,
-    debug: Annotated[
-        bool,
-        typer.Option("--debug", help="Show the full traceback of an error (any position)."),
-    ] = False,  # read by main() before parsing, so it works after a command too
+    version: Annotated[bool, version_option("engram-relay", __version__)] = False,
+    debug: Annotated[bool, debug_option()] = False,
 ) -> None:
     """Engram Sync relay: a zero-knowledge sync relay on PostgreSQL."""
 
 
 @app.command()
+# long: the command's options are its signature (typer)
 def serve(
     host: Annotated[
         str, typer.Option(help="Address to bind.", envvar="ENGRAM_RELAY_HOST")
@@ -496,36 +486,16 @@ app.command()(ops.restore)
 
 def main() -> None:
     """Entry point: errors are one line and a non-zero exit; `--debug` shows tracebacks."""
-    debug = "--debug" in sys.argv
-    if debug:
-        sys.argv.remove("--debug")
-    try:
-        command = plain_help(typer.main.get_command(app))
-        # a typer.Exit(n) inside a command returns n
-        code = command.main(prog_name="engram-relay", standalone_mode=False)
-        if isinstance(code, int) and code:
-            sys.exit(code)
-    except (CliError, ValueError) as exc:
+    run(app, "engram-relay", err, _report_error)
+
+
+def _report_error(exc: Exception) -> int:
+    if isinstance(exc, CliError | ValueError):
         err.print(f"[red]error:[/red] {exc}")
-        sys.exit(2)
-    except DatabaseFailureError as exc:  # relay.db.runtime.database: one line, what to do
-        if debug:
-            raise  # the driver's own error and traceback, chained
+        return 2
+    if isinstance(exc, DatabaseFailureError):  # relay.db.runtime.database: one line, what to do
         err.print(f"[red]error:[/red] {escape(str(exc))} (--debug for details)", highlight=False)
-        sys.exit(1)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        err.print("aborted")
-        sys.exit(130)
-    except Exception as exc:
-        # a usage error, in words (cli_kit.usage), exits 2 with or without --debug: its
-        # traceback is the option parser's, not ours
-        usage = usage_exit(exc, err)
-        if usage is not None:
-            sys.exit(usage)
-        if debug:
-            raise
-        err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
-        err.print("run again with --debug for the full traceback")
-        sys.exit(1)
+        return 1
+    err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
+    err.print("run again with --debug for the full traceback")
+    return 1

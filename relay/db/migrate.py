@@ -1,7 +1,8 @@
 """Schema migrations (alembic), run programmatically.
 
-The migration scripts live in ``relay/migrations/`` (``env.py``, ``versions/``) and
-ship inside the package, so an installed wheel migrates as a checkout does.
+The migration scripts live in the top-level ``alembic/`` (``env.py``, ``versions/``), linked as
+``relay/migrations/`` so they ship inside the package: an installed wheel migrates as a
+checkout does.
 """
 
 from __future__ import annotations

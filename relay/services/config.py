@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -122,51 +122,13 @@ class RelayConfig:
         for name in ("quota_devices", "quota_bytes", "tombstone_retention_days"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
-        if not 0 <= self.retire_grace_days <= 3650:
-            raise ValueError("ENGRAM_RETIRE_GRACE_DAYS must be >= 0 and <= 3650 days")
-        if self.maintenance_interval_secs < 0:
-            raise ValueError("ENGRAM_RELAY_MAINTENANCE_INTERVAL_S must be >= 0 (0 = off)")
-        if self.scrub_interval_secs < 0:
-            raise ValueError("ENGRAM_RELAY_SCRUB_INTERVAL_S must be >= 0 (0 = off)")
-        if self.scrub_per_round < 1:
-            raise ValueError("ENGRAM_RELAY_SCRUB_PER_ROUND must be >= 1")
-        if self.metrics_token is not None and len(self.metrics_token) < MIN_METRICS_TOKEN_CHARS:
-            raise ValueError(
-                f"ENGRAM_RELAY_METRICS_TOKEN must be at least {MIN_METRICS_TOKEN_CHARS} "
-                "characters (e.g. `openssl rand -hex 24`), or unset to serve no metrics"
-            )
-        if not 0 < self.health_refresh_secs <= 3600:
-            raise ValueError("ENGRAM_RELAY_HEALTH_REFRESH_S must be > 0 and <= 3600 seconds")
-        if not 0 < self.events_ping_s <= 3600:
-            raise ValueError("ENGRAM_RELAY_EVENTS_PING_S must be > 0 and <= 3600 seconds")
-        if self.events_max_streams < 1:
-            raise ValueError("ENGRAM_RELAY_EVENTS_MAX_STREAMS must be >= 1")
+        for bad, why in _BOUNDS:
+            if bad(self):
+                raise ValueError(why)
         _ = self.stream_caps  # StreamCaps checks each cap, naming its variable
-        scan_problem = self.scan_limits.problem()
-        if scan_problem:
-            raise ValueError(scan_problem)
-        if not 0.001 <= self.scan_timeout_s <= 3600:
-            raise ValueError("ENGRAM_RELAY_SCAN_TIMEOUT_S must be >= 0.001 and <= 3600 seconds")
-        if self.live_feed not in LIVE_FEED_MODES:
-            raise ValueError(
-                f"ENGRAM_RELAY_LIVE_FEED must be one of {', '.join(LIVE_FEED_MODES)}, "
-                f"got {self.live_feed!r}"
-            )
-        if self.listen_database_url is not None:
-            try:
-                to_libpq_url(self.listen_database_url)
-            except ValueError as exc:
-                raise ValueError(f"ENGRAM_RELAY_LISTEN_DATABASE_URL: {exc}") from None
-        if self.max_page_bytes < 1:
-            raise ValueError("max_page_bytes must be >= 1")
-        if self.push_lanes < 1:
-            raise ValueError("push_lanes must be >= 1")
-        if self.max_blob_bytes < DEFAULT_MAX_BLOB_BYTES:
-            raise ValueError(
-                f"max_blob_bytes must be at least {DEFAULT_MAX_BLOB_BYTES} (PROTOCOL §6)"
-            )
-        if self.max_body_bytes < self.max_blob_bytes + 4096:
-            raise ValueError("max_body_bytes must leave room for at least one maximal blob")
+        problem = self.scan_limits.problem() or _named_values_problem(self)
+        if problem:
+            raise ValueError(problem)
 
     @property
     def scan_limits(self) -> ScanLimits:
@@ -227,6 +189,7 @@ def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
         raise ValueError(f"{name} must be a number, got {raw!r}") from None
 
 
+# long: one line per environment variable, read in one place
 def config_from_env(
     database_url: str,
     env: Mapping[str, str] | None = None,
@@ -288,3 +251,61 @@ def config_from_env(
         listen_database_url=source.get("ENGRAM_RELAY_LISTEN_DATABASE_URL", "").strip() or None,
         **values,
     )
+
+
+#: RelayConfig's simple bounds: (is it out of bounds, the message naming its variable).
+_BOUNDS: tuple[tuple[Callable[[RelayConfig], bool], str], ...] = (
+    (
+        lambda c: not 0 <= c.retire_grace_days <= 3650,
+        "ENGRAM_RETIRE_GRACE_DAYS must be >= 0 and <= 3650 days",
+    ),
+    (
+        lambda c: c.maintenance_interval_secs < 0,
+        "ENGRAM_RELAY_MAINTENANCE_INTERVAL_S must be >= 0 (0 = off)",
+    ),
+    (lambda c: c.scrub_interval_secs < 0, "ENGRAM_RELAY_SCRUB_INTERVAL_S must be >= 0 (0 = off)"),
+    (lambda c: c.scrub_per_round < 1, "ENGRAM_RELAY_SCRUB_PER_ROUND must be >= 1"),
+    (
+        lambda c: c.metrics_token is not None and len(c.metrics_token) < MIN_METRICS_TOKEN_CHARS,
+        f"ENGRAM_RELAY_METRICS_TOKEN must be at least {MIN_METRICS_TOKEN_CHARS} "
+        "characters (e.g. `openssl rand -hex 24`), or unset to serve no metrics",
+    ),
+    (
+        lambda c: not 0 < c.health_refresh_secs <= 3600,
+        "ENGRAM_RELAY_HEALTH_REFRESH_S must be > 0 and <= 3600 seconds",
+    ),
+    (
+        lambda c: not 0 < c.events_ping_s <= 3600,
+        "ENGRAM_RELAY_EVENTS_PING_S must be > 0 and <= 3600 seconds",
+    ),
+    (lambda c: c.events_max_streams < 1, "ENGRAM_RELAY_EVENTS_MAX_STREAMS must be >= 1"),
+    (
+        lambda c: not 0.001 <= c.scan_timeout_s <= 3600,
+        "ENGRAM_RELAY_SCAN_TIMEOUT_S must be >= 0.001 and <= 3600 seconds",
+    ),
+    (lambda c: c.max_page_bytes < 1, "max_page_bytes must be >= 1"),
+    (lambda c: c.push_lanes < 1, "push_lanes must be >= 1"),
+    (
+        lambda c: c.max_blob_bytes < DEFAULT_MAX_BLOB_BYTES,
+        f"max_blob_bytes must be at least {DEFAULT_MAX_BLOB_BYTES} (PROTOCOL §6)",
+    ),
+    (
+        lambda c: c.max_body_bytes < c.max_blob_bytes + 4096,
+        "max_body_bytes must leave room for at least one maximal blob",
+    ),
+)
+
+
+def _named_values_problem(config: RelayConfig) -> str | None:
+    """What is wrong with the settings that name a value (a mode, a URL), if anything."""
+    if config.live_feed not in LIVE_FEED_MODES:
+        return (
+            f"ENGRAM_RELAY_LIVE_FEED must be one of {', '.join(LIVE_FEED_MODES)}, "
+            f"got {config.live_feed!r}"
+        )
+    if config.listen_database_url is not None:
+        try:
+            to_libpq_url(config.listen_database_url)
+        except ValueError as exc:
+            return f"ENGRAM_RELAY_LISTEN_DATABASE_URL: {exc}"
+    return None

@@ -33,6 +33,7 @@ def multiprocess_dir() -> str | None:
 class RelayMetrics:
     """The relay's counters, gauges and histograms."""
 
+    # long: every metric the relay exports, declared once with its help text
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._pool_stats: Callable[[], tuple[int, int, int]] | None = None

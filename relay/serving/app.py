@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from litestar import Litestar, Request
@@ -178,6 +179,29 @@ async def _refresh_rounds(state: RelayState, replica: Replica) -> None:
 
 def create_app(config: RelayConfig) -> Litestar:
     """Build the relay app; the pool opens at startup and closes at shutdown."""
+    state = _relay_state(config)
+
+    def on_app_init(app_config: AppConfig) -> AppConfig:
+        app_config.state = State({"relay": state})
+        return app_config
+
+    app = Litestar(
+        route_handlers=_routes(config),
+        lifespan=[_lifespan(state)],
+        on_app_init=[on_app_init],
+        middleware=[request_id_middleware, _timing, _content_type_guard],
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        request_max_body_size=config.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="Engram Sync relay", version=__version__),
+        logging_config=None,
+        debug=False,
+    )
+    document_api(app)
+    return app
+
+
+def _relay_state(config: RelayConfig) -> RelayState:
+    """The process's state: keys, the change hub, stream and scan bounds, push groups."""
     state = RelayState(config=config, metrics=RelayMetrics())
     state.static_keys = {k.key_hash: k.principal for k in config.static_keys}
     hub = state.hub = ChangeHub(max_waiters=config.events_max_streams)
@@ -200,6 +224,13 @@ def create_app(config: RelayConfig) -> Litestar:
         lanes=config.lanes_in_use,
         max_group_blobs=MAX_GROUP_BLOBS,
     )
+    return state
+
+
+def _lifespan(state: RelayState) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the pool and the generation before the first answer, then the
+    health refresher, maintenance and the feed's LISTEN beside the serving."""
+    config = state.config
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -219,7 +250,7 @@ def create_app(config: RelayConfig) -> Litestar:
         )
         refresher = asyncio.create_task(_refresh_health(state))
         maintainer = maintenance.start(state)  # issue 14 item 17: compaction without `gc`
-        listener = FeedListener(config.listen_url, hub)  # PROTOCOL §15: one per process
+        listener = FeedListener(config.listen_url, state.require_hub())  # §15: one per process
         if config.feed_notify:
             listener.start()
         try:
@@ -232,45 +263,34 @@ def create_app(config: RelayConfig) -> Litestar:
                 await refresher
             await pool.close()
 
-    def on_app_init(app_config: AppConfig) -> AppConfig:
-        app_config.state = State({"relay": state})
-        return app_config
+    return lifespan
 
-    app = Litestar(
-        route_handlers=[
-            sync.push,
-            sync.pull,
-            sync.stats,
-            sync.stats_alias,
-            digest_route,  # PROTOCOL §18
-            narrow_route,
-            fetch_route,
-            *([events.events] if config.feed_events else []),  # PROTOCOL §15
-            devices.list_devices,
-            devices.register_device,
-            devices.revoke_device,
-            system.health,
-            system.ready,
-            system.info,
-            system.metrics,
-            *accounts.ROUTES,  # PROTOCOL §13
-            *pairing.ROUTES,
-            *handoff.ROUTES,  # PROTOCOL §14
-            *grants.ROUTES,  # PROTOCOL §13 vault ownership
-            *retire.ROUTES,  # PROTOCOL §19
-            *retire_undo.ROUTES,  # PROTOCOL §19 with §13: the owner's undo
-        ],
-        lifespan=[lifespan],
-        on_app_init=[on_app_init],
-        middleware=[request_id_middleware, _timing, _content_type_guard],
-        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
-        request_max_body_size=config.max_body_bytes,
-        openapi_config=OpenAPIConfig(title="Engram Sync relay", version=__version__),
-        logging_config=None,
-        debug=False,
-    )
-    document_api(app)
-    return app
+
+def _routes(config: RelayConfig) -> list[Any]:
+    """Every route of the relay; the event stream only where the live feed serves it."""
+    return [
+        sync.push,
+        sync.pull,
+        sync.stats,
+        sync.stats_alias,
+        digest_route,  # PROTOCOL §18
+        narrow_route,
+        fetch_route,
+        *([events.events] if config.feed_events else []),  # PROTOCOL §15
+        devices.list_devices,
+        devices.register_device,
+        devices.revoke_device,
+        system.health,
+        system.ready,
+        system.info,
+        system.metrics,
+        *accounts.ROUTES,  # PROTOCOL §13
+        *pairing.ROUTES,
+        *handoff.ROUTES,  # PROTOCOL §14
+        *grants.ROUTES,  # PROTOCOL §13 vault ownership
+        *retire.ROUTES,  # PROTOCOL §19
+        *retire_undo.ROUTES,  # PROTOCOL §19 with §13: the owner's undo
+    ]
 
 
 def request_key_prefix(request: Request[Any, Any, Any]) -> str | None:

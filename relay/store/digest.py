@@ -55,7 +55,7 @@ _BUCKET_PREFIXES = (
 
 # $2 = one bucket, or NULL for every bucket of the vault (grouped: a pass over all the
 # vault's rows, no longer asked by a route, kept as the tests' oracle of the stored
-# prefixes and counts: tests/relay/test_bucket_prefixes.py). The LATERAL filters on
+# prefixes and counts: tests/relay/store/test_bucket_prefixes.py). The LATERAL filters on
 # `b.vault_id = $1` too: Citus plans it as one task on the vault's shard only then (with
 # `= v.vault_id` alone it ran on every shard: deploy/SCALING.md §3).
 _BUCKETS = f"""

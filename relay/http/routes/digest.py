@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from litestar import Request, get, post
 from litestar.params import FromPath, QueryParameter
+from msgspec.structs import replace
 
 from engram_sync.relay.domain.api_keys import Principal
 from engram_sync.relay.domain.scan_admission import ScanClaim
@@ -70,34 +71,16 @@ async def digest(
     state = relay_state(request)
     principal = await authorize_until_erased(request, require_id(vault_id, "vault_id"))  # §19
     pool = state.require_pool()
-    if list_ and bucket is None:
-        raise bad_request("list=1 needs bucket=B (0..255)", code="invalid_request", field="list")
-    if buckets and bucket is not None:
-        raise bad_request(
-            "buckets=1 answers every bucket: leave bucket out", code="invalid_request",
-            field="buckets",
-        )  # fmt: skip
-    if (after or limit) and not list_:
-        raise bad_request("after and limit go with list=1", code="invalid_request", field="after")
-    if deep and bucket is not None:
-        raise bad_request(
-            "deep=1 is for the vault's digest or buckets=1: one bucket is always computed "
-            "from the rows, leave deep out", code="invalid_request", field="deep",
-        )  # fmt: skip
+    _check_digest_query(bucket, list_=list_, buckets=buckets, deep=deep, paged=bool(after or limit))
     if deep:  # ours: from the rows, not the stored totals (a whole-vault pass: gated)
         scans = state.require_scans()
         async with scans.admit(scan_claim(request, vault_id, principal)):
             seq, found = await store.bucket_digests(scans.reader(pool), vault_id, None)
         folded = store.fold_buckets(found)
+        answer = DigestAnswer(cursor=seq, count=folded.count, digest=digest_text(folded.digest))
         if not buckets:
-            return DigestAnswer(cursor=seq, count=folded.count, digest=digest_text(folded.digest))
-        return DigestAnswer(
-            cursor=seq,
-            count=folded.count,
-            digest=digest_text(folded.digest),
-            buckets=b64encode_std(folded.prefixes),
-            counts=folded.counts,
-        )
+            return answer
+        return replace(answer, buckets=b64encode_std(folded.prefixes), counts=folded.counts)
     if bucket is None and not buckets:
         whole = await store.vault_digest(pool, vault_id)
         text = digest_text(whole.digest)
@@ -117,19 +100,37 @@ async def digest(
     async with scans.admit(scan_claim(request, vault_id, principal)):
         seq, found = await store.bucket_digests(reader, vault_id, bucket)
         mine = found.get(bucket)
-        answer_count = mine.count if mine else 0
-        answer_digest = digest_text(mine.digest if mine else 0)
+        answer = DigestAnswer(
+            cursor=seq,
+            count=mine.count if mine else 0,
+            digest=digest_text(mine.digest if mine else 0),
+            bucket=bucket,
+        )
         if not list_:
-            return DigestAnswer(cursor=seq, count=answer_count, digest=answer_digest, bucket=bucket)
+            return answer
         page = await store.bucket_list(reader, vault_id, bucket, after, limit or MAX_LIST_PAGE)
-    return DigestAnswer(
-        cursor=seq,
-        count=answer_count,
-        digest=answer_digest,
-        bucket=bucket,
-        entries=[DigestEntry(*v) for v in page.versions],
-        has_more=page.has_more,
-    )
+    entries = [DigestEntry(*v) for v in page.versions]
+    return replace(answer, entries=entries, has_more=page.has_more)
+
+
+def _check_digest_query(
+    bucket: int | None, *, list_: int, buckets: int, deep: int, paged: bool
+) -> None:
+    """400 for a combination of the digest route's parameters that asks two things at once."""
+    if list_ and bucket is None:
+        raise bad_request("list=1 needs bucket=B (0..255)", code="invalid_request", field="list")
+    if buckets and bucket is not None:
+        raise bad_request(
+            "buckets=1 answers every bucket: leave bucket out", code="invalid_request",
+            field="buckets",
+        )  # fmt: skip
+    if paged and not list_:
+        raise bad_request("after and limit go with list=1", code="invalid_request", field="after")
+    if deep and bucket is not None:
+        raise bad_request(
+            "deep=1 is for the vault's digest or buckets=1: one bucket is always computed "
+            "from the rows, leave deep out", code="invalid_request", field="deep",
+        )  # fmt: skip
 
 
 @post(

@@ -1,8 +1,8 @@
 """Which tests get a `[citus]` case (tests/conftest.py, issue 18): those of the modules
 marked `both_databases`, collected always and run with `--citus` (skipped as left out
 without it, tests/tiers.py); with `--citus-all` every database test. Checked on pytest's own
-collection of two modules: one marked (tests/relay/test_pull.py) and one not
-(tests/relay/test_devices.py)."""
+collection of two modules: one marked (tests/relay/http/test_pull.py) and one not
+(tests/relay/http/test_devices.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-MARKED, UNMARKED = "tests/relay/test_pull.py", "tests/relay/test_devices.py"
+MARKED, UNMARKED = "tests/relay/http/test_pull.py", "tests/relay/http/test_devices.py"
 MODULES = (MARKED, UNMARKED)
 
 

@@ -25,8 +25,8 @@ from engram_sync.relay.db import embedded_install
 from engram_sync.relay.db.embedded import EmbeddedPostgres
 from engram_sync.relay.db.embedded_auth import PASSWORD_FILE
 from engram_sync.relay.db.migrate import current_revision, head_revision, upgrade_to_head
+from tests.relay.cli.test_cli import BIN, _env, _relay, _wait_ready
 from tests.relay.conftest import free_port
-from tests.relay.test_cli import BIN, _env, _relay, _wait_ready
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 RUNUSER = shutil.which("runuser") or "runuser"

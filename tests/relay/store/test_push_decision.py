@@ -1,7 +1,7 @@
 """relay.store.push's `PushDecision` without a database: a push group decided push by push
 (PROTOCOL §6 steps 2-7 and the quota), each push on what the ones before it left. The SQL
 around it (reads under the vault locks, the writes) is tested against PostgreSQL in
-tests/relay/test_push_groups.py and tests/relay/test_concurrency.py."""
+tests/relay/services/test_push_groups.py and tests/relay/http/test_concurrency.py."""
 
 from __future__ import annotations
 

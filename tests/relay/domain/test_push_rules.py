@@ -1,0 +1,266 @@
+"""Unit tests of relay/domain/push_rules.py: PROTOCOL §6 steps 1-7 as pure functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from engram_sync.relay.domain.domain_errors import (
+    BatchTooLargeError,
+    EmptyBatchError,
+    InvalidBlobError,
+)
+from engram_sync.relay.domain.push_rules import (
+    CheckedBlob,
+    StoredVersion,
+    check_structure,
+    plan_push,
+)
+from engram_sync.shared_format import SyncBlob
+from engram_sync.shared_format.b64 import b64encode_std
+from tests.relay.support import Sealer
+
+VAULT = "vault-rules"
+MAX = 1_048_576
+SEALER = Sealer(VAULT)
+DEV = SEALER.device_id
+OTHER_DEV = "other-device"
+
+
+def blob(memory: str = "m", clock: int = 1, **changes: Any) -> SyncBlob:
+    return msgspec.structs.replace(SEALER.blob(memory, clock), **changes)
+
+
+def checked(*blobs: SyncBlob) -> list[CheckedBlob]:
+    return check_structure(list(blobs), 1000)
+
+
+def plan(
+    *blobs: SyncBlob,
+    bound: str | None = None,
+    revoked: set[str] | None = None,
+    stored: dict[str, StoredVersion] | None = None,
+    max_blob_bytes: int = MAX,
+) -> tuple[list[tuple[str, int]], list[str], list[str], dict[str, int]]:
+    result = plan_push(
+        checked(*blobs),
+        vault_id=VAULT,
+        bound_device=bound,
+        max_blob_bytes=max_blob_bytes,
+        revoked=revoked or set(),
+        stored=stored or {},
+    )
+    accepted = [(c.blob.memory_id, c.blob.vector_clock) for c in result.accepted]
+    return accepted, result.rejected, result.revoked_devices, dict(result.reasons)
+
+
+# --- step 1: structure -----------------------------------------------------------------
+
+
+def structure_error(*blobs: SyncBlob) -> InvalidBlobError:
+    """The domain error of step 1 (over HTTP: tests/relay/http/test_refusal_bodies.py)."""
+    with pytest.raises(InvalidBlobError) as info:
+        checked(*blobs)
+    return info.value
+
+
+def test_empty_and_oversized_batches() -> None:
+    with pytest.raises(EmptyBatchError) as empty:
+        checked()
+    assert empty.value.max_blobs == 1000
+    with pytest.raises(BatchTooLargeError) as large:
+        check_structure([blob(f"m{i}") for i in range(3)], 2)
+    assert (large.value.count, large.value.max_blobs) == (3, 2)
+    assert len(check_structure([blob(f"m{i}") for i in range(2)], 2)) == 2
+
+
+def test_valid_blobs_carry_instant_and_size() -> None:
+    one = blob(created_at="2026-08-30T14:00:00.123456789+02:00")
+    (item,) = checked(one)
+    assert item.index == 0
+    assert item.size_bytes == len(one.ciphertext)
+    assert item.created_at_ts.isoformat() == "2026-08-30T14:00:00.123456+02:00"
+
+
+BAD = b64encode_std(b"\x00" * 27)
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"ciphertext": "not base64!"}, "ciphertext is not valid base64"),
+        ({"ciphertext": "QUJD"}, "fewer than 28"),  # 3 bytes
+        ({"ciphertext": BAD}, "27 bytes, fewer than 28"),
+        ({"ciphertext": "QUJDRA"}, "ciphertext is not valid base64"),  # no padding
+        ({"hmac": b64encode_std(b"\x00" * 31)}, "hmac decodes to 31 bytes"),
+        ({"hmac": b64encode_std(b"\x00" * 33)}, "hmac decodes to 33 bytes"),
+        ({"hmac": "%%%"}, "hmac is not valid base64"),
+        ({"created_at": "yesterday"}, "created_at"),
+        ({"created_at": "2026-08-30T12:00:00"}, "created_at"),  # no offset
+        ({"created_at": "2026-02-30T12:00:00+00:00"}, "created_at"),
+        ({"vault_id": ""}, "vault_id is empty"),
+        ({"memory_id": ""}, "memory_id is empty"),
+        ({"device_id": ""}, "device_id is empty"),
+        ({"memory_id": "m" * 257}, "memory_id is longer than 256"),
+        ({"device_id": "d" * 257}, "device_id is longer than 256"),
+        ({"vault_id": "v" * 257}, "vault_id is longer than 256"),
+        ({"memory_id": "a\x00b"}, "control characters"),
+    ],
+)
+def test_structural_problems_name_the_blob_index(changes: dict[str, Any], reason: str) -> None:
+    error = structure_error(blob("ok-0"), blob("ok-1"), blob("bad", **changes))
+    assert error.index == 2
+    assert reason in error.reason
+    assert error.field == next(iter(changes))
+    assert str(error).startswith("blob 2: ")
+
+
+def test_boundaries_that_are_still_valid() -> None:
+    exactly_28 = b64encode_std(b"\x01" * 28)
+    ids = "i" * 256
+    items = checked(blob(ciphertext=exactly_28), blob(memory_id=ids, device_id=ids, vault_id=ids))
+    assert len(items) == 2
+
+
+def test_the_first_bad_blob_is_reported() -> None:
+    error = structure_error(blob("a"), blob("b", hmac="AA=="), blob("c", ciphertext="x"))
+    assert (error.index, error.field) == (1, "hmac")
+
+
+# --- steps 2-7 ---------------------------------------------------------------------------
+
+
+def test_all_good() -> None:
+    accepted, rejected, revoked, reasons = plan(blob("a"), blob("b", 5))
+    assert accepted == [("a", 1), ("b", 5)]
+    assert (rejected, revoked, reasons) == ([], [], {})
+
+
+def test_step2_oversized_blob_alone_is_rejected() -> None:
+    big = blob("big", ciphertext=b64encode_std(b"\x00" * 96))  # 128 characters
+    fits = blob("fits", ciphertext=b64encode_std(b"\x00" * 93))  # 124 characters
+    small = blob("small")
+    assert len(small.ciphertext) < 124
+    accepted, rejected, _, reasons = plan(big, fits, small, max_blob_bytes=124)
+    assert accepted == [("fits", 1), ("small", 1)]
+    assert rejected == ["big"]
+    assert reasons == {"too_large": 1}
+
+
+def test_step2_counts_base64_characters_not_decoded_bytes() -> None:
+    limit = 120
+    at_limit = blob("at", ciphertext=b64encode_std(b"\x00" * 90))  # exactly 120 characters
+    over = blob("over", ciphertext=b64encode_std(b"\x00" * 91))  # 124 characters
+    accepted, rejected, _, _ = plan(at_limit, over, max_blob_bytes=limit)
+    assert accepted == [("at", 1)]
+    assert rejected == ["over"]
+
+
+def test_step3_wrong_vault() -> None:
+    accepted, rejected, _, reasons = plan(blob("a"), blob("b", vault_id="elsewhere"))
+    assert accepted == [("a", 1)]
+    assert rejected == ["b"]
+    assert reasons == {"wrong_vault": 1}
+
+
+def test_step4_revoked_device_is_listed_once() -> None:
+    gone = "gone-device"
+    accepted, rejected, revoked, reasons = plan(
+        blob("a", device_id=gone), blob("b", device_id=gone), blob("c"), revoked={gone}
+    )
+    assert accepted == [("c", 1)]
+    assert rejected == ["a", "b"]
+    assert revoked == [gone]
+    assert reasons == {"device_revoked": 2}
+
+
+def test_step5_bound_key_only_pushes_its_own_device() -> None:
+    accepted, rejected, revoked, reasons = plan(
+        blob("mine"), blob("theirs", device_id=OTHER_DEV), bound=DEV
+    )
+    assert accepted == [("mine", 1)]
+    assert rejected == ["theirs"]
+    assert revoked == []
+    assert reasons == {"wrong_device": 1}
+
+
+def test_step6_equal_and_lower_clocks_are_stale() -> None:
+    stored = {"eq": StoredVersion(5, 10), "lo": StoredVersion(5, 10), "hi": StoredVersion(5, 10)}
+    accepted, rejected, _, reasons = plan(
+        blob("eq", 5), blob("lo", 4), blob("hi", 6), stored=stored
+    )
+    assert accepted == [("hi", 6)]
+    assert rejected == ["eq", "lo"]
+    assert reasons == {"stale_clock": 2}
+
+
+def test_step7_only_the_highest_clock_of_a_batch_wins() -> None:
+    accepted, rejected, _, reasons = plan(blob("m", 3), blob("m", 9), blob("m", 4), blob("n", 1))
+    assert accepted == [("m", 9), ("n", 1)]
+    assert rejected == ["m"]  # listed once, although two versions lost
+    assert reasons == {"superseded_in_batch": 2}
+
+
+def test_step7_first_of_equal_clocks_wins() -> None:
+    first, second = blob("m", 2, device_id="d1"), blob("m", 2, device_id="d2")
+    result = plan_push(
+        checked(first, second),
+        vault_id=VAULT,
+        bound_device=None,
+        max_blob_bytes=MAX,
+        revoked=set(),
+        stored={},
+    )
+    assert [c.blob.device_id for c in result.accepted] == ["d1"]
+    assert result.rejected == ["m"]
+
+
+def test_step7_with_a_stored_version() -> None:
+    accepted, rejected, _, reasons = plan(
+        blob("m", 7), blob("m", 6), blob("m", 5), stored={"m": StoredVersion(5, 1)}
+    )
+    assert accepted == [("m", 7)]
+    assert rejected == ["m"]
+    assert reasons == {"superseded_in_batch": 1, "stale_clock": 1}
+
+
+def test_the_first_failing_check_decides() -> None:
+    big = b64encode_std(b"\x00" * 96)
+    # oversized AND wrong vault AND revoked AND wrong device AND stale: step 2 decides.
+    _, _, revoked, reasons = plan(
+        blob("m", 1, ciphertext=big, vault_id="elsewhere", device_id="gone"),
+        bound=DEV,
+        revoked={"gone"},
+        stored={"m": StoredVersion(9, 1)},
+        max_blob_bytes=124,
+    )
+    assert reasons == {"too_large": 1}
+    assert revoked == []
+    # wrong vault beats revoked: the device is not reported as revoked.
+    _, _, revoked, reasons = plan(
+        blob("m", vault_id="elsewhere", device_id="gone"), revoked={"gone"}
+    )
+    assert reasons == {"wrong_vault": 1}
+    assert revoked == []
+    # revoked beats a wrong device.
+    _, _, revoked, reasons = plan(blob("m", device_id="gone"), bound=DEV, revoked={"gone"})
+    assert reasons == {"device_revoked": 1}
+    assert revoked == ["gone"]
+    # wrong device beats stale.
+    _, _, _, reasons = plan(
+        blob("m", 1, device_id=OTHER_DEV), bound=DEV, stored={"m": StoredVersion(9, 1)}
+    )
+    assert reasons == {"wrong_device": 1}
+
+
+def test_rejected_keeps_batch_order() -> None:
+    _, rejected, _, _ = plan(
+        blob("z", vault_id="x"),
+        blob("a", device_id="gone"),
+        blob("m", 1),
+        revoked={"gone"},
+        stored={"m": StoredVersion(1, 1)},
+    )
+    assert rejected == ["z", "a", "m"]
