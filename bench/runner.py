@@ -27,6 +27,7 @@ from bench import (
     stream_hog,
     web_vault,
 )
+from bench import mcp as mcp_bench
 from bench.anti_entropy import measure as measure_anti_entropy
 from bench.corpus import Corpus
 from bench.database import BenchDatabase
@@ -346,6 +347,17 @@ class Run:
                 history.Size.of(quick=self.s.quick), self.log,
             )  # fmt: skip
 
+    # -- issue 33: the MCP server (docs/mcp.md) -----------------------------------------------
+
+    def mcp(self) -> dict[str, Any]:
+        """Remember on A -> recall on B through two `engram-sync mcp`, recall on a large
+        vault, remember throughput over stdio (bench.mcp), on this run's relay."""
+        with self.monitor.phase("mcp"):
+            return mcp_bench.measure(
+                self.db.scratch / "mcp", self.relay.url, self.relay.key,
+                mcp_bench.Size.of(quick=self.s.quick), self.log,
+            )  # fmt: skip
+
     # -- issue 34: the web vault in Chromium (docs/web-vault.md) ------------------------------
 
     def web_vault(self) -> dict[str, Any]:
@@ -467,6 +479,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                             db.url, db.scratch, quick=settings.quick
                         )
                         sections["history"] = run.history()  # issue 35 (bench.history)
+                        sections["mcp"] = run.mcp()  # issue 33 (bench.mcp)
                         sections["web_vault"] = run.web_vault()  # issue 34 (bench.web_vault)
                         log("unlock once: a command with and without the key agent")
                         sections["agent"] = agent.measure(  # issue 17, docs/agent.md

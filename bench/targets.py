@@ -130,6 +130,8 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
     targets.append(stream_hog_target(sections["stream_hog"]))
     if "history" in sections:  # issue 35 (bench.history)
         targets += history_targets(sections["history"])
+    if "mcp" in sections:  # issue 33 (bench.mcp)
+        targets += mcp_targets(sections["mcp"])
     if "web_vault" in sections:  # issue 34 (bench.web_vault)
         targets += web_vault_targets(sections["web_vault"])
     return [t.as_json() for t in targets]
@@ -450,6 +452,61 @@ def history_targets(d: dict[str, Any]) -> list[Target]:
             detail=f"{cap['capped_bytes']:,} of {cap['cap_bytes']:,} bytes, "
             f"{cap['history_rows']:,} rows, the edits took {cap['edits_s']:.1f} s"
             + ("" if counted else f"; NOT the rows' sum {cap['capped_bytes_counted']:,}"),
+        ),
+    ]
+
+
+MCP_CROSS_P50_MS: Final = 50.0  # issue 33: remember on A -> recall on B finds it, p50
+MCP_CROSS_P99_MS: Final = 250.0  # and p99
+MCP_RECALL_P95_MS: Final = 20.0  # issue 33: recall on a 100,000-memory vault, p95
+MCP_REMEMBER_RATE: Final = 500.0  # issue 33: remember calls per second through stdio
+
+
+def mcp_targets(d: dict[str, Any]) -> list[Target]:
+    """Issue 33 "Figures" (bench.mcp, docs/mcp.md): a memory crossing two devices through
+    their MCP servers, recall on a large vault, remember throughput over stdio."""
+    cross, recall, rate = d["remember_to_recall"], d["recall"], d["remember_throughput"]
+    load = f"load {cross['load_average_1m']:.1f}"
+    crossing = (
+        f"ms from `remember` returning on A to `recall` on B finding it, {cross['memories']} "
+        f"memories, two `engram-sync mcp` over stdio (live sync) through one relay"
+    )
+    return [
+        Target(
+            "mcp_remember_to_recall_p50",
+            crossing + ", p50",
+            cross["p50_ms"],
+            MCP_CROSS_P50_MS,
+            "<=",
+            detail=f"p90 {cross['p90_ms']:.1f} ms, min {cross['min_ms']:.1f} ms; {load}",
+        ),
+        Target(
+            "mcp_remember_to_recall_p99",
+            crossing + ", p99",
+            cross["p99_ms"],
+            MCP_CROSS_P99_MS,
+            "<=",
+            detail=f"max {cross['max_ms']:.1f} ms; {cross['recalls_on_b']} recalls on B; {load}",
+        ),
+        Target(
+            "mcp_recall_100k",
+            f"ms per `recall` (a tool call in-process, limit 10) on a {recall['memories']:,}-"
+            f"memory vault, p95 of {recall['recalls']:,} two-word queries",
+            recall["p95_ms"],
+            MCP_RECALL_P95_MS,
+            "<=",
+            detail=f"p50 {recall['p50_ms']:.1f} ms, p99 {recall['p99_ms']:.1f} ms, "
+            f"{recall['mean_results']:.1f} results each; load {recall['load_average_1m']:.1f}",
+        ),
+        Target(
+            "mcp_remember_throughput",
+            f"`remember` calls per second through stdio ({rate['remembers']:,} calls, "
+            f"{rate['in_flight']} in flight from one client, live sync on)",
+            rate["memories_per_s"],
+            MCP_REMEMBER_RATE,
+            ">=",
+            detail=f"one at a time {rate['one_at_a_time_per_s']:.0f}/s; "
+            f"load {rate['load_average_1m']:.1f}",
         ),
     ]
 

@@ -38,6 +38,7 @@ Layer = Literal["episodic", "semantic", "imagined"]
 #: Called with the phase ("pull" or "push") and the counts so far, during a sync.
 Progress = Callable[[str, SyncReport], None]
 SCOPES = ("moment", "episode", "narrative", "rule")  # VAULT §3
+LAYERS = ("episodic", "semantic", "imagined")  # VAULT §3
 
 
 @dataclass(frozen=True)
@@ -189,25 +190,37 @@ class Vault:
         content: str | None = None,
         *,
         privacy_level: PrivacyLevel | None = None,
+        tags: Iterable[str] | None = None,
+        project: str | None = None,
+        layer: Layer | None = None,
         source: str = "user",
         tool: str | None = None,
     ) -> bool:
-        """Replace a memory's content, or change its privacy level, or both; False when
-        there is no such memory. Made "strict_local", its later versions stay on this
-        device (the copy already synced stays elsewhere until `retract`); made syncing
-        again, it is pushed by the next `sync` (docs/privacy.md). `source` and `tool` (an
-        AI tool's name) are recorded as the writer in the local history (docs/history.md)."""
-        if content is None and privacy_level is None:
-            raise ValueError("nothing to change: give content or privacy_level")
+        """Replace a memory's content, change its privacy level, or replace its tags (all
+        of them: `[]` removes them), project or layer; any of these at once, as one new
+        version (None leaves a field as it is). False when there is no such memory. Made
+        "strict_local", its later versions stay on this device (the copy already synced
+        stays elsewhere until `retract`); made syncing again, it is pushed by the next
+        `sync` (docs/privacy.md). `source` and `tool` (an AI tool's name) are recorded as
+        the writer in the local history (docs/history.md)."""
+        new_tags = None if tags is None else builtins.list(tags)
+        if all(v is None for v in (content, privacy_level, new_tags, project, layer)):
+            raise ValueError(
+                "nothing to change: give content, privacy_level, tags, project or layer"
+            )
         if content is not None and not content.strip():
             raise ValueError("a memory's content must not be empty")
         if privacy_level is not None and privacy_level not in PRIVACY_LEVELS:
             raise ValueError(f"privacy_level must be one of {', '.join(PRIVACY_LEVELS)}")
+        if layer is not None and layer not in LAYERS:
+            raise ValueError(f"layer must be one of {', '.join(LAYERS)}")
+        if project is not None and not project.strip():
+            raise ValueError("a project must not be empty")
         session = self._session
         with session.vault.transaction() as conn:
             previous = local_writes.edit(
                 conn, memory_id, content, privacy_level, session.writer(source=source, tool=tool),
-                own_device=session.device.device_id,
+                own_device=session.device.device_id, tags=new_tags, project=project, layer=layer,
             )  # fmt: skip
         return previous is not None
 
@@ -376,19 +389,23 @@ class Vault:
         stop: threading.Event | None = None,
         on_report: Callable[[SyncReport], None] | None = None,
         on_status: Callable[[LiveStatus], None] | None = None,
+        wake: threading.Event | None = None,
     ) -> Iterator[SyncReport]:
         """Sync live until `stop` is set, yielding each sync's report (docs/live-sync.md).
 
         A sync runs as soon as the relay's live feed says another device pushed (PROTOCOL
         §15; the long-poll, or the timer alone, where the relay or a proxy offers no
         stream), as soon as this vault changes (a write through this `Vault` between two
-        reports, or by another program into its database, seen within about a second),
+        reports, or by another program into its database, seen within about half a second),
         and every `interval` seconds whatever happens (default: the vault's configured
         interval). `on_report` gets each report as it is yielded; `on_status` each change
         of the `LiveStatus` (connected, catching up, offline, ...). A relay that is
         unreachable or rate-limits is retried with backoff; every other error ends the
         watch (`DeviceRevokedError` when the relay revoked this device, `NotLinkedError`
-        at once before `link`).
+        at once before `link`). `wake`, an event the caller sets after writing to this
+        vault through another `Vault` of its own (another thread's connection), makes the
+        watch look for that write at once rather than within its check (about half a
+        second); the watch clears it.
         """
         every = interval if interval is not None else self._session.config.interval_secs
         live = LiveSync(
@@ -398,6 +415,7 @@ class Vault:
             retry=_transient,
             on_report=on_report,
             on_status=on_status,
+            wake=wake,
         )
         yield from live.run()
 

@@ -7,7 +7,9 @@ One thread syncs (the vault's connection belongs to it); the feed thread
 - the feed hints that the vault's sequence passed this device's cursor (PROTOCOL §15);
 - this device's vault changed: `PRAGMA data_version` (another connection, e.g. another
   program writing engrams.db, committed) or the connection's own `total_changes` (a write
-  through this very vault, between two reports) moved, checked every `local_check_s`;
+  through this very vault, between two reports) moved, checked every `local_check_s`,
+  and at once when the caller sets `wake` (a program that wrote through another
+  connection of its own, e.g. the MCP tools, says so instead of waiting for the check);
 - the timer: every `interval` seconds, whatever the feed says (a lost hint only delays);
 - after a failure, once the backoff is over.
 
@@ -99,6 +101,7 @@ class LiveSync:
         timing: LiveTiming | None = None,
         feed_timing: FeedTiming | None = None,
         live: bool = True,
+        wake: threading.Event | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError("interval must be positive")
@@ -111,7 +114,7 @@ class LiveSync:
         self.timing = timing or LiveTiming()
         self.feed_timing = feed_timing
         self.live = live
-        self.signals = FeedSignals()
+        self.signals = FeedSignals(wake)  # `wake` set: look for local writes now
         self._rng = random.Random()  # noqa: S311 (jitter, not crypto)
         self._status: LiveStatus | None = None
         self._failures = 0

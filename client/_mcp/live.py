@@ -5,7 +5,9 @@ The loop opens its own `Vault` (a second SQLCipher connection, bound to the loop
 the way the tools do (the unlock agent's keys, else ENGRAM_PASSPHRASE) and runs
 `Vault.watch`: the event stream and its fallbacks pull what other devices push, and the
 writes of the tools, committed through the tools' connection, move `PRAGMA data_version`
-on this one, which starts a push within about a second (docs/live-sync.md).
+on this one, which starts a push; the tools `nudge` the loop after each write, so it
+looks at once instead of at its next check (about half a second later; docs/live-sync.md).
+Writes by other programs are still found by that check.
 
 - Locked: the loop waits for the agent to hold the keys, asking its status only (which is
   not a use of the keys: a running server never keeps a vault unlocked past the agent's
@@ -91,6 +93,7 @@ class LiveLoop:
         self.lock_check_s = lock_check_s
         self._shutdown = threading.Event()
         self._watch_stop = threading.Event()
+        self._wake = threading.Event()  # Vault.watch's `wake`: set by `nudge`
         self._view = LiveView(STARTING if enabled else OFF)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -98,6 +101,11 @@ class LiveLoop:
     def view(self) -> LiveView:
         with self._lock:
             return self._view
+
+    def nudge(self) -> None:
+        """Say the tools just committed a write: the watch looks for it now and pushes it
+        (a loop that is not watching finds it when it starts)."""
+        self._wake.set()
 
     def start(self) -> LiveLoop:
         if self.enabled and self._thread is None:
@@ -174,7 +182,7 @@ class LiveLoop:
             )
             follower.start()
         try:
-            for _report in vault.watch(stop=stop, on_status=self._on_status):
+            for _report in vault.watch(stop=stop, on_status=self._on_status, wake=self._wake):
                 pass
         except NotLinkedError:
             self._set(LiveView(NOT_LINKED, problem="run `engram-sync link` to sync"))

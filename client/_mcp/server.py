@@ -112,6 +112,13 @@ def build_server(access: VaultAccess, live: LiveLoop | None = None, **auth: Any)
         except _REFUSED as exc:
             raise ToolError(str(exc)) from None
 
+    async def write(answer: Callable[[Vault], T]) -> T:
+        """`call` for a tool that writes: once committed, the live loop pushes it now."""
+        done = await call(answer)
+        if live is not None:
+            live.nudge()
+        return done
+
     @server.tool(description="Save a memory (one fact, preference or decision); returns its id.")
     async def remember(
         content: Content,
@@ -126,7 +133,7 @@ def build_server(access: VaultAccess, live: LiveLoop | None = None, **auth: Any)
         ] = "cloud_first",
     ) -> dict[str, Any]:
         caller = caller_of(ctx)
-        return await call(
+        return await write(
             lambda v: tools.remember(v, caller, content, tags, project, layer, scope, privacy)
         )
 
@@ -144,20 +151,30 @@ def build_server(access: VaultAccess, live: LiveLoop | None = None, **auth: Any)
     async def get(id: MemoryId) -> dict[str, Any]:
         return await call(lambda v: tools.get(v, id))
 
-    @server.tool(description="Replace a memory's content or change its privacy (or both).")
+    @server.tool(
+        description="Change a memory: its content, privacy, tags (all replaced), project or layer."
+    )
     async def update(
         id: MemoryId,
         ctx: Context[Any, Any],
         content: Content | None = None,
         privacy: Privacy | None = None,
+        tags: Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=MAX_TAG_CHARS)]] | None,
+            Field(max_length=MAX_TAGS, description="The new tags, replacing all; [] removes."),
+        ] = None,
+        project: Project = None,
+        layer: LayerArg | None = None,
     ) -> dict[str, Any]:
         caller = caller_of(ctx)
-        return await call(lambda v: tools.update(v, caller, id, content, privacy))
+        return await write(
+            lambda v: tools.update(v, caller, id, content, privacy, tags, project, layer)
+        )
 
     @server.tool(description="Delete a memory everywhere it syncs (undelete brings it back).")
     async def forget(id: MemoryId, ctx: Context[Any, Any]) -> dict[str, Any]:
         caller = caller_of(ctx)
-        return await call(lambda v: tools.forget(v, caller, id))
+        return await write(lambda v: tools.forget(v, caller, id))
 
     @server.tool(description="The most recently changed memories, newest first.")
     async def list_recent(limit: Limit = 20, project: Project = None) -> dict[str, Any]:
@@ -171,7 +188,7 @@ def build_server(access: VaultAccess, live: LiveLoop | None = None, **auth: Any)
         link_type: LinkTypeArg = "associative",
     ) -> dict[str, Any]:
         caller = caller_of(ctx)
-        return await call(lambda v: tools.link(v, caller, source_id, target_id, link_type))
+        return await write(lambda v: tools.link(v, caller, source_id, target_id, link_type))
 
     @server.tool(description="Whether the vault syncs: relay, last sync, pending pushes.")
     async def sync_status() -> dict[str, Any]:
@@ -185,7 +202,7 @@ def build_server(access: VaultAccess, live: LiveLoop | None = None, **auth: Any)
     @server.tool(description="Bring a forgotten (deleted) memory back.")
     async def undelete(id: MemoryId, ctx: Context[Any, Any]) -> dict[str, Any]:
         caller = caller_of(ctx)
-        return await call(lambda v: tools.undelete(v, caller, id))
+        return await write(lambda v: tools.undelete(v, caller, id))
 
     async def read(answer: Callable[[Vault], T]) -> T:
         try:

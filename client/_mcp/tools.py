@@ -210,13 +210,22 @@ def update(
     memory_id: str,
     content: str | None = None,
     privacy: str | None = None,
+    tags: Sequence[str] | None = None,
+    project: str | None = None,
+    layer: str | None = None,
 ) -> dict[str, Any]:
-    if content is None and privacy is None:
-        raise ToolInputError("nothing to change: give content, privacy or both")
+    """A new version with what is given changed (tags replace all the memory's tags)."""
+    if all(v is None for v in (content, privacy, tags, project, layer)):
+        raise ToolInputError(
+            "nothing to change: give content, privacy, tags, project or layer (or several)"
+        )
     changed = vault.edit(
         id_arg(memory_id),
         None if content is None else content_arg(content),
-        privacy_level=privacy,  # type: ignore[arg-type]
+        privacy_level=privacy,  # type: ignore[arg-type]  # the schema's Literal; edit checks
+        tags=None if tags is None else tags_arg(tags),
+        project=project_arg(project),
+        layer=layer,  # type: ignore[arg-type]
         source=SOURCE,
         tool=caller.name,
     )

@@ -111,11 +111,11 @@ class FeedSignals:
     """What the feed thread tells the watch loop; every method is thread-safe.
 
     `wake` is set whenever something changed (a hint, the connection, a revocation), so
-    the loop can wait on it.
+    the loop can wait on it; given, it is the caller's event (its owner sets it too).
     """
 
-    def __init__(self) -> None:
-        self.wake = threading.Event()
+    def __init__(self, wake: threading.Event | None = None) -> None:
+        self.wake = wake if wake is not None else threading.Event()
         self.consumed = threading.Event()
         self._lock = threading.Lock()
         self._hint: int | None = None

@@ -25,6 +25,7 @@ from .store import get_memory
 
 SearchMode = Literal["all", "any", "substring"]
 DEFAULT_LIMIT: Final = 20
+_MAX_WINDOW: Final = 400  # matches read from the index alone before the whole join answers
 _ORDER: Final = "coalesce(e.modified_at, e.created_at) DESC, e.id"
 
 
@@ -74,13 +75,52 @@ def _phrase(word: str) -> str:
 
 
 def _fts_ids(conn: sqlite3.Connection, match: str, filters: SearchFilters, limit: int) -> list[str]:
+    """The ids of the best `limit` matches passing `filters`, in the stated order. The
+    best-ranked matches come from the index alone (FTS5 keeps its top rows by rank without
+    sorting them all), in growing windows; only they are joined with `engrams` for the
+    filters and the order's tie-breaks. The whole ordered join answers when a window of
+    `_MAX_WINDOW` matches is not enough (selective filters, a long run of equal ranks)."""
+    window = limit
+    while window <= _MAX_WINDOW:
+        rows = conn.execute(
+            "SELECT id, rank FROM engrams_fts WHERE engrams_fts MATCH ? ORDER BY rank LIMIT ?",
+            (match, window + 1),
+        ).fetchall()
+        complete = len(rows) <= window  # every match is here
+        if not complete:
+            # a match beyond the window ranks at least as the first one left out: the
+            # matches ranked strictly better are all here, and they come first
+            cutoff = rows[window][1]
+            rows = [row for row in rows[:window] if row[1] < cutoff]
+        ids = _ordered_ids(conn, rows, filters, limit)
+        if complete or len(ids) == limit:
+            return ids
+        window *= 4
     where, params = filters.sql()
-    rows = conn.execute(
+    found = conn.execute(
         "SELECT e.id FROM engrams_fts f JOIN engrams e ON e.id = f.id"  # noqa: S608 - constants
         f" WHERE engrams_fts MATCH ?{where} ORDER BY f.rank, {_ORDER} LIMIT ?",
         (match, *params, limit),
     ).fetchall()
-    return [str(row[0]) for row in rows]
+    return [str(row[0]) for row in found]
+
+
+def _ordered_ids(
+    conn: sqlite3.Connection, ranked: Sequence[Any], filters: SearchFilters, limit: int
+) -> list[str]:
+    """The best `limit` of the (id, rank) matches `ranked` that pass `filters`, in the
+    stated order (the same ORDER BY as the whole join)."""
+    if not ranked:
+        return []
+    where, params = filters.sql()
+    values = ", ".join("(?, ?)" for _ in ranked)
+    found = conn.execute(
+        f"WITH m(id, rank) AS (VALUES {values})"  # noqa: S608 - placeholders only
+        f" SELECT e.id FROM m JOIN engrams e ON e.id = m.id WHERE 1{where}"
+        f" ORDER BY m.rank, {_ORDER} LIMIT ?",
+        (*(value for row in ranked for value in row), *params, limit),
+    ).fetchall()
+    return [str(row[0]) for row in found]
 
 
 def _substring_ids(

@@ -341,6 +341,43 @@ def edit_memory(conn: sqlite3.Connection, memory_id: str, content: str) -> bool:
     return True
 
 
+def stored_tags(row: sqlite3.Row) -> list[str]:
+    """A row's tags (VAULT §3: a JSON array; [] when it is not one)."""
+    tags = _json_or(row["tags"], [])
+    return tags if isinstance(tags, list) else []
+
+
+def set_labels(
+    conn: sqlite3.Connection,
+    memory_id: str,
+    *,
+    tags: Sequence[str] | None = None,
+    project: str | None = None,
+    layer: str | None = None,
+) -> bool:
+    """Replace a memory's tags, project or layer (those given) as a local edit; False when
+    there is no such memory or nothing changes (VAULT §3: tags a JSON array)."""
+    row = get_row(conn, memory_id)
+    if row is None:
+        return False
+    changes: dict[str, str] = {}
+    if tags is not None and stored_tags(row) != list(tags):
+        changes["tags"] = json.dumps(list(tags), ensure_ascii=False)
+    if project is not None and row["project"] != project:
+        changes["project"] = project
+    if layer is not None and row["layer"] != layer:
+        changes["layer"] = layer
+    if not changes:
+        return False
+    assignments = ", ".join(f"{column} = ?" for column in changes)  # the three names above
+    conn.execute(
+        f"UPDATE engrams SET {assignments} WHERE id = ?",  # noqa: S608 - fixed column names
+        (*changes.values(), memory_id),
+    )
+    mark_edited(conn, memory_id, next_modified_at(row["modified_at"], row["synced_at"]))
+    return True
+
+
 def link_memory(
     conn: sqlite3.Connection, source_id: str, target_id: str, link_type: str, weight: float
 ) -> bool:

@@ -38,6 +38,7 @@ SECTIONS = (
     "agent",
     "stream_hog",
     "history",
+    "mcp",
     *(("web_vault",) if CHROMIUM.exists() else ()),  # issue 34: needs Chromium (bench.web_vault)
 )
 TARGETS = {
@@ -69,6 +70,10 @@ TARGETS = {
     "history_edit_overhead",
     "history_pull_overhead",
     "history_storage_cap",
+    "mcp_remember_to_recall_p50",
+    "mcp_remember_to_recall_p99",
+    "mcp_recall_100k",
+    "mcp_remember_throughput",
 } | ({"web_unlock", "web_pull_10k", "web_search_10k"} if CHROMIUM.exists() else set())
 
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +236,45 @@ def test_a_write_committed_while_a_sync_runs_is_pushed_by_the_next_sync(
         watchdog.cancel()
     assert written
     assert pushed == 1, "the write committed during a sync was left for the timer"
+
+
+def test_a_flood_of_wakes_starts_no_more_syncs_than_the_gap_allows(
+    devices: list[DeviceHandle],
+) -> None:
+    """A program that sets `wake` after each write (`engram-sync mcp`'s tools) makes the
+    watch look at once, but the watch still starts no two syncs within `min_sync_gap_s`
+    (0.5 s): 200 writes each followed by a wake, one every ~10 ms, cost a sync per half
+    second at most, and every write is pushed. Broken once on purpose (the gap's wait
+    skipped while woken): 29 syncs in 3.8 s where 8 were allowed, and the test failed."""
+    alpha, _, _ = devices
+    alpha.restart()
+    wake, stop = threading.Event(), threading.Event()
+    started: list[float] = []
+    flood_at: list[float] = []
+
+    def flood() -> None:
+        wait_for(lambda: bool(started) or stop.is_set(), "the watch's first sync")
+        with Vault.open(alpha.path, PASSPHRASE) as other:
+            flood_at.append(time.monotonic())
+            for index in range(200):
+                other.add(f"written and woken {index}")
+                wake.set()
+                time.sleep(0.01)  # a write every ~10 ms for two seconds or more
+
+    writer = threading.Thread(target=flood, daemon=True)
+    writer.start()
+    watchdog = threading.Timer(90, stop.set)
+    watchdog.start()
+    pushed = 0
+    with Vault.open(alpha.path, PASSPHRASE) as vault:
+        for report in vault.watch(interval=NEVER, stop=stop, wake=wake):
+            started.append(time.monotonic())
+            pushed += report.pushed
+            if pushed >= 200:
+                stop.set()
+    watchdog.cancel()
+    writer.join(30)
+    assert pushed == 200
+    syncs = [at for at in started if at > flood_at[0]]
+    allowed = (started[-1] - flood_at[0]) / 0.5 + 1  # LiveTiming.min_sync_gap_s
+    assert len(syncs) <= allowed, (len(syncs), started[-1] - flood_at[0])

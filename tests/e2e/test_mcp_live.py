@@ -16,9 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from mcp import Client, StdioServerParameters
 from mcp_types import Implementation
 
+from engram_sync.client._flows import live as live_flow
+from engram_sync.client._mcp.access import VaultAccess
+from engram_sync.client._mcp.live import LiveLoop
+from engram_sync.client._mcp.server import build_server
 from engram_sync.relay.services.config import RelayConfig
 from tests.e2e.conftest import PASSPHRASE, DeviceHandle, make_device
 from tests.relay.conftest import Relay, RelayThread, base_config
@@ -145,6 +150,44 @@ def test_relay_down_mid_way_tools_keep_working_and_the_write_crosses_once_it_is_
         anyio.run(main)
     finally:
         servers[-1].stop()
+
+
+NUDGED_WITHIN_S = 10.0  # far below the minute the loop's own check waits here
+
+
+def test_a_tool_write_wakes_the_live_loop_without_waiting_for_its_check(
+    tmp_path: Path, fresh_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's look at the vault for local writes is set to a minute (and its timer is
+    the default five): only the tools' nudge after `remember` explains a push within
+    seconds."""
+    monkeypatch.setattr(live_flow, "LiveTiming", _slow_local_check(live_flow.LiveTiming))
+    _, server, alpha, _ = two_devices(tmp_path, fresh_database_url)
+    access = VaultAccess(alpha.path, PASSPHRASE)
+    loop = LiveLoop(alpha.path, PASSPHRASE).start()
+
+    async def main() -> None:
+        async with Client(build_server(access, loop)) as client:
+            await until("live", lambda: _is(live_state(client), "connected"))
+            assert (await call(client, "sync_status"))["pending_pushes"] == 0
+            await anyio.sleep(1.0)  # past the loop's gap between two syncs (0.5 s)
+            await call(client, "remember", content="pushed at once, not at the next check")
+            start = time.monotonic()
+            while (await call(client, "sync_status"))["pending_pushes"]:
+                waited = time.monotonic() - start
+                assert waited < NUDGED_WITHIN_S, "the write waited for the loop's own check"
+                await anyio.sleep(0.05)
+
+    try:
+        anyio.run(main)
+    finally:
+        loop.stop()
+        access.close()
+        server.stop()
+
+
+def _slow_local_check(timing: type[live_flow.LiveTiming]) -> Callable[[], live_flow.LiveTiming]:
+    return lambda: timing(local_check_s=60.0)
 
 
 async def _is(state: Awaitable[str], wanted: str) -> bool:

@@ -97,6 +97,18 @@ def test_a_vault_adds_gets_lists_searches_edits_and_deletes(tmp_path: Path) -> N
         assert vault.search('AND "(* content:') == []  # FTS syntax is plain text here
         assert vault.edit(first, "Deploy with make ship-it")
         assert [m.id for m in vault.search("ship-it")] == [first]
+        assert vault.edit(first, tags=["ops", "release"], project="platform", layer="semantic")
+        edited = vault.get(first)
+        assert edited is not None
+        assert (edited.tags, edited.project, edited.layer) == (
+            ["ops", "release"], "platform", "semantic")  # fmt: skip
+        assert [m.id for m in vault.search("deploy", tags=["release"], project="platform")] == [
+            first
+        ]
+        with pytest.raises(ValueError, match="layer"):
+            vault.edit(first, layer="dream")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="nothing to change"):
+            vault.edit(first)
         assert vault.delete(second)
         assert vault.get(second) is None
         assert not vault.delete(second)

@@ -160,6 +160,44 @@ def test_bad_arguments_name_the_problem_and_the_server_keeps_serving(
     drive(access, script)
 
 
+def test_update_changes_tags_project_and_layer_as_one_version(access: VaultAccess) -> None:
+    async def script(client: Client) -> None:
+        first = (await call(client, "remember", content="Backups run nightly at two",
+                            tags=["ops", "old"], project="infra"))["id"]  # fmt: skip
+        await call(client, "update", id=first, tags=["ops", "backup"], project="platform",
+                   layer="semantic")  # fmt: skip
+        memory = await call(client, "get", id=first)
+        assert (memory["tags"], memory["project"], memory["layer"], memory["content"]) == (
+            ["ops", "backup"], "platform", "semantic", "Backups run nightly at two")  # fmt: skip
+        found = await call(client, "recall", query="backups", tags=["backup"],
+                           project="platform", layer="semantic")  # fmt: skip
+        assert [m["id"] for m in found["memories"]] == [first]
+        assert (await call(client, "recall", query="backups", project="infra"))["memories"] == []
+        # one new version for the three changes; the same values again make none
+        await call(client, "update", id=first, tags=["ops", "backup"], layer="semantic")
+        kept = await call(client, "history", id=first)
+        assert [v["tags"] for v in kept["versions"]] == [["ops", "old"], ["ops", "backup"]]
+        assert kept["versions"][0]["replaced_by"]["tool"] == "claude-code"
+        await call(client, "update", id=first, tags=[])  # [] removes every tag
+        assert (await call(client, "get", id=first))["tags"] == []
+        for arguments, named in [
+            ({"id": first, "layer": "dream"}, "layer"),
+            ({"id": first, "tags": ["x" * 100]}, "tags"),
+            ({"id": first, "tags": [f"t{i}" for i in range(40)]}, "tags"),
+            ({"id": first, "tags": ["bad\ttag"]}, "tag"),
+            ({"id": first, "project": ""}, "project"),
+            ({"id": first, "project": "p" * 300}, "project"),
+            ({"id": first, "project": "a\x00b"}, "project"),
+            ({"id": "mem_nope", "layer": "semantic"}, "no memory 'mem_nope'"),
+        ]:
+            message = await refused(client, "update", **arguments)
+            assert named in message, (arguments, message)
+        memory = await call(client, "get", id=first)  # nothing refused was written
+        assert (memory["tags"], memory["project"], memory["layer"]) == ([], "platform", "semantic")
+
+    drive(access, script)
+
+
 def test_a_missing_vault_or_a_wrong_passphrase_is_one_clear_error(tmp_path: Path) -> None:
     missing = VaultAccess(tmp_path / "nowhere", PASSPHRASE)
     try:
