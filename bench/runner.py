@@ -25,6 +25,7 @@ from bench import (
     live_throughput,
     pull_memory,
     stream_hog,
+    web_vault,
 )
 from bench import mcp as mcp_bench
 from bench.anti_entropy import measure as measure_anti_entropy
@@ -380,6 +381,16 @@ class Run:
                 mcp_bench.Size.of(quick=self.s.quick), self.log,
             )  # fmt: skip
 
+    # -- issue 34: the web vault in Chromium (docs/web-vault.md) ------------------------------
+
+    def web_vault(self) -> dict[str, Any]:
+        """Unlock, a 10,000-memory pull and search in the page (bench.web_vault), on this run's
+        relay; `{"skipped": reason}` without Chromium or Playwright."""
+        with self.monitor.phase("web_vault"):
+            return web_vault.measure(
+                self.relay.url, self.relay.key, web_vault.Size.of(quick=self.s.quick), self.log
+            )
+
     # -- 11: JSONL import (issue 17) ---------------------------------------------------------
 
     def jsonl_import(self) -> dict[str, Any]:
@@ -495,6 +506,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         )
                         sections["history"] = run.history()  # issue 35 (bench.history)
                         sections["mcp"] = run.mcp()  # issue 33 (bench.mcp)
+                        sections["web_vault"] = run.web_vault()  # issue 34 (bench.web_vault)
                         log("unlock once: a command with and without the key agent")
                         sections["agent"] = agent.measure(  # issue 17, docs/agent.md
                             db.scratch, agent.QUICK_RUNS if settings.quick else agent.RUNS

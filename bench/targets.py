@@ -125,6 +125,8 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
         targets += history_targets(sections["history"])
     if "mcp" in sections:  # issue 33 (bench.mcp)
         targets += mcp_targets(sections["mcp"])
+    if "web_vault" in sections:  # issue 34 (bench.web_vault)
+        targets += web_vault_targets(sections["web_vault"])
     return [t.as_json() for t in targets]
 
 
@@ -574,5 +576,49 @@ def mcp_targets(d: dict[str, Any]) -> list[Target]:
             ">=",
             detail=f"one at a time {rate['one_at_a_time_per_s']:.0f}/s; "
             f"load {rate['load_average_1m']:.1f}",
+        ),
+    ]
+
+
+WEB_UNLOCK_LIMIT_S: Final = 2.0  # issue 34: passphrase unlock to the memories shown
+WEB_PULL_LIMIT_S: Final = 3.0  # issue 34: 10,000 memories pulled, verified, decrypted, listed
+WEB_SEARCH_LIMIT_MS: Final = 50.0  # issue 34: a search over them
+
+
+def web_vault_targets(d: dict[str, Any]) -> list[Target]:
+    """Issue 34 "Figures" (bench.web_vault, docs/web-vault.md), in Chromium; none when the
+    run had no browser (`skipped`)."""
+    if "skipped" in d:
+        return []
+    unlock, pull, search = d["unlock"], d["pull"], d["search"]
+    return [
+        Target(
+            "web_unlock",
+            f"seconds from Unlock to the {unlock['memories']} memories listed in the page "
+            "(two Argon2id derivations in Workers, register, pull, verify, decrypt, list)",
+            unlock["unlock_s"],
+            WEB_UNLOCK_LIMIT_S,
+            "<=",
+            detail=f"keys {unlock['keys_s']:.2f} s",
+        ),
+        Target(
+            "web_pull_10k",
+            f"seconds from the keys derived to {pull['memories']:,} memories listed in the page "
+            "(every page pulled through the proxy and checked, every blob verified and "
+            "decrypted, the list rendered)",
+            pull["pull_s"],
+            WEB_PULL_LIMIT_S,
+            "<=",
+            detail=f"pulled and decrypted {pull['pulled_s']:.2f} s, keys {pull['keys_s']:.2f} s",
+        ),
+        Target(
+            "web_search_10k",
+            f"milliseconds of a search over {search['memories']:,} memories in the page (search "
+            f"and results rendered), median of {search['searches']} queries",
+            search["median_ms"],
+            WEB_SEARCH_LIMIT_MS,
+            "<=",
+            detail=f"first (builds the index) {search['first_ms']:.1f} ms, "
+            f"max {search['max_ms']:.1f} ms",
         ),
     ]

@@ -104,6 +104,17 @@ def test_the_wheel_has_one_top_level_name_and_ships_the_migrations(wheel: Path) 
     assert not [n for n in names if n.startswith(("engram_sync/tests", "engram_sync/bench"))]
 
 
+def test_the_wheel_ships_the_web_vault_bundle(wheel: Path) -> None:
+    """Every file of web/ (docs/web-vault.md) is package data under engram_sync/web/."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    bundle = sorted(p for p in (ROOT / "web").rglob("*") if p.is_file())
+    assert {"index.html", "kdf-worker.js", "hash-wasm-argon2.umd.min.js"} <= {
+        p.name for p in bundle
+    }
+    missing = [p for p in bundle if f"engram_sync/{p.relative_to(ROOT).as_posix()}" not in names]
+    assert missing == []
+
+
 def test_the_relay_dependencies_are_required_only_by_the_extra(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         metadata_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))

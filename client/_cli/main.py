@@ -59,6 +59,7 @@ from . import search as cli_search
 from . import sync_command as cli_sync
 from . import teams as cli_teams
 from . import transfer as cli_transfer
+from . import web_command as cli_web
 from .rekey import rekey as cli_rekey
 from .support import (
     OPTIONS,
@@ -98,6 +99,7 @@ app.add_typer(vaults_app, name="vaults")
 cli_agent.register(app)  # unlock, lock: the key agent (docs/agent.md)
 cli_history.register(app)  # history, undelete, restore, revert (docs/history.md)
 cli_mcp.register(app)  # mcp: the MCP server for AI tools (docs/mcp.md)
+cli_web.register(app)  # web: the web vault on 127.0.0.1 (docs/web-vault.md)
 
 
 @app.callback()

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from bench.browser import CHROMIUM
+
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = (
     "ceiling",
@@ -39,6 +41,7 @@ SECTIONS = (
     "mcp",
     "raw_latency",  # issue 36
     "relay_idle",
+    *(("web_vault",) if CHROMIUM.exists() else ()),  # issue 34: needs Chromium (bench.web_vault)
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -76,7 +79,7 @@ TARGETS = {
     "mcp_remember_to_recall_p99",
     "mcp_recall_100k",
     "mcp_remember_throughput",
-}
+} | ({"web_unlock", "web_pull_10k", "web_search_10k"} if CHROMIUM.exists() else set())
 
 
 def _is_number(value: Any) -> bool:

@@ -1,0 +1,88 @@
+"""The page against a lying relay (the hostile-relay harness of tests/e2e/hostile: a real relay
+process behind a proxy that rewrites its answers), as the Python client is tested there: a
+forged cursor page is refused whole and reported in the page, nothing of it listed; a blob whose
+fields were changed on the way is skipped and reported, the rest of the page applied."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engram_sync.client import Vault
+from engram_sync.client._session import VaultSession
+from engram_sync.client._web.app import build_app
+from engram_sync.client._web.bundle import bundle_dir
+from tests.e2e.conftest import PASSPHRASE
+from tests.e2e.hostile.conftest import proxy as proxy  # a lying proxy per test
+from tests.e2e.hostile.conftest import relay_process as relay_process  # the real relay
+from tests.e2e.hostile.proxy import HostileProxy, rewrite_json
+from tests.relay.conftest import ADMIN_KEY
+from tests.web.conftest import BrowserThread, ServedApp, open_bundle
+
+
+@pytest.fixture
+def vault_id(proxy: HostileProxy, tmp_path: Path) -> str:
+    """A vault of two memories, pushed through the (still honest) proxy."""
+    chosen = f"web-hostile-{secrets.token_hex(4)}"
+    with VaultSession.open(tmp_path / "alpha", PASSPHRASE, create=True) as session:
+        session.link(proxy.url, ADMIN_KEY, chosen, "alpha")
+        vault = Vault(session)
+        vault.add("first memory")
+        vault.add("second memory")
+        vault.sync()
+    return chosen
+
+
+@pytest.fixture
+def web_url(proxy: HostileProxy, vault_id: str) -> Iterator[str]:
+    with ServedApp(build_app(bundle_dir(), proxy.url, vault_id)) as served:
+        yield served.url
+
+
+def _unlock(page: Any, url: str) -> dict[str, Any]:
+    open_bundle(page, url)
+    page.wait_for_function("() => document.getElementById('vault-id').value !== ''")
+    page.fill("#api-key", ADMIN_KEY)
+    page.fill("#passphrase", PASSPHRASE)
+    page.click("#unlock-button")
+    page.wait_for_function(
+        "() => document.getElementById('status').textContent.startsWith('Unlocked')"
+        " || document.getElementById('status').classList.contains('error')"
+    )
+    return {
+        "status": page.inner_text("#status"),
+        "listed": page.locator("#memories li").all_inner_texts(),
+        "problems": page.locator("#problem-list li").all_inner_texts(),
+    }
+
+
+def test_a_cursor_moved_back_is_refused_and_nothing_listed(
+    browser: BrowserThread, proxy: HostileProxy, web_url: str
+) -> None:
+    proxy.on("GET", r"/pull$", rewrite_json(lambda page: {**page, "cursor": 0}))
+    seen = browser.run(lambda page: _unlock(page, web_url))
+    assert seen["status"].startswith("Unlock failed")
+    assert "page was refused and nothing of it applied" in seen["status"]
+    assert len(seen["problems"]) == 1
+    assert "sent cursor 0 after a last blob of sequence 2" in seen["problems"][0]
+    assert seen["listed"] == []
+
+
+def test_a_blob_changed_on_the_way_is_skipped_and_reported(
+    browser: BrowserThread, proxy: HostileProxy, web_url: str
+) -> None:
+    def forge(page: dict[str, Any]) -> None:
+        page["blobs"][0]["device_id"] = "someone-else"  # under the HMAC of PROTOCOL §3
+
+    proxy.on("GET", r"/pull$", rewrite_json(forge))
+    seen = browser.run(lambda page: _unlock(page, web_url))
+    assert seen["status"].startswith("Unlocked: 1 memories")
+    assert "1 skipped" in seen["status"]
+    assert len(seen["listed"]) == 1
+    assert len(seen["problems"]) == 1
+    assert "HMAC mismatch" in seen["problems"][0]
+    assert "someone-else" in seen["problems"][0]

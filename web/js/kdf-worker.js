@@ -1,0 +1,49 @@
+// The Argon2id derivations of PROTOCOL §2 off the page's thread (a classic Worker: hash-wasm's
+// UMD build defines self.hashwasm). The raw output never leaves this worker: it is imported as a
+// non-extractable CryptoKey, the bytes are zeroed, and only the CryptoKey is posted back. The
+// one exception is a derived vault id (public: it names the vault on the relay), posted as hex.
+/* global hashwasm */
+"use strict";
+importScripts("../vendor/hash-wasm-argon2.umd.min.js");
+
+async function domainSalt(tag) {
+  // PROTOCOL §2: salt = the first 16 raw bytes of SHA-256(tag)
+  const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(tag));
+  return new Uint8Array(digest).slice(0, 16);
+}
+
+async function argon2id(passphrase, tag, memoryKib) {
+  return hashwasm.argon2id({
+    password: new TextEncoder().encode(passphrase), // raw UTF-8, no normalisation
+    salt: await domainSalt(tag),
+    parallelism: 4,
+    iterations: 3,
+    memorySize: memoryKib,
+    hashLength: 32,
+    outputType: "binary",
+  });
+}
+
+const IMPORT = {
+  aes: (raw) => crypto.subtle.importKey("raw", raw, { name: "AES-GCM" }, false,
+    ["encrypt", "decrypt"]),
+  hmac: (raw) => crypto.subtle.importKey("raw", raw, { name: "HMAC", hash: "SHA-256" }, false,
+    ["sign", "verify"]),
+};
+
+self.onmessage = async (event) => {
+  const { id, passphrase, tag, memoryKib, use } = event.data;
+  try {
+    const raw = await argon2id(passphrase, tag, memoryKib);
+    let result;
+    if (use === "hex") {
+      result = Array.from(raw, (b) => b.toString(16).padStart(2, "0")).join("");
+    } else {
+      result = await IMPORT[use](raw);
+    }
+    raw.fill(0);
+    self.postMessage({ id, result });
+  } catch (e) {
+    self.postMessage({ id, error: String(e && e.message ? e.message : e) });
+  }
+};
