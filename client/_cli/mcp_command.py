@@ -37,6 +37,7 @@ def _existing_vault_dir() -> Path:
 
 
 @mcp_app.callback()
+# long: the command's options are its signature (typer)
 def mcp(
     ctx: typer.Context,
     print_config: Annotated[

@@ -95,6 +95,8 @@ def caller_of(ctx: Context[Any, Any]) -> Caller:
     return Caller.of(name, getattr(info, "version", None))
 
 
+# long: every tool and resource is declared inside, each a few lines bound to this server's
+#   vault access and caller; their checks and work are in client._mcp.tools
 def build_server(access: VaultAccess, live: LiveLoop | None = None, **auth: Any) -> MCPServer:
     """The MCP server over the vault `access` opens, `live` its sync loop (None: none);
     `auth` is the `token_verifier` and `auth` settings of `http` (none over stdio)."""

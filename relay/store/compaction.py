@@ -76,30 +76,40 @@ async def compact_vault(
         count = sum(int(r["n"]) for r in rows)
         horizon = max([vault["compacted_through"], *(int(r["top"]) for r in rows)])
         if count:
-            removed = 0
-            xors: dict[int, int] = {}
-            gone: dict[int, int] = {}
-            for r in rows:
-                hashes = xor_of_words(r)  # the XOR of the removed versions' hashes
-                removed ^= hashes
-                xors[r["digest_bucket"]] = hashes >> PREFIX_SHIFT  # PROTOCOL §18, 0012
-                gone[r["digest_bucket"]] = -int(r["n"])
-            prefixes, counts = apply_changes(
-                vault["bucket_prefixes"], vault["bucket_counts"], xors, gone
-            )
-            await conn.execute(
-                "UPDATE vaults SET compacted_through = $2, bytes_used = bytes_used - $3,"
-                " tombstones = tombstones - $4, digest = $5, bucket_prefixes = $6,"
-                " bucket_counts = $7 WHERE vault_id = $1",
-                vault_id,
-                horizon,
-                sum(int(r["bytes"]) for r in rows),
-                count,
-                digest_bytes(digest_int(vault["digest"]) ^ removed),  # PROTOCOL §18
-                prefixes,
-                counts,
-            )
+            await _take_out(conn, vault_id, vault, rows, horizon)
         return CompactionResult(vault_id, count, horizon)
+
+
+async def _take_out(
+    conn: asyncpg.Connection,
+    vault_id: str,
+    vault: asyncpg.Record,
+    rows: list[asyncpg.Record],
+    horizon: int,
+) -> None:
+    """The vault row without the removed tombstones: horizon, bytes, count, and the digest
+    and bucket prefixes with their versions XORed out (PROTOCOL §18, revision 0012)."""
+    removed = 0
+    xors: dict[int, int] = {}
+    gone: dict[int, int] = {}
+    for r in rows:
+        hashes = xor_of_words(r)  # the XOR of the removed versions' hashes
+        removed ^= hashes
+        xors[r["digest_bucket"]] = hashes >> PREFIX_SHIFT  # PROTOCOL §18, 0012
+        gone[r["digest_bucket"]] = -int(r["n"])
+    prefixes, counts = apply_changes(vault["bucket_prefixes"], vault["bucket_counts"], xors, gone)
+    await conn.execute(
+        "UPDATE vaults SET compacted_through = $2, bytes_used = bytes_used - $3,"
+        " tombstones = tombstones - $4, digest = $5, bucket_prefixes = $6,"
+        " bucket_counts = $7 WHERE vault_id = $1",
+        vault_id,
+        horizon,
+        sum(int(r["bytes"]) for r in rows),
+        sum(int(r["n"]) for r in rows),
+        digest_bytes(digest_int(vault["digest"]) ^ removed),  # PROTOCOL §18
+        prefixes,
+        counts,
+    )
 
 
 async def compact_vaults(conn: asyncpg.Connection, retention: timedelta) -> list[CompactionResult]:

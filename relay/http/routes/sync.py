@@ -9,6 +9,7 @@ from litestar import Request, get, post
 from litestar.params import FromPath, FromQuery, QueryParameter
 from msgspec import UNSET, UnsetType
 
+from engram_sync.relay.domain.api_keys import Principal
 from engram_sync.relay.domain.instants import parse_storable
 from engram_sync.relay.domain.push_rules import check_structure
 from engram_sync.relay.http.app_state import relay_state
@@ -19,6 +20,7 @@ from engram_sync.relay.http.routes.feed_support import listener_of
 from engram_sync.relay.http.routes.ids import require_id
 from engram_sync.relay.http.routes.long_poll import MAX_WAIT_S, held_pull
 from engram_sync.relay.http.routes.retire import authorize_until_erased
+from engram_sync.relay.services.state import RelayState
 from engram_sync.relay.store import sync as store
 from engram_sync.relay.store.push import PushJob
 from engram_sync.relay.store.retire import Retirement
@@ -117,38 +119,9 @@ async def pull(
     state = relay_state(request)
     principal = await authorize(request, require_id(vault_id, "vault_id"))
     page_size = min(limit or DEFAULT_PULL_LIMIT, MAX_PULL_LIMIT)
-    pool = state.require_pool()
     if cursor is not None:
-        device = device_for_progress(request, principal.device_id)
-
-        async def one_page() -> store.Page:
-            return await store.pull_by_cursor(
-                pool,
-                vault_id,
-                cursor,
-                page_size,
-                device,
-                max_bytes=state.config.max_page_bytes,
-                origin=origin,
-                named=principal.device_id is None,  # PROTOCOL §12: a header proves nothing
-            )
-
-        if wait is None or not state.config.feed_notify:  # ENGRAM_RELAY_LIVE_FEED=off
-            page = await one_page()
-        else:
-            listener = listener_of(request, state, vault_id, device, principal)
-            scope = cast(dict[str, Any], request.scope)
-            page = await held_pull(state, listener, cursor, wait, one_page, scope)
-        state.metrics.pulls.labels("cursor").inc()
-        state.metrics.blobs_pulled.inc(len(page.blobs))
-        state.metrics.pull_lag.observe(page.lag)
-        return PullResponse(
-            blobs=page.blobs,
-            has_more=page.has_more,
-            cursor=page.cursor,
-            generation=state.generation,  # PROTOCOL §17, cached: no query of its own
-            head=page.head,
-            retired=retired_field(page.retired),
+        return await _pull_by_cursor(
+            request, state, principal, vault_id, cursor, page_size, origin=origin, wait=wait
         )
     if wait is not None:
         raise bad_request(
@@ -163,7 +136,7 @@ async def pull(
         except ValueError as exc:
             raise bad_request(f"since: {exc}", code="invalid_request", field="since") from None
     blobs, has_more, retired = await store.pull_since(
-        pool, vault_id, instant, page_size, max_bytes=state.config.max_page_bytes
+        state.require_pool(), vault_id, instant, page_size, max_bytes=state.config.max_page_bytes
     )
     state.metrics.pulls.labels("since").inc()
     state.metrics.blobs_pulled.inc(len(blobs))
@@ -172,6 +145,52 @@ async def pull(
         has_more=has_more,
         generation=state.generation,
         retired=retired_field(retired),
+    )
+
+
+async def _pull_by_cursor(
+    request: Request[Any, Any, Any],
+    state: RelayState,
+    principal: Principal,
+    vault_id: str,
+    cursor: int,
+    page_size: int,
+    *,
+    origin: int | None,
+    wait: float | None,
+) -> PullResponse:
+    """The cursor mode (§9): one page, or with `wait` one held until a commit (§15)."""
+    pool = state.require_pool()
+    device = device_for_progress(request, principal.device_id)
+
+    async def one_page() -> store.Page:
+        return await store.pull_by_cursor(
+            pool,
+            vault_id,
+            cursor,
+            page_size,
+            device,
+            max_bytes=state.config.max_page_bytes,
+            origin=origin,
+            named=principal.device_id is None,  # PROTOCOL §12: a header proves nothing
+        )
+
+    if wait is None or not state.config.feed_notify:  # ENGRAM_RELAY_LIVE_FEED=off
+        page = await one_page()
+    else:
+        listener = listener_of(request, state, vault_id, device, principal)
+        scope = cast(dict[str, Any], request.scope)
+        page = await held_pull(state, listener, cursor, wait, one_page, scope)
+    state.metrics.pulls.labels("cursor").inc()
+    state.metrics.blobs_pulled.inc(len(page.blobs))
+    state.metrics.pull_lag.observe(page.lag)
+    return PullResponse(
+        blobs=page.blobs,
+        has_more=page.has_more,
+        cursor=page.cursor,
+        generation=state.generation,  # PROTOCOL §17, cached: no query of its own
+        head=page.head,
+        retired=retired_field(page.retired),
     )
 
 
