@@ -675,7 +675,8 @@ class Syncer:
     def _blob_limit(self) -> int:
         if self._max_blob_bytes is None:
             try:
-                self._max_blob_bytes = self.relay.info().max_blob_bytes
+                # asked once per relay client, i.e. per vault session (issue 36)
+                self._max_blob_bytes = self.relay.known_info().max_blob_bytes
             except SyncError:  # a relay without /v1/info: the core's limit (PROTOCOL §6)
                 self._max_blob_bytes = DEFAULT_MAX_BLOB_BYTES
         return self._max_blob_bytes
