@@ -181,10 +181,17 @@ def _noting_triggers() -> tuple[str, ...]:
         for event in events:
             row = "NEW" if event == "INSERT" else "OLD"
             memory = f"{row}.{column}"
+            # a memory with no known clock holds no version before or after a change of
+            # another table (an import, a new local memory): nothing to note
+            known = (
+                ""
+                if table == "sync_known_clocks"
+                else f" EXISTS (SELECT 1 FROM sync_known_clocks WHERE memory_id = {memory}) AND"  # noqa: S608
+            )
             statements.append(
                 f"CREATE TRIGGER IF NOT EXISTS sync_digest_note_{table}_{event.lower()}"  # noqa: S608 - identifiers from _HELD_SOURCES
-                f" BEFORE {event} ON {table}"
-                f" WHEN NOT EXISTS (SELECT 1 FROM sync_digest_dirty WHERE memory_id = {memory})"
+                f" BEFORE {event} ON {table} WHEN{known}"
+                f" NOT EXISTS (SELECT 1 FROM sync_digest_dirty WHERE memory_id = {memory})"
                 " BEGIN"
                 " INSERT INTO sync_digest_dirty (memory_id, device_id, vector_clock, deleted)"
                 " SELECT memory_id, device_id, vector_clock, deleted FROM sync_digest_versions"
@@ -205,13 +212,13 @@ _MIGRATION_5: Final = (
         count INTEGER NOT NULL
     )""",
     # memories whose held version may have changed since the last fold, with the version
-    # they held then (device_id NULL: none)
+    # they held then (device_id NULL: none); WITHOUT ROWID: one b-tree written, not two
     """CREATE TABLE IF NOT EXISTS sync_digest_dirty (
         memory_id TEXT PRIMARY KEY,
         device_id TEXT,
         vector_clock INTEGER,
         deleted INTEGER
-    )""",
+    ) WITHOUT ROWID""",
     # every memory's held version (client._vault.held_versions `_HELD`, in one view);
     # `held` = 0 for a tombstone the relay compacted at that clock
     """CREATE VIEW IF NOT EXISTS sync_digest_versions AS SELECT
