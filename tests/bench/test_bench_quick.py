@@ -36,6 +36,8 @@ SECTIONS = (
     "agent",
     "stream_hog",
     "history",
+    "client_sizes",
+    "agent_reads",
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -66,6 +68,14 @@ TARGETS = {
     "history_edit_overhead",
     "history_pull_overhead",
     "history_storage_cap",
+    "one_memory_vs_api_small",  # issue 36 (bench.client_e2e.measure_sizes)
+    "one_memory_vs_api_large",
+    "one_memory_cost_large_vs_small",
+    "client_push_vs_api",
+    "client_pull_apply_vs_api",
+    "agent_search_page_ms",  # issue 36 (bench.agent_reads)
+    "agent_list_json_ms",
+    "agent_search_all_json_ms",
 }
 
 
