@@ -3,6 +3,7 @@ pulled, verified, decrypted and applied by B, through the relay, with the real c
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import pstats
 import random
@@ -264,52 +265,59 @@ def _client_round_trip(a: Vault, b: Vault, n: int) -> float:
     return took
 
 
-def measure_size(
-    base: Path, relay_url: str, key: str, memories: int, rounds: int, log: Callable[[str], None]
-) -> SizeResult:
-    """One vault size: A fills and pushes, B pulls (the client's bulk rates), the relay API
-    pulls and pushes the same blobs (its rates), then `rounds` one-memory round trips of the
-    client and of the relay API, interleaved."""
+@dataclass
+class _Sized:
+    """One vault size set up: its two devices, the bulk figures, the relay API pair."""
+
+    memories: int
+    a: Vault
+    b: Vault
+    pair: _ApiPair
+    bulk: tuple[float, float, float, float]  # client push, client pull, api pull, api push s
+    client_ms: list[float]
+    api_ms: list[float]
+
+    def result(self) -> SizeResult:
+        return SizeResult(self.memories, *self.bulk, self.client_ms, self.api_ms)
+
+
+def _set_up(
+    stack: contextlib.ExitStack,
+    base: Path,
+    relay_url: str,
+    key: str,
+    memories: int,
+    log: Callable[[str], None],
+) -> _Sized:
+    """A fills and pushes, B pulls (the client's bulk rates), the relay API pulls and
+    pushes the same blobs (its rates); the devices stay open for the round trips."""
     vault_id = f"sizes-{memories}"
-    dir_a, dir_b = base / f"{vault_id}-a", base / f"{vault_id}-b"
     rng = random.Random(memories)  # noqa: S311 - test data, not crypto
-    try:
-        with (
-            VaultSession.open(dir_a, PASSPHRASE, create=True) as a,
-            VaultSession.open(dir_b, PASSPHRASE, create=True) as b,
-        ):
-            for session, label in ((a, "bench-a"), (b, "bench-b")):
-                session.link(relay_url, key, vault_id, label)
-                _ = session.keys
-            log(f"  {memories} memories: filling device A")
-            for first in range(0, memories, ADD_CHUNK):
-                with a.vault.transaction() as conn:
-                    for _ in range(first, min(first + ADD_CHUNK, memories)):
-                        local_store.add_memory(
-                            conn, sentence(rng), tags=tags(rng), project=project(rng)
-                        )
-            vault_a, vault_b = Vault(a), Vault(b)
-            log(f"  {memories} memories: A pushes, B pulls and applies (the client)")
-            pushed, push_s = _timed(vault_a.sync)
-            pulled, pull_s = _timed(vault_b.sync)
-            if pushed.pushed != memories or pulled.applied != memories:
-                raise BenchError(f"bulk sync: pushed {pushed.pushed}, applied {pulled.applied}")
-            log(f"  {memories} memories: the same blobs through the relay API")
-            api_pull_s, api_push_s = _api_bulk(relay_url, key, vault_id, f"{vault_id}-api")
-            pair = _ApiPair(relay_url, key, f"{vault_id}-rt", a)
-            _client_round_trip(vault_a, vault_b, 0)  # warm: the first check of each side
-            client_ms: list[float] = []
-            api_ms: list[float] = []
-            try:
-                for n in range(1, rounds + 1):
-                    client_ms.append(_client_round_trip(vault_a, vault_b, n))
-                    api_ms.append(pair.round_trip())
-            finally:
-                pair.close()
-        return SizeResult(memories, push_s, pull_s, api_pull_s, api_push_s, client_ms, api_ms)
-    finally:
-        shutil.rmtree(dir_a, ignore_errors=True)
-        shutil.rmtree(dir_b, ignore_errors=True)
+    sessions = []
+    for side in ("a", "b"):
+        where = base / f"{vault_id}-{side}"
+        stack.callback(shutil.rmtree, where, ignore_errors=True)
+        session = stack.enter_context(VaultSession.open(where, PASSPHRASE, create=True))
+        session.link(relay_url, key, vault_id, f"bench-{side}")
+        _ = session.keys
+        sessions.append(session)
+    log(f"  {memories} memories: filling device A")
+    for first in range(0, memories, ADD_CHUNK):
+        with sessions[0].vault.transaction() as conn:
+            for _ in range(first, min(first + ADD_CHUNK, memories)):
+                local_store.add_memory(conn, sentence(rng), tags=tags(rng), project=project(rng))
+    a, b = Vault(sessions[0]), Vault(sessions[1])
+    log(f"  {memories} memories: A pushes, B pulls and applies (the client)")
+    pushed, push_s = _timed(a.sync)
+    pulled, pull_s = _timed(b.sync)
+    if pushed.pushed != memories or pulled.applied != memories:
+        raise BenchError(f"bulk sync: pushed {pushed.pushed}, applied {pulled.applied}")
+    log(f"  {memories} memories: the same blobs through the relay API")
+    api_pull_s, api_push_s = _api_bulk(relay_url, key, vault_id, f"{vault_id}-api")
+    pair = _ApiPair(relay_url, key, f"{vault_id}-rt", sessions[0])
+    stack.callback(pair.close)
+    _client_round_trip(a, b, 0)  # warm: the first check of each side
+    return _Sized(memories, a, b, pair, (push_s, pull_s, api_pull_s, api_push_s), [], [])
 
 
 def measure_sizes(
@@ -321,14 +329,23 @@ def measure_sizes(
     log: Callable[[str], None],
     sizes: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    """Issue 36's client rows: each size of SIZES (QUICK_SIZES, or `sizes`), and the cost
-    ratio of the one-memory round trip, largest size to smallest, all in one run."""
+    """Issue 36's client rows: each size of SIZES (QUICK_SIZES, or `sizes`) set up, then the
+    one-memory round trips of every size, client and relay API, interleaved round by round
+    (so a change of the machine's load falls on all of them alike), and the cost ratio of
+    the client's round trip, largest size to smallest, all in one run."""
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     rounds = QUICK_ONE_MEMORY_ROUNDS if quick else ONE_MEMORY_ROUNDS
-    results = []
-    for memories in sizes:
-        log(f"client sync against vault size: {memories} memories, {rounds} round trips")
-        results.append(measure_size(base, relay_url, key, memories, rounds, log).as_json())
+    with contextlib.ExitStack() as stack:
+        set_up = []
+        for memories in sizes:
+            log(f"client sync against vault size: {memories} memories")
+            set_up.append(_set_up(stack, base, relay_url, key, memories, log))
+        log(f"one memory A -> B: {rounds} rounds, interleaved over the sizes")
+        for n in range(1, rounds + 1):
+            for sized in set_up:
+                sized.client_ms.append(_client_round_trip(sized.a, sized.b, n))
+                sized.api_ms.append(sized.pair.round_trip())
+        results = [sized.result().as_json() for sized in set_up]
     small, large = results[0], results[-1]
     return {
         "rounds": rounds,
