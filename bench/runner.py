@@ -16,6 +16,7 @@ import httpx
 
 from bench import (
     agent,
+    agent_reads,
     ceiling,
     client_e2e,
     history,
@@ -315,6 +316,18 @@ class Run:
             },
         }  # fmt: skip
 
+    # -- issue 36: a sync costs what changed, not what the vault holds --------------------------
+
+    def client_sizes(self) -> dict[str, Any]:
+        """One memory A -> B and the bulk rates, client against relay API, per vault size
+        (bench.client_e2e.measure_sizes), on this run's relay."""
+        scratch = self.db.scratch / "client-sizes"
+        scratch.mkdir(exist_ok=True)
+        with self.monitor.phase("client_sizes"):
+            return client_e2e.measure_sizes(
+                scratch, self.relay.url, self.relay.key, quick=self.s.quick, log=self.log
+            )
+
     # -- 13: the live change feed (issue 15) ---------------------------------------------------
 
     def live_feed(self) -> dict[str, Any]:
@@ -494,6 +507,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         sections["latency"] = latency
                         sections["raw_latency"] = run.raw_latency()  # issue 36
                         sections["client_e2e"] = run.client_e2e()
+                        sections["client_sizes"] = run.client_sizes()  # issue 36
                         sections["pull_memory"] = run.pull_memory()
                         sections["jsonl_import"] = run.jsonl_import()
                         sections["rekey"] = run.rekey()  # issue 16 (bench.rekey)
@@ -510,6 +524,10 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         log("unlock once: a command with and without the key agent")
                         sections["agent"] = agent.measure(  # issue 17, docs/agent.md
                             db.scratch, agent.QUICK_RUNS if settings.quick else agent.RUNS
+                        )
+                        log("list and search with the key agent, a larger vault (issue 36)")
+                        sections["agent_reads"] = agent_reads.measure(
+                            db.scratch, quick=settings.quick
                         )
                     finally:
                         loop.run(conn.close())

@@ -21,9 +21,14 @@ REKEY_SECONDS_LIMIT: Final = 60.0  # issue 16: 100,000 memories re-keyed (scaled
 REKEY_FULL_MEMORIES: Final = 100_000
 REKEY_REFUSED_LIMIT: Final = 1.0  # issue 16: the old vault refusing this device's writes
 AGENT_COMMAND_LIMIT_MS: Final = 50.0  # issue 17: a command with the key agent running
+AGENT_JSON_ALL_LIMIT_MS: Final = 250.0  # issue 36: every memory of 5,000 as JSON, agent running
 WAKE_P50_LIMIT_MS: Final = 15.0  # issue 15: push -> applied on the other device, p50
 WAKE_P99_LIMIT_MS: Final = 75.0  # and p99 (here only the relay's part: push -> hint)
 FEED_PUSH_OVERHEAD: Final = 0.03  # issue 15: push throughput with the feed within 3% of off
+ONE_MEMORY_VS_API: Final = 3.0  # issue 36: one memory A -> B, client / relay API round trip
+ONE_MEMORY_SIZE_RATIO: Final = 1.2  # and its cost, largest vault / smallest
+CLIENT_PUSH_VS_API: Final = 0.5  # client push rate / relay API push rate, largest vault
+CLIENT_PULL_VS_API: Final = 0.3  # client pull+apply rate / relay API pull rate
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,10 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
         targets += mcp_targets(sections["mcp"])
     if "web_vault" in sections:  # issue 34 (bench.web_vault)
         targets += web_vault_targets(sections["web_vault"])
+    if "agent_reads" in sections:  # issue 36 (bench.agent_reads)
+        targets += agent_reads_targets(sections["agent_reads"])
+    if "client_sizes" in sections:  # issue 36 (bench.client_e2e.measure_sizes)
+        targets += client_size_targets(sections["client_sizes"])
     return [t.as_json() for t in targets]
 
 
@@ -383,6 +392,79 @@ def pull_memory_target(pulls: dict[str, Any], load: dict[str, float] | None = No
             load,
         ),
     )
+
+
+def client_size_targets(d: dict[str, Any]) -> list[Target]:
+    """Issue 36: a sync costs what changed, not what the vault holds; every ratio from one
+    run (bench.client_e2e.measure_sizes)."""
+    sizes = d["sizes"]
+    large = sizes[-1]
+    targets = [
+        Target(
+            f"one_memory_vs_api_{which}",
+            f"one memory A -> B through the client library (A add + sync, B sync), "
+            f"{s['memories']:,}-memory vault, / the relay API round trip (push, pull), medians",
+            s["one_memory_vs_api"],
+            ONE_MEMORY_VS_API,
+            "<=",
+            detail=f"({s['one_memory_client_ms']:.1f} against {s['one_memory_api_ms']:.1f} ms)",
+        )
+        for which, s in (("small", sizes[0]), ("large", large))
+    ]
+    targets += [
+        Target(
+            "one_memory_cost_large_vs_small",
+            f"one memory A -> B through the client, {large['memories']:,}-memory vault / "
+            f"{sizes[0]['memories']:,}-memory vault (medians)",
+            d["one_memory_large_vs_small"],
+            ONE_MEMORY_SIZE_RATIO,
+            "<=",
+        ),
+        Target(
+            "client_push_vs_api",
+            f"client push memories/s / relay API push blobs/s, {large['memories']:,} memories",
+            large["push_vs_api"],
+            CLIENT_PUSH_VS_API,
+            ">=",
+            detail=f"({large['client_push_per_s']:,.0f} against {large['api_push_per_s']:,.0f}/s)",
+        ),
+        Target(
+            "client_pull_apply_vs_api",
+            f"client pull+apply memories/s / relay API pull blobs/s, {large['memories']:,} "
+            "memories",
+            large["pull_apply_vs_api"],
+            CLIENT_PULL_VS_API,
+            ">=",
+            detail=f"({large['client_pull_apply_per_s']:,.0f} against "
+            f"{large['api_pull_per_s']:,.0f}/s)",
+        ),
+    ]
+    return targets
+
+
+def agent_reads_targets(d: dict[str, Any]) -> list[Target]:
+    """Issue 36: `list` and `search` with the key agent answer in <= 50 ms for a page of
+    results and <= 0.25 s for every memory as JSON (bench.agent_reads)."""
+    n = d["memories"]
+    rows = (
+        ("agent_search_page_ms", "search_page_json", "a page of `search --json` results",
+         AGENT_COMMAND_LIMIT_MS),
+        ("agent_list_json_ms", "list_json", "`list --json`", AGENT_JSON_ALL_LIMIT_MS),
+        ("agent_search_all_json_ms", "search_all_json", "`search --json` finding every memory",
+         AGENT_JSON_ALL_LIMIT_MS),
+    )  # fmt: skip
+    return [
+        Target(
+            name,
+            f"wall ms of {words} as a subprocess, key agent running, {n:,}-memory vault",
+            d[f"{key}_ms"]["median"],
+            limit,
+            "<=",
+            detail=f"({d['output_bytes'][key]:,} bytes out; the interpreter's start alone "
+            f"{d['python_startup_ms']['median']:.0f} ms)",
+        )
+        for name, key, words, limit in rows
+    ]
 
 
 def agent_target(agent: dict[str, Any]) -> Target:

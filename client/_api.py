@@ -361,8 +361,8 @@ class Vault:
         Raises `NotLinkedError` before `link`, and a `SyncError` subclass when the relay
         refuses, cannot be reached, or answers what the protocol does not allow.
         """
-        with self._session.relay() as relay:
-            return self._session.syncer(relay, progress).sync()
+        # one connection pool and one /v1/info per session, not per sync (issue 36)
+        return self._session.syncer(self._session.shared_relay(), progress).sync()
 
     def rekey(
         self,

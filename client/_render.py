@@ -12,12 +12,11 @@ import sqlite3
 from collections.abc import Mapping
 from typing import IO, Any, Final
 
+import msgspec
 from rich.console import Console
 
-from engram_sync.shared_format.plaintext import MemoryPlaintext
-
-from ._vault.search import SearchFilters, search
-from ._vault.store import get_row, list_memories, row_needs_push
+from ._vault.search import SearchFilters, search_ids
+from ._vault.summaries import all_summaries, summaries_of
 
 LAYERS: Final = ("episodic", "semantic", "imagined")
 _MODE_NOTE: Final = {
@@ -52,30 +51,23 @@ def console(
 
 
 def print_json(payload: Any, to: Console) -> None:
-    """`payload` as indented JSON on `to`."""
-    to.print_json(json.dumps(payload, ensure_ascii=False, sort_keys=True))
-
-
-def memory_summary(conn: sqlite3.Connection, memory: MemoryPlaintext) -> dict[str, Any]:
-    """What `list` and `search` show of a memory (the fields of `list --json`), with whether
-    the vault holds it as pushed."""
-    row = get_row(conn, memory.id)
-    return {
-        "id": memory.id,
-        "content": memory.content,
-        "layer": memory.layer,
-        "tags": memory.tags,
-        "project": memory.project,
-        "created_at": memory.created_at,
-        "modified_at": memory.modified_at,
-        "privacy_level": memory.privacy_level,  # docs/privacy.md
-        "synced": row is not None and not row_needs_push(row),
-    }
+    """`payload` as indented JSON (2 spaces, keys sorted, UTF-8 as it is) on `to`. Where
+    there are no colours (a pipe, a file: a tool reading it), encoded by msgspec and written
+    as it is, at what the bytes cost (issue 36: rich's rendering of 5,000 memories took
+    seconds), the bytes rich printed there (tests/client/test_render.py); on a colour
+    terminal rich colours it, as before."""
+    if to.color_system is not None and not to.no_color:
+        to.print_json(json.dumps(payload, ensure_ascii=False, sort_keys=True))
+        return
+    text = msgspec.json.format(msgspec.json.encode(payload, order="sorted"), indent=2)
+    to.file.write(text.decode("utf-8") + "\n")
+    to.file.flush()
 
 
 def list_items(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    """What `list` shows, oldest first: each memory's summary and whether it is synced."""
-    return [memory_summary(conn, memory) for memory in list_memories(conn)]
+    """What `list` shows, oldest first: each memory's summary and whether it is synced
+    (client._vault.summaries: one query, no plaintext built)."""
+    return all_summaries(conn)
 
 
 def render_list(items: list[dict[str, Any]], json_out: bool, out: Console, err: Console) -> None:
@@ -112,9 +104,9 @@ def search_items(
     limit: int,
 ) -> tuple[str, list[dict[str, Any]]]:
     """The search's mode and what it shows of each result (client._vault.search)."""
-    result = search(conn, query, limit=limit, filters=SearchFilters(tuple(tags), project, layer))
-    items = [memory_summary(conn, memory) for memory in result.memories]
-    return result.mode, items
+    filters = SearchFilters(tuple(tags), project, layer)
+    mode, ids = search_ids(conn, query, limit=limit, filters=filters)
+    return mode, summaries_of(conn, ids)
 
 
 def render_search(

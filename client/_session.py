@@ -58,6 +58,8 @@ class VaultSession:
     state: SyncState
     _keys: SyncKeys | None = field(default=None, repr=False)
     _passphrase_keys: SyncKeys | None = field(default=None, repr=False)
+    _shared_relay: RelayClient | None = field(default=None, repr=False)
+    _shared_for: tuple[str | None, str | None, str] | None = field(default=None, repr=False)
 
     @classmethod
     def open(cls, path: Path, passphrase: str, *, create: bool = False) -> VaultSession:
@@ -99,7 +101,8 @@ class VaultSession:
             raise
 
     def close(self) -> None:
-        """Close the database."""
+        """Close the shared relay client and the database."""
+        self._drop_shared_relay()
         self.vault.close()
 
     def __enter__(self) -> VaultSession:
@@ -149,6 +152,22 @@ class VaultSession:
             device_id=self.device.device_id,
             **kwargs,  # type: ignore[arg-type]
         )
+
+    def shared_relay(self) -> RelayClient:
+        """The session's relay client (issue 36): one connection pool and one /v1/info
+        answer for every sync of the session and its live loop (`with_retries` for another
+        retry budget on the same pool). Closed by `close`, and replaced when the relay,
+        its key or the device id changes."""
+        made_for = (self.config.server_url, self.config.api_key, self.device.device_id)
+        if self._shared_relay is None or self._shared_for != made_for:
+            self._drop_shared_relay()
+            self._shared_relay, self._shared_for = self.relay(), made_for
+        return self._shared_relay
+
+    def _drop_shared_relay(self) -> None:
+        if self._shared_relay is not None:
+            self._shared_relay.close()
+            self._shared_relay = self._shared_for = None
 
     def link(self, server_url: str, api_key: str, vault_id: str | None, label: str | None) -> str:
         """Point the vault at a relay, pin the vault id, register this device's label."""

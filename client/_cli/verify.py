@@ -69,6 +69,8 @@ def verify(
 
 
 def _say(digest: DigestReport, repair: bool) -> None:
+    if digest.kept_repaired:
+        err.print("this device's kept digest disagreed with its rows: recomputed (issue 36)")
     if digest.matched and not digest.buckets:
         out.print(f"in agreement: {digest.device_count} version(s), digest {digest.relay_digest}")
         return

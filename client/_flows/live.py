@@ -124,16 +124,17 @@ class LiveSync:
 
     def run(self) -> Iterator[SyncReport]:
         """Sync until stopped; NotLinkedError at once when the vault is not linked."""
-        with self.session.relay(max_retries=2) as relay:
-            # a mismatch while others push is what their commits make: the sync their
-            # change hint brings checks again (Syncer.digest_when_behind)
-            syncer = self.session.syncer(relay, digest_when_behind=False)
-            feed = self._start_feed()
-            try:
-                yield from self._loop(syncer)
-            finally:
-                if feed is not None:
-                    feed.stop()
+        # the session's pool and /v1/info, shared with its other syncs (issue 36)
+        relay = self.session.shared_relay().with_retries(2)
+        # a mismatch while others push is what their commits make: the sync their
+        # change hint brings checks again (Syncer.digest_when_behind)
+        syncer = self.session.syncer(relay, digest_when_behind=False)
+        feed = self._start_feed()
+        try:
+            yield from self._loop(syncer)
+        finally:
+            if feed is not None:
+                feed.stop()
 
     def _start_feed(self) -> LiveFeed | None:
         if not self.live:

@@ -10,6 +10,7 @@ on it. Other 4xx answers raise at once as typed errors (client._errors).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import os
@@ -18,6 +19,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from enum import Enum
 from types import TracebackType
 from typing import Final, TypeVar
@@ -125,6 +127,13 @@ def connect_timeout_from_env() -> float:
     return value
 
 
+@dataclass
+class _RelayFacts:
+    """What a client learned of its relay once: the /v1/info answer."""
+
+    info: RelayInfo | None = None
+
+
 class Retry(Enum):
     """How a call is retried; every call names one (docs/retries.md)."""
 
@@ -225,7 +234,9 @@ class RelayClient:
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
-        self._features: frozenset[str] | None = None  # /v1/info features, asked once
+        # /v1/info, asked once per client and shared with its `with_retries` copies (issue
+        # 36: once per vault session, client._session.VaultSession.shared_relay)
+        self._facts = _RelayFacts()
         self._key_bytes = api_key.encode("utf-8") if api_key else None
         self._key_prefix = api_key[:KEY_PREFIX_CHARS] if api_key else None
         self._sleep = sleep
@@ -266,11 +277,27 @@ class RelayClient:
         """Close the underlying connection pool."""
         self._http.close()
 
+    def with_retries(self, max_retries: int) -> RelayClient:
+        """This client with another retry budget: the same connection pool and the same
+        /v1/info answer (issue 36). Close only the original."""
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        other = copy.copy(self)
+        other.max_retries = max_retries
+        return other
+
     # -- routes -----------------------------------------------------------------
 
     def info(self) -> RelayInfo:
         """`GET /v1/info`: the relay's limits advertisement (§11)."""
         return self._call("GET", "/v1/info", RelayInfo, retry=Retry.SAFE)
+
+    def known_info(self) -> RelayInfo:
+        """`/v1/info`, asked once per client (and its copies); SyncError when it cannot be
+        asked (asked again next time)."""
+        if self._facts.info is None:
+            self._facts.info = self.info()
+        return self._facts.info
 
     def health(self) -> SyncHealth:
         """`GET /health`: liveness and compatible counters (§5)."""
@@ -585,13 +612,12 @@ class RelayClient:
     def _relay_offers(self, feature: str) -> bool:
         """Whether /v1/info lists `feature` (asked once per client; False if it cannot be
         asked: an older relay, or one that is down, gets the cautious policy)."""
-        if self._features is None:
-            try:
-                self._features = frozenset(self.info().features)
-            except SyncError as exc:
-                log.info("relay %s: no /v1/info (%s); assuming no %s", self.base_url, exc, feature)
-                return False
-        return feature in self._features
+        try:
+            features = self.known_info().features
+        except SyncError as exc:
+            log.info("relay %s: no /v1/info (%s); assuming no %s", self.base_url, exc, feature)
+            return False
+        return feature in features
 
     def _request(
         self,

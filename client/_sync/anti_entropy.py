@@ -61,10 +61,10 @@ from .._errors import (
 from .._vault.held_versions import (
     bucket_digests,
     by_bucket,
-    held_versions,
     mark_compacted,
     requeue,
 )
+from .._vault.kept_digest import held_and_kept, kept_digest
 from .._vault.store import apply_memory, known_version, local_state
 from .._vault.vault_key_store import key_source
 
@@ -106,6 +106,9 @@ class DigestReport:
     request_bytes: int = 0  # JSON bytes of the digest requests' bodies (narrow)
     error: str | None = None  # a digest answer refused as impossible (nothing was changed)
     behind: bool = False  # not narrowed: the relay's digest counts commits not pulled yet
+    # the device's kept digest disagreed with its rows and was recomputed (issue 36; seen
+    # by `verify --deep` and by a check that narrows)
+    kept_repaired: bool = False
 
 
 class AntiEntropy:
@@ -166,25 +169,36 @@ class AntiEntropy:
     def run(self, *, repair: bool) -> DigestReport:
         """Compare; on a mismatch narrow down and, with `repair`, repair and compare again.
 
+        The device's side is its kept digest (client._vault.kept_digest: O(changes), issue
+        36); every held version is read only to narrow a mismatch, and by `verify --deep`,
+        which also checks the kept value against them (`kept_repaired`).
+
         An answer no honest relay sends (a list out of order, one that never ends, a body
         of the wrong shape or size), or a relay that stops answering or rate-limits, ends
         the check with `error` set and `matched` False; the sync it ends is not failed by
         it (its pull and push are done, and nothing was changed on the strength of that
         answer). A revoked device or a refused key still raises."""
         result = self.result
+        vault = self.syncer.vault
         try:
-            held = held_versions(self.syncer.vault.conn)
-            plan = self.locate(held)
+            plan = self.locate(self._held()) if self.deep else self._locate_kept()
             if result.matched:
                 return result
             if repair and plan is not None:
                 self._repair(*plan)
-                held = held_versions(self.syncer.vault.conn)
-                self._matches(self._ask(), held)
+                self._matches(self._ask(), kept_digest(vault))
         except (ProtocolError, RelayUnavailableError, RateLimitedError) as exc:
             log.warning("anti-entropy check refused: %s", exc)
             result.error, result.matched = str(exc), False
         return result
+
+    def _held(self) -> list[Version]:
+        """Every held version; the kept digest checked against them and put right."""
+        held, wrong = held_and_kept(self.syncer.vault)
+        if wrong:
+            log.warning("this device's kept digest disagreed with its rows; recomputed")
+            self.result.kept_repaired = True
+        return held
 
     def locate(self, held: list[Version]) -> tuple[list[str], list[Version], list[Version]] | None:
         """Compare `held` with the relay's digest; on a mismatch narrow it down: (memory ids
@@ -192,15 +206,39 @@ class AntiEntropy:
         when they agree or the relay's bucket answer is unusable. Changes nothing."""
         self.result.checked = True
         top = self._ask()
-        if self._matches(top, held):
+        if self._matches(top, fold(held)):
             return None
-        if not self.when_behind and top.cursor > self.syncer.state.cursor:
-            self.result.behind = True
+        return self._mismatch(top, held)
+
+    def _locate_kept(self) -> tuple[list[str], list[Version], list[Version]] | None:
+        """`locate` with the kept digest: the held versions are read only on a mismatch
+        (and a kept value found wrong then is put right and compared again)."""
+        self.result.checked = True
+        top = self._ask()
+        if self._matches(top, kept_digest(self.syncer.vault)):
+            return None
+        if self._behind(top):
+            return None
+        held = self._held()
+        if self.result.kept_repaired and self._matches(top, fold(held)):
             return None
         return self._narrow(held)
 
-    def _matches(self, top: DigestAnswer, held: list[Version]) -> bool:
-        value, count = fold(held)
+    def _mismatch(
+        self, top: DigestAnswer, held: list[Version]
+    ) -> tuple[list[str], list[Version], list[Version]] | None:
+        return None if self._behind(top) else self._narrow(held)
+
+    def _behind(self, top: DigestAnswer) -> bool:
+        """docs/digest.md "While others push": not narrowed while the relay's digest counts
+        commits past this device's cursor (the live loop's syncs)."""
+        if not self.when_behind and top.cursor > self.syncer.state.cursor:
+            self.result.behind = True
+            return True
+        return False
+
+    def _matches(self, top: DigestAnswer, device: tuple[int, int]) -> bool:
+        value, count = device
         result = self.result
         result.relay_digest, result.relay_count = top.digest, top.count
         result.device_digest, result.device_count = digest_text(value), count

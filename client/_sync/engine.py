@@ -43,6 +43,7 @@ from .._errors import (
 )
 from .._http.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
 from .._vault.history import PULL, PULL_DELETE, PageKeeper, Writer, keep_version, tool_of
+from .._vault.kept_digest import fold_changes
 from .._vault.privacy import without_local_links
 from .._vault.store import (
     KnownVersion,
@@ -531,6 +532,7 @@ class Syncer:
                     if seen is not None and blob.vector_clock > seen.get(blob.memory_id, -1):
                         seen[blob.memory_id] = blob.vector_clock
             keeper.flush()  # the page's history rows, in its transaction
+            fold_changes(conn)  # the kept digest, in the same transaction (issue 36)
         return highest
 
     def _skip(self, blob: SyncBlob, reason: str, report: SyncReport) -> bool:
@@ -673,7 +675,8 @@ class Syncer:
     def _blob_limit(self) -> int:
         if self._max_blob_bytes is None:
             try:
-                self._max_blob_bytes = self.relay.info().max_blob_bytes
+                # asked once per relay client, i.e. per vault session (issue 36)
+                self._max_blob_bytes = self.relay.known_info().max_blob_bytes
             except SyncError:  # a relay without /v1/info: the core's limit (PROTOCOL §6)
                 self._max_blob_bytes = DEFAULT_MAX_BLOB_BYTES
         return self._max_blob_bytes
@@ -819,6 +822,7 @@ class Syncer:
                     memory_id,
                     KnownVersion(blob.vector_clock, blob.device_id, blob.created_at),
                 )
+            fold_changes(conn)  # the kept digest, in the same transaction (issue 36)
         report.pushed += len(items) - len(rejected & {m for m, _, _ in items})
         report.rejected += len(rejected)
         self.progress("push", report)

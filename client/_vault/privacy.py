@@ -133,9 +133,14 @@ def queue_retraction(conn: sqlite3.Connection, memory_id: str) -> None:
 
 def pending_retractions(conn: sqlite3.Connection) -> list[str]:
     """Retractions not pushed yet, of memories still kept local."""
+    # each queued retraction looked up by key (issue 36: `IN (_KEPT_LOCAL)` built the set of
+    # every strict_local memory, a scan of engrams at every sync)
     rows = conn.execute(
-        "SELECT memory_id FROM sync_retractions WHERE vector_clock IS NULL"  # noqa: S608
-        f" AND memory_id IN ({_KEPT_LOCAL}) ORDER BY memory_id"
+        "SELECT r.memory_id FROM sync_retractions r WHERE r.vector_clock IS NULL AND ("
+        " EXISTS (SELECT 1 FROM engrams e WHERE e.id = r.memory_id"
+        " AND e.privacy_level = 'strict_local')"
+        " OR EXISTS (SELECT 1 FROM sync_local_deletions d WHERE d.memory_id = r.memory_id))"
+        " ORDER BY r.memory_id"
     ).fetchall()
     return [str(r[0]) for r in rows]
 

@@ -157,12 +157,101 @@ _MIGRATION_4: Final = (
     "INSERT OR IGNORE INTO sync_history_meta (id) VALUES (1)",
 )
 
+# issue 36 (PROTOCOL §18, docs/digest.md "Kept on the device"): the device's digest is kept,
+# not recomputed at every check. What a memory's held version is depends on these tables
+# (client._vault.held_versions), by the column naming the memory:
+_HELD_SOURCES: Final = (
+    ("sync_known_clocks", "memory_id", ("INSERT", "UPDATE", "DELETE")),
+    ("engrams", "id", ("INSERT", "DELETE")),
+    ("tombstones", "id", ("INSERT", "DELETE")),
+    ("sync_local_deletions", "memory_id", ("INSERT", "UPDATE", "DELETE")),
+    ("sync_retractions", "memory_id", ("INSERT", "UPDATE", "DELETE")),
+    ("sync_digest_compacted", "memory_id", ("INSERT", "UPDATE", "DELETE")),
+)
+
+
+def _noting_triggers() -> tuple[str, ...]:
+    """Before a memory's first change since the kept digest was last folded, note the
+    version it held then (none: not held), in the statement's own transaction, whoever
+    writes: the triggers live in the database (client._vault.kept_digest). No OR IGNORE in
+    the body: an outer INSERT OR REPLACE would turn it into a replace (SQLite applies the
+    outer statement's conflict clause to a trigger's statements)."""
+    statements = []
+    for table, column, events in _HELD_SOURCES:
+        for event in events:
+            row = "NEW" if event == "INSERT" else "OLD"
+            memory = f"{row}.{column}"
+            # a memory with no known clock holds no version before or after a change of
+            # another table (an import, a new local memory): nothing to note
+            known = (
+                ""
+                if table == "sync_known_clocks"
+                else f" EXISTS (SELECT 1 FROM sync_known_clocks WHERE memory_id = {memory}) AND"  # noqa: S608
+            )
+            statements.append(
+                f"CREATE TRIGGER IF NOT EXISTS sync_digest_note_{table}_{event.lower()}"  # noqa: S608 - identifiers from _HELD_SOURCES
+                f" BEFORE {event} ON {table} WHEN{known}"
+                f" NOT EXISTS (SELECT 1 FROM sync_digest_dirty WHERE memory_id = {memory})"
+                " BEGIN"
+                " INSERT INTO sync_digest_dirty (memory_id, device_id, vector_clock, deleted)"
+                " SELECT memory_id, device_id, vector_clock, deleted FROM sync_digest_versions"
+                f" WHERE memory_id = {memory} AND held;"
+                f" INSERT INTO sync_digest_dirty (memory_id) SELECT {memory} WHERE NOT EXISTS"
+                f" (SELECT 1 FROM sync_digest_dirty WHERE memory_id = {memory});"
+                " END"
+            )
+    return tuple(statements)
+
+
+_MIGRATION_5: Final = (
+    # the kept digest: XOR of the held versions' hashes and how many (one row; missing:
+    # recomputed at the next check)
+    """CREATE TABLE IF NOT EXISTS sync_digest (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        digest BLOB NOT NULL,
+        count INTEGER NOT NULL
+    )""",
+    # memories whose held version may have changed since the last fold, with the version
+    # they held then (device_id NULL: none); WITHOUT ROWID: one b-tree written, not two
+    """CREATE TABLE IF NOT EXISTS sync_digest_dirty (
+        memory_id TEXT PRIMARY KEY,
+        device_id TEXT,
+        vector_clock INTEGER,
+        deleted INTEGER
+    ) WITHOUT ROWID""",
+    # every memory's held version (client._vault.held_versions `_HELD`, in one view);
+    # `held` = 0 for a tombstone the relay compacted at that clock
+    """CREATE VIEW IF NOT EXISTS sync_digest_versions AS SELECT
+        k.memory_id AS memory_id, k.device_id AS device_id, k.vector_clock AS vector_clock,
+        ((e.id IS NULL AND t.id IS NULL AND d.memory_id IS NULL)
+         OR coalesce(r.vector_clock = k.vector_clock, 0)) AS deleted,
+        NOT (((e.id IS NULL AND t.id IS NULL AND d.memory_id IS NULL)
+              OR coalesce(r.vector_clock = k.vector_clock, 0))
+             AND coalesce(c.vector_clock = k.vector_clock, 0)) AS held
+        FROM sync_known_clocks k
+        LEFT JOIN engrams e ON e.id = k.memory_id
+        LEFT JOIN tombstones t ON t.id = k.memory_id
+        LEFT JOIN sync_local_deletions d ON d.memory_id = k.memory_id
+        LEFT JOIN sync_retractions r ON r.memory_id = k.memory_id
+        LEFT JOIN sync_digest_compacted c ON c.memory_id = k.memory_id""",
+    *_noting_triggers(),
+    # a vault that holds no version yet starts at the empty digest (a vault that does is
+    # folded from its rows at the next check)
+    "INSERT OR IGNORE INTO sync_digest (id, digest, count)"
+    " SELECT 1, zeroblob(32), 0 WHERE NOT EXISTS (SELECT 1 FROM sync_known_clocks)",
+    # PROTOCOL §8: the rows to push come from this index (client._vault.store.push_keys),
+    # not a scan of engrams; its WHERE is store.NEEDS_PUSH, word for word
+    "CREATE INDEX IF NOT EXISTS sync_push_pending ON engrams (coalesce(modified_at, ''), id)"
+    " WHERE (privacy_level <> 'strict_local' AND (synced_at IS NULL OR modified_at > synced_at))",
+)
+
 # MIGRATIONS[n - 1] takes the sync schema from version n - 1 to n. Append only.
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
     _MIGRATION_2,
     _MIGRATION_3,
     _MIGRATION_4,
+    _MIGRATION_5,
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

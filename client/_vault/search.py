@@ -135,18 +135,18 @@ def _substring_ids(
     return [str(row[0]) for row in rows]
 
 
-def search(
+def search_ids(
     conn: sqlite3.Connection,
     query: str,
     *,
     limit: int = DEFAULT_LIMIT,
     filters: SearchFilters | None = None,
-) -> SearchResult:
-    """Search the vault (module docstring); an empty query finds nothing."""
+) -> tuple[SearchMode, list[str]]:
+    """The search's mode and the ids it finds, best first (module docstring)."""
     chosen = filters or SearchFilters()
     needle = query.strip()
     if not needle or limit <= 0:
-        return SearchResult("all")
+        return "all", []
     words = _words(needle)
     mode: SearchMode = "substring"
     ids: list[str] = []
@@ -163,6 +163,18 @@ def search(
             mode, ids = "substring", []
     if mode == "substring":
         ids = _substring_ids(conn, needle, chosen, limit)
+    return mode, ids
+
+
+def search(
+    conn: sqlite3.Connection,
+    query: str,
+    *,
+    limit: int = DEFAULT_LIMIT,
+    filters: SearchFilters | None = None,
+) -> SearchResult:
+    """Search the vault (module docstring); an empty query finds nothing."""
+    mode, ids = search_ids(conn, query, limit=limit, filters=filters)
     found = (get_memory(conn, memory_id) for memory_id in ids)
     return SearchResult(mode, [memory for memory in found if memory is not None])
 

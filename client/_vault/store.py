@@ -71,7 +71,7 @@ def _embedding_blob(values: list[float]) -> bytes:
     return struct.pack(f"<{len(values)}d", *values)
 
 
-def _json_or(text: str | None, default: Any) -> Any:
+def json_or(text: str | None, default: Any) -> Any:
     """The JSON value of a tags or context column, `default` when it is not JSON. msgspec's
     decoder first (a re-key reads every row: json.loads was a quarter of its row reading);
     what it refuses (NaN, Infinity, 1e400, a lone surrogate) json.loads decides, as before."""
@@ -108,7 +108,7 @@ def plaintext_from(
     row: sqlite3.Row, links: list[Link], embedding: tuple[bytes, str] | None
 ) -> MemoryPlaintext:
     """The PROTOCOL §4 plaintext of an engrams row, given its links and (embedding, model)."""
-    tags = _json_or(row["tags"], [])
+    tags = json_or(row["tags"], [])
     return MemoryPlaintext(
         id=row["id"],
         content=row["content"],
@@ -117,7 +117,7 @@ def plaintext_from(
         content_type=row["content_type"],
         source=row["source"],
         privacy_level=row["privacy_level"],
-        context=_json_or(row["context"], {}),
+        context=json_or(row["context"], {}),
         created_at=row["created_at"],
         modified_at=row["modified_at"] or row["created_at"],
         last_retrieved=row["last_retrieved"],
@@ -437,17 +437,25 @@ _PUSH_KEY: Final = "coalesce(modified_at, '')"
 _IDS_PER_QUERY: Final = 500  # under SQLite's historical limit of 999 parameters
 
 
+def push_keys_query(*, after: bool) -> str:
+    """The statement of `push_keys`; `after`: with the three parameters of a key to start
+    after. Its WHERE is the partial index `sync_push_pending`'s (client schema migration 5,
+    issue 36), so SQLite reads only the index's entries: the rows needing a push, whoever
+    wrote them, already in push order."""
+    query = f"SELECT {_PUSH_KEY}, id FROM engrams WHERE {NEEDS_PUSH}"  # noqa: S608 - constants
+    if after:
+        query += f" AND ({_PUSH_KEY} > ? OR ({_PUSH_KEY} = ? AND id > ?))"
+    return query + f" ORDER BY {_PUSH_KEY}, id"
+
+
 def push_keys(
     conn: sqlite3.Connection, after: tuple[str, str] | None = None
 ) -> list[tuple[str, str]]:
     """The (modified_at, id) keys of every row needing a push after `after`, oldest edit
-    first (PROTOCOL §8): one scan and one sort of two columns, whatever the vault's size."""
-    query = f"SELECT {_PUSH_KEY}, id FROM engrams WHERE {NEEDS_PUSH}"  # noqa: S608 - constants
-    params: tuple[str, ...] = ()
-    if after is not None:
-        query += f" AND ({_PUSH_KEY} > ? OR ({_PUSH_KEY} = ? AND id > ?))"
-        params = (after[0], after[0], after[1])
-    query += f" ORDER BY {_PUSH_KEY}, id"
+    first (PROTOCOL §8): from the index of those rows (`push_keys_query`), O(rows to push)
+    whatever the vault's size."""
+    params = () if after is None else (after[0], after[0], after[1])
+    query = push_keys_query(after=after is not None)
     return [(str(key), str(memory_id)) for key, memory_id in conn.execute(query, params)]
 
 

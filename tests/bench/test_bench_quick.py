@@ -42,6 +42,8 @@ SECTIONS = (
     "raw_latency",  # issue 36
     "relay_idle",
     *(("web_vault",) if CHROMIUM.exists() else ()),  # issue 34: needs Chromium (bench.web_vault)
+    "client_sizes",
+    "agent_reads",
 )
 TARGETS = {
     "relay_push_vs_ceiling",
@@ -79,6 +81,14 @@ TARGETS = {
     "mcp_remember_to_recall_p99",
     "mcp_recall_100k",
     "mcp_remember_throughput",
+    "one_memory_vs_api_small",  # issue 36 (bench.client_e2e.measure_sizes)
+    "one_memory_vs_api_large",
+    "one_memory_cost_large_vs_small",
+    "client_push_vs_api",
+    "client_pull_apply_vs_api",
+    "agent_search_page_ms",  # issue 36 (bench.agent_reads)
+    "agent_list_json_ms",
+    "agent_search_all_json_ms",
 } | ({"web_unlock", "web_pull_10k", "web_search_10k"} if CHROMIUM.exists() else set())
 
 

@@ -114,6 +114,36 @@ def test_info_health_ready(admin: RelayClient, sleeps: Sleeps) -> None:
     assert sleeps.delays == []
 
 
+class CountingTransport(httpx.HTTPTransport):
+    """A real transport that counts the requests per path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
+        return super().handle_request(request)
+
+
+def test_info_is_asked_once_per_client_and_its_copies(relay: Relay) -> None:
+    """Issue 36: /v1/info once (features and limits), shared by `with_retries` copies,
+    which use the same connection pool."""
+    wire = CountingTransport()
+    with RelayClient(relay.url, ADMIN_KEY, transport=wire) as client:
+        assert client.offers("cursor")
+        assert not client.offers("no-such-feature")
+        fewer = client.with_retries(0)
+        assert (fewer.max_retries, client.max_retries) == (0, 5)
+        assert fewer.known_info().max_blob_bytes == client.known_info().max_blob_bytes
+        assert fewer.offers("digest")
+        fewer.health()
+        assert wire.paths == ["/v1/info", "/health"]
+        assert fewer._http is client._http  # one pool
+    with pytest.raises(ValueError, match="max_retries"):
+        client.with_retries(-1)
+
+
 def test_keyless_client_reaches_public_routes(relay: Relay) -> None:
     with RelayClient(relay.url, None) as client:
         assert client.info().protocol == "engram-sync/5.1"

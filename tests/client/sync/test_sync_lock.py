@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.engine import SyncReport
-from engram_sync.client._sync.lock import SyncBusyError, sync_lock
+from engram_sync.client._sync.lock import LOCK_FILE, SyncBusyError, _holder, sync_lock
 from engram_sync.client._vault import store as local_store
 from tests.e2e.conftest import PASSPHRASE
 from tests.relay.conftest import ADMIN_KEY, Relay
@@ -88,3 +89,21 @@ def test_two_processes_syncing_one_vault_never_reuse_a_clock(tmp_path: Path, rel
     clocks = [r["vector_clock"] for r in rows]
     assert len(clocks) == 12
     assert len(set(clocks)) == 12
+
+
+def test_the_lock_file_names_the_holder_over_what_was_there(tmp_path: Path) -> None:
+    """Issue 36: no truncate; the pid is written in a fixed width over an older, longer
+    content (a holder with a longer pid before), so the file names this holder alone."""
+    (tmp_path / LOCK_FILE).write_text("9" * 15 + "\n")
+    with sync_lock(tmp_path):
+        text = (tmp_path / LOCK_FILE).read_text()
+        assert text.strip() == str(os.getpid())
+        assert _holder_named(tmp_path) == f" (process {os.getpid()})"
+
+
+def _holder_named(path: Path) -> str:
+    fd = os.open(path / LOCK_FILE, os.O_RDONLY)
+    try:
+        return _holder(fd)
+    finally:
+        os.close(fd)

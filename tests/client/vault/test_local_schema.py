@@ -36,6 +36,17 @@ SYNC_TABLES = {
     "sync_handoff_pake",
     "sync_pairing_code",
     "sync_digest_compacted",  # migration 2 (PROTOCOL §18)
+    "sync_digest",  # migration 5 (issue 36): the kept digest
+    "sync_digest_dirty",
+}
+# migration 5 (issue 36), ours on the Engram tables: the triggers that note a memory's held
+# version before it changes (client._vault.kept_digest) and the index of rows to push
+OURS_ON_ENGRAM_TABLES = {
+    ("index", "sync_push_pending", "engrams"),
+    ("trigger", "sync_digest_note_engrams_insert", "engrams"),
+    ("trigger", "sync_digest_note_engrams_delete", "engrams"),
+    ("trigger", "sync_digest_note_tombstones_insert", "tombstones"),
+    ("trigger", "sync_digest_note_tombstones_delete", "tombstones"),
 }
 
 # The tables exactly as client._vault.store and client._vault.vault_key_store created them before
@@ -88,10 +99,17 @@ def _tables(conn: sqlite3.Connection) -> set[str]:
 
 
 def _engram_schema(conn: sqlite3.Connection) -> list[tuple[str, str, str | None]]:
-    """Everything in sqlite_master that is not ours, and the Engram user_version."""
+    """Everything in sqlite_master that is not ours, and the Engram user_version: ours are
+    the sync_ tables and, on the Engram tables, exactly OURS_ON_ENGRAM_TABLES."""
+    ours = conn.execute(
+        "SELECT type, name, tbl_name FROM sqlite_master"
+        " WHERE name LIKE 'sync!_%' ESCAPE '!' AND tbl_name NOT LIKE 'sync!_%' ESCAPE '!'"
+    ).fetchall()
+    assert {tuple(r) for r in ours} in (set(), OURS_ON_ENGRAM_TABLES)
     rows = conn.execute(
         "SELECT type, name, sql FROM sqlite_master"
-        " WHERE tbl_name NOT LIKE 'sync!_%' ESCAPE '!' OR tbl_name = 'sync_conflicts'"
+        " WHERE (tbl_name NOT LIKE 'sync!_%' ESCAPE '!' OR tbl_name = 'sync_conflicts')"
+        " AND NOT (name LIKE 'sync!_%' ESCAPE '!' AND type IN ('index', 'trigger'))"
         " ORDER BY type, name"
     ).fetchall()
     version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -123,6 +141,8 @@ def test_a_fresh_vault_gets_the_tables_and_the_version(vault_dir: Path) -> None:
         ]
         # VAULT §3: the Engram tables and user_version are exactly what open_vault made
         assert _engram_schema(conn) == before
+        # migration 5: a vault with no version yet starts at the empty digest (issue 36)
+        assert conn.execute("SELECT * FROM sync_digest").fetchall() == [(1, bytes(32), 0)]
         assert conn.execute("PRAGMA user_version").fetchone()[0] == ENGRAM_SCHEMA_VERSION
 
 
@@ -142,6 +162,9 @@ def test_an_old_vault_is_upgraded_and_keeps_its_rows(vault_dir: Path) -> None:
         assert after.pop("sync_retractions") == []
         assert after.pop("sync_history") == []  # migration 4 (docs/history.md)
         assert after.pop("sync_history_meta") == [(1, 0, None, 30.0, 10.0, 1 << 20)]
+        # migration 5: a vault that holds versions has no kept digest until its next check
+        assert after.pop("sync_digest") == []
+        assert after.pop("sync_digest_dirty") == []
         assert after == before
         assert after["sync_known_clocks"] == [("mem_a", 7, "dev_1", "2026-01-01T00:00:00Z")]
         assert _engram_schema(conn) == engram_before

@@ -102,6 +102,33 @@ def test_push_keys_list_rows_needing_a_push_oldest_edit_first(conn: sqlite3.Conn
     assert ls.push_keys(conn, after=(early, "")) == keys
 
 
+def test_push_keys_read_the_index_of_rows_to_push(conn: sqlite3.Connection) -> None:
+    """Issue 36: the rows to push come from the partial index `sync_push_pending`, not a
+    scan of engrams; the index holds exactly the rows needing a push, whoever wrote them."""
+    ids = [ls.add_memory(conn, f"row {i}") for i in range(300)]
+    for memory_id in ids[:290]:
+        row = ls.get_row(conn, memory_id)
+        assert row is not None
+        ls.mark_pushed(conn, memory_id, row["modified_at"])
+    ls.edit_memory(conn, ids[3], "edited")
+    conn.execute("UPDATE engrams SET privacy_level = 'strict_local' WHERE id = ?", (ids[299],))
+    conn.execute(  # a hand edit (an Engram tool): the index follows it too
+        "UPDATE engrams SET modified_at = '2099-01-01T00:00:00.000000+00:00' WHERE id = ?",
+        (ids[5],),
+    )
+    for after in (False, True):
+        plan = conn.execute(
+            "EXPLAIN QUERY PLAN " + ls.push_keys_query(after=after), ("", "", "") if after else ()
+        ).fetchall()
+        assert [str(step[3]) for step in plan] == ["SCAN engrams USING INDEX sync_push_pending"]
+    full_scan = ls.push_keys_query(after=False).replace("FROM engrams", "FROM engrams NOT INDEXED")
+    keys = ls.push_keys(conn)
+    assert keys == [(str(k), str(i)) for k, i in conn.execute(full_scan)]
+    assert [memory_id for _, memory_id in keys] == [*ids[290:299], ids[3], ids[5]]
+    assert conn.execute("SELECT count(*) FROM engrams INDEXED BY sync_push_pending"
+                        f" WHERE {ls.NEEDS_PUSH}").fetchone()[0] == 11  # fmt: skip
+
+
 def test_rows_needing_push_come_in_the_order_asked(conn: sqlite3.Connection) -> None:
     ids = [ls.add_memory(conn, f"row {i}") for i in range(1200)]  # more than one IN (...)
     pushed = ls.get_row(conn, ids[7])

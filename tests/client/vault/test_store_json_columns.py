@@ -1,4 +1,4 @@
-"""The tags and context columns read back (client._vault.store._json_or): msgspec's decoder
+"""The tags and context columns read back (client._vault.store.json_or): msgspec's decoder
 first, json.loads for what it refuses, so every text reads as json.loads reads it, and a
 text that is not JSON gives the default."""
 
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from engram_sync.client._vault.store import _json_or
+from engram_sync.client._vault.store import json_or
 
 # what json.loads accepts and msgspec refuses (the fallback), and ordinary texts
 JSON_TEXTS = [
@@ -27,17 +27,17 @@ JSON_TEXTS = [
 @pytest.mark.parametrize("text", JSON_TEXTS)
 def test_a_json_text_reads_as_json_loads_reads_it(text: str) -> None:
     expected = json.loads(text)
-    got = _json_or(text, "default")
+    got = json_or(text, "default")
     assert repr(got) == repr(expected)  # repr: nan == nan is False, -0.0 == 0.0 is True
     assert type(got) is type(expected)
 
 
 def test_the_fallback_keeps_json_loads_special_numbers() -> None:
-    got = _json_or("[NaN, Infinity]", [])
+    got = json_or("[NaN, Infinity]", [])
     assert math.isnan(got[0])
     assert got[1] == math.inf
 
 
 @pytest.mark.parametrize("text", ["{not json", "[1, 2", "'single'", None, ""])
 def test_a_text_that_is_not_json_gives_the_default(text: str | None) -> None:
-    assert _json_or(text, ["the default"]) == ["the default"]
+    assert json_or(text, ["the default"]) == ["the default"]
