@@ -343,7 +343,7 @@ def edit_memory(conn: sqlite3.Connection, memory_id: str, content: str) -> bool:
 
 def stored_tags(row: sqlite3.Row) -> list[str]:
     """A row's tags (VAULT §3: a JSON array; [] when it is not one)."""
-    tags = _json_or(row["tags"], [])
+    tags = json_or(row["tags"], [])
     return tags if isinstance(tags, list) else []
 
 
