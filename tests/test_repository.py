@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -93,3 +94,43 @@ def test_the_migrations_sit_at_the_top_level_and_ship_inside_the_relay() -> None
     assert link.is_symlink()
     assert os.readlink(link) == "../alembic"
     assert "script_location = %(here)s/alembic" in (ROOT / "alembic.ini").read_text()
+
+
+#: The product's code (not its tests, benchmarks or migration scripts).
+PRODUCT = ("client", "relay", "shared_format", "cli_kit")
+LONG = 60
+
+
+def _product_functions() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef, list[str]]]:
+    found = []
+    for folder in PRODUCT:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.is_symlink() or "migrations" in path.relative_to(ROOT).parts:
+                continue
+            text = path.read_text(encoding="utf-8")
+            lines = text.splitlines()
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    found.append((str(path.relative_to(ROOT)), node, lines))
+    return found
+
+
+def test_no_product_function_is_complex_or_long_without_saying_why() -> None:
+    """Issue 32: radon rates no product function D or worse, and a function over 60 lines
+    (its `def` to its last line) says why in a `# long:` comment just above its `def`."""
+    from radon.complexity import cc_rank, cc_visit
+
+    complex_ = [
+        f"{path}:{block.lineno} {block.name} {cc_rank(block.complexity)} ({block.complexity})"
+        for path in sorted({p for p, _, _ in _product_functions()})
+        for block in cc_visit((ROOT / path).read_text(encoding="utf-8"))
+        if cc_rank(block.complexity) in "DEF"
+    ]
+    assert complex_ == []
+    unexplained = []
+    for path, node, lines in _product_functions():
+        length = (node.end_lineno or node.lineno) - node.lineno + 1
+        above = [line.strip() for line in lines[max(0, node.lineno - 4) : node.lineno - 1]]
+        if length > LONG and not any(line.startswith("# long:") for line in above):
+            unexplained.append(f"{path}:{node.lineno} {node.name} ({length} lines)")
+    assert unexplained == []

@@ -191,6 +191,8 @@ class RelayClient:
     `rng` are injectable for tests.
     """
 
+    # long: its keyword parameters (every bound and policy, injectable for tests) are its
+    #   signature; the body checks the URL and sets them
     def __init__(
         self,
         base_url: str,
@@ -551,35 +553,16 @@ class RelayClient:
         body is read up to `max_bytes` (decoded) and within the answer deadline; past
         either the request fails (AnswerTooLargeError, or a timeout that is retried).
         """
-        if retry is not Retry.SAFE and not lost:
-            raise ValueError(f"{method} {path}: a {retry.name} call must say what `lost` means")
-        extra = dict(headers or {})
-        if retry is Retry.IDEMPOTENT:
-            extra[IDEMPOTENCY_HEADER] = secrets.token_urlsafe(IDEMPOTENCY_KEY_BYTES)
-            honoured = self._relay_offers(IDEMPOTENCY_FEATURE)
-            retry = Retry.SAFE if honoured else Retry.NEVER_AFTER_SEND
-        once_sent = retry is Retry.NEVER_AFTER_SEND
-        if content is not None:
-            extra["Content-Type"] = "application/json"
-        headers = extra or None
+        sent_headers, once_sent = self._prepared(method, path, retry, lost, headers, content)
         attempt = 0
         waited = 0.0  # backoff slept so far (the connect budget counts it, not the clock)
         while True:
             try:
-                response = self._request(method, path, params, content, headers, max_bytes)
+                response = self._request(method, path, params, content, sent_headers, max_bytes)
             except httpx.TransportError as exc:
                 if once_sent and not isinstance(exc, NOT_SENT):
                     raise self._outcome_unknown(method, path, type(exc).__name__, lost) from exc
-                # never reached: a wrong URL fails within the connect budget; a connect
-                # that timed out has used it up already
-                never = not self._reached and isinstance(exc, _CONNECT_FAILURES)
-                left = self.connect_timeout - waited
-                spent = never and (left <= 0 or isinstance(exc, httpx.ConnectTimeout))
-                if attempt >= self.max_retries or spent:
-                    raise self._unreachable(exc, attempt + 1, never_reached=never) from exc
-                delay = self._backoff(attempt)
-                if never:
-                    delay = min(delay, left)
+                delay = self._after_transport_error(exc, attempt, waited)
                 waited += delay
                 log.info(
                     "relay %s %s failed (%s); retry %d in %.2fs",
@@ -591,9 +574,9 @@ class RelayClient:
                 ) from None
             else:
                 self._reached = True
-                status = response.status_code
                 if response.is_success:
                     return response
+                status = response.status_code
                 if status != 429 and status < 500:
                     raise self._error(response)
                 if once_sent and not _not_processed(response):
@@ -608,6 +591,43 @@ class RelayClient:
                 )  # fmt: skip
             self._sleep(delay)
             attempt += 1
+
+    def _prepared(
+        self,
+        method: str,
+        path: str,
+        retry: Retry,
+        lost: str,
+        headers: Mapping[str, str] | None,
+        content: bytes | None,
+    ) -> tuple[dict[str, str] | None, bool]:
+        """The request's own headers, and whether it may not be sent again once sent: an
+        IDEMPOTENT call carries an idempotency key and is retried only where the relay
+        honours it (else it is NEVER_AFTER_SEND)."""
+        if retry is not Retry.SAFE and not lost:
+            raise ValueError(f"{method} {path}: a {retry.name} call must say what `lost` means")
+        extra = dict(headers or {})
+        if retry is Retry.IDEMPOTENT:
+            extra[IDEMPOTENCY_HEADER] = secrets.token_urlsafe(IDEMPOTENCY_KEY_BYTES)
+            honoured = self._relay_offers(IDEMPOTENCY_FEATURE)
+            retry = Retry.SAFE if honoured else Retry.NEVER_AFTER_SEND
+        if content is not None:
+            extra["Content-Type"] = "application/json"
+        return extra or None, retry is Retry.NEVER_AFTER_SEND
+
+    def _after_transport_error(
+        self, exc: httpx.TransportError, attempt: int, waited: float
+    ) -> float:
+        """The wait before trying again after `exc`, or the error that ends the call: the
+        retries used up, or a relay never reached within the connect budget (a wrong URL
+        fails within it; a connect that timed out has used it up already)."""
+        never = not self._reached and isinstance(exc, _CONNECT_FAILURES)
+        left = self.connect_timeout - waited
+        spent = never and (left <= 0 or isinstance(exc, httpx.ConnectTimeout))
+        if attempt >= self.max_retries or spent:
+            raise self._unreachable(exc, attempt + 1, never_reached=never) from exc
+        delay = self._backoff(attempt)
+        return min(delay, left) if never else delay
 
     def _relay_offers(self, feature: str) -> bool:
         """Whether /v1/info lists `feature` (asked once per client; False if it cannot be

@@ -146,24 +146,28 @@ def check_page(page: PullResponse, *, asked: int, limit: int, relay_url: str) ->
     blobs moves the cursor forward, so a relay repeating a page cannot keep the device
     pulling forever."""
 
-    def refuse(what: str) -> RelayMisbehavedError:
-        return RelayMisbehavedError(
+    what = page_problem(page, asked=asked, limit=limit)
+    if what is not None:
+        raise RelayMisbehavedError(
             f"the relay at {relay_url} {what} (asked for blobs after cursor {asked}); the "
             "page was refused and nothing of it applied: the relay is faulty or lying, tell "
             "its operator"
         )
 
+
+def page_problem(page: PullResponse, *, asked: int, limit: int) -> str | None:
+    """What makes a cursor page one no honest relay sends (check_page), or None."""
     cursor = page.cursor
     if not isinstance(cursor, int):
-        raise refuse("answered a cursor pull without a cursor (PROTOCOL §9)")
+        return "answered a cursor pull without a cursor (PROTOCOL §9)"
     if cursor > MAX_CURSOR:
-        raise refuse(f"sent cursor {cursor}, above 2^63-1")
+        return f"sent cursor {cursor}, above 2^63-1"
     if cursor < asked:
-        raise refuse(f"moved the cursor back to {cursor}")
+        return f"moved the cursor back to {cursor}"
     if isinstance(page.head, int) and cursor > page.head:
-        raise refuse(f"sent cursor {cursor}, past the vault's sequence {page.head}")
+        return f"sent cursor {cursor}, past the vault's sequence {page.head}"
     if len(page.blobs) > limit:
-        raise refuse(f"sent {len(page.blobs)} blobs for a page of at most {limit}")
+        return f"sent {len(page.blobs)} blobs for a page of at most {limit}"
     # PROTOCOL §9, §12 (issue 14 item 9): the last page of a vault whose newest entries are
     # compacted tombstones ends at the vault's sequence, past its last blob (or, with no
     # blob at all, past the asked cursor): otherwise the cursor would stay below the
@@ -174,20 +178,27 @@ def check_page(page: PullResponse, *, asked: int, limit: int, relay_url: str) ->
     to_head = not page.has_more and isinstance(page.head, int) and cursor == page.head
     if not page.blobs:
         if cursor != asked and not to_head:
-            raise refuse(f"moved the cursor to {cursor} without sending any blob")
+            return f"moved the cursor to {cursor} without sending any blob"
         if page.has_more:
-            raise refuse("announced more blobs but sent none (no progress)")
-        return
+            return "announced more blobs but sent none (no progress)"
+        return None
+    return _sequence_problem(page, cursor, asked=asked, to_head=to_head)
+
+
+def _sequence_problem(page: PullResponse, cursor: int, *, asked: int, to_head: bool) -> str | None:
+    """A page with blobs: their sequence numbers rise from `asked` and lead to the cursor,
+    which moves (PROTOCOL §9)."""
     previous = asked
     for blob in page.blobs:
         if isinstance(blob.seq, int):
             if blob.seq <= previous:
-                raise refuse(f"sent blob sequence {blob.seq} after {previous}")
+                return f"sent blob sequence {blob.seq} after {previous}"
             previous = blob.seq
     if previous != asked and cursor != previous and not (to_head and cursor > previous):
-        raise refuse(f"sent cursor {cursor} after a last blob of sequence {previous}")
+        return f"sent cursor {cursor} after a last blob of sequence {previous}"
     if cursor == asked:
-        raise refuse("sent blobs without moving the cursor (no progress)")
+        return "sent blobs without moving the cursor (no progress)"
+    return None
 
 
 class Syncer:
@@ -359,37 +370,14 @@ class Syncer:
         relay lacks and deletes nothing (missing is not deleted). An interrupted full
         re-pull starts again from 0 at the next sync (`state.full_pull`).
         """
-        seen: dict[str, int] | None = None
-        if self.state.full_pull:
-            seen, report.resynced = {}, True
-        elif self.state.link_pull:
-            # issue 17: a new link of a vault that synced elsewhere before; the reconcile
-            # pushes what the new vault lacks (a vault without history pulls as usual)
-            if has_sync_history(self.vault.conn):
-                seen = {}
-            else:
-                self.state.link_pull = False
-        cursor = 0 if seen is not None else self.state.cursor
-        origin = cursor
+        seen = self._pull_start(report)
+        cursor = origin = 0 if seen is not None else self.state.cursor
         limit = self.pull_page
         retired = False  # PROTOCOL §19: whether a page of this pull said the vault is retired
         fed = dict(feed_pages or {})
         while True:
-            page = self._feed_page(fed, cursor, report) if seen is None else None
-            from_feed = page is not None
             try:
-                if page is None:
-                    page = self.relay.pull(
-                        self.vault_id,
-                        cursor=cursor,
-                        limit=limit,
-                        max_bytes=self.page_budget,
-                        # a pull that began at 0 tells the relay so: it has seen every blob
-                        # that survived compaction below its cursor (docs/pull-origin.md)
-                        origin=0 if origin == 0 and cursor > 0 else None,
-                    )
-                else:
-                    report.feed_pages += 1
+                page, from_feed = self._next_page(fed, cursor, limit, origin, report, seen)
             except ResyncRequiredError:
                 if seen is not None:
                     raise
@@ -414,22 +402,76 @@ class Syncer:
                 report.own_skip_refuted = True
                 cursor = origin = start
                 continue
-            if not isinstance(page.retired, UnsetType):
-                retired = True
-                retirement = page.retired
-                self._note_retired(retirement.successor, retirement.erase_after, "pull", retirement)
-            if cursor == 0:
-                self._check_keys_open(page.blobs)
-            highest = self._apply_page(page.blobs, report, seen)
-            self.device.observe(highest)
-            assert isinstance(page.cursor, int)  # check_page
-            cursor = page.cursor
-            self.state.cursor = cursor
-            self.state.save()  # after the page is applied (PROTOCOL §9)
-            report.cursor = cursor
-            self.progress("pull", report)
+            retired = self._take_page(page, cursor, report, seen) or retired
+            cursor = self.state.cursor
             if not page.has_more:
                 break
+        self._end_pull(page, report, seen, retired=retired)
+
+    def _pull_start(self, report: SyncReport) -> dict[str, int] | None:
+        """The memories seen by a full re-pull ({} to collect them), or None for a pull
+        from the cursor."""
+        if self.state.full_pull:
+            report.resynced = True
+            return {}
+        if self.state.link_pull:
+            # issue 17: a new link of a vault that synced elsewhere before; the reconcile
+            # pushes what the new vault lacks (a vault without history pulls as usual)
+            if has_sync_history(self.vault.conn):
+                return {}
+            self.state.link_pull = False
+        return None
+
+    def _next_page(
+        self,
+        fed: dict[int, PullResponse],
+        cursor: int,
+        limit: int,
+        origin: int,
+        report: SyncReport,
+        seen: dict[str, int] | None,
+    ) -> tuple[PullResponse, bool]:
+        """The page after `cursor`: the one the live feed carried (not in a full re-pull),
+        else the relay's answer; and whether it came from the feed."""
+        page = self._feed_page(fed, cursor, report) if seen is None else None
+        if page is not None:
+            report.feed_pages += 1
+            return page, True
+        answer = self.relay.pull(
+            self.vault_id,
+            cursor=cursor,
+            limit=limit,
+            max_bytes=self.page_budget,
+            # a pull that began at 0 tells the relay so: it has seen every blob
+            # that survived compaction below its cursor (docs/pull-origin.md)
+            origin=0 if origin == 0 and cursor > 0 else None,
+        )
+        return answer, False
+
+    def _take_page(
+        self, page: PullResponse, cursor: int, report: SyncReport, seen: dict[str, int] | None
+    ) -> bool:
+        """Apply a checked page and move the cursor past it (saved after the page is applied,
+        PROTOCOL §9); whether the page said the vault is retired (§19)."""
+        retired = not isinstance(page.retired, UnsetType)
+        if not isinstance(page.retired, UnsetType):
+            retirement = page.retired
+            self._note_retired(retirement.successor, retirement.erase_after, "pull", retirement)
+        if cursor == 0:
+            self._check_keys_open(page.blobs)
+        highest = self._apply_page(page.blobs, report, seen)
+        self.device.observe(highest)
+        assert isinstance(page.cursor, int)  # check_page
+        self.state.cursor = report.cursor = page.cursor
+        self.state.save()
+        self.progress("pull", report)
+        return retired
+
+    def _end_pull(
+        self, page: PullResponse, report: SyncReport, seen: dict[str, int] | None, *, retired: bool
+    ) -> None:
+        """After the last page: a full re-pull's reconcile (pushes what the relay lacks,
+        deletes nothing), the generation, and a retirement no page repeated undone."""
         if seen is not None:
             report.repushed = self._reconcile(seen, new_link=self.state.link_pull)
             self.state.full_pull = self.state.link_pull = False

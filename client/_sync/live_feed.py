@@ -50,7 +50,7 @@ from .._errors import (
     one_line,
 )
 from .._http.relay_client import EventStream, RelayClient
-from .._http.sse import SseComment, SseEvent, SseParser, SseRetry, SseTooLargeError
+from .._http.sse import SseEvent, SseParser, SseRetry, SseTooLargeError
 
 log = logging.getLogger(__name__)
 
@@ -371,64 +371,77 @@ class LiveFeed:
 
     def _stream_once(self, client: RelayClient) -> _Outcome:
         """One event stream from the device's cursor, until it ends (PROTOCOL §15)."""
-        items = 0
-        retry_ms: int | None = None
+        read = _StreamRead()
         started = time.monotonic()
         self._streams += 1
         try:
             opening = client.events(self._vault_id, cursor=self._cursor(), blobs=self._carry)
             with self._opened(opening) as stream:
-                big = MAX_BLOBS_EVENT_BYTES
-                parser = SseParser(max_line=big, max_event=big) if self._carry else SseParser()
-                last: int | None = None
-                for chunk in stream.chunks():
-                    for item in parser.feed(chunk):
-                        items += 1
-                        if items == 1:
-                            self.signals.set_link(FeedMode.EVENTS, True, None)
-                        if isinstance(item, SseRetry):
-                            retry_ms = item.millis
-                        elif isinstance(item, SseEvent):
-                            last = self._on_event(item, last)
-                            if self.signals.revoked is not None:
-                                return _Outcome.FINAL
-                        elif isinstance(item, SseComment):
-                            pass  # `: ping`: the stream is alive
-                    if self._stop.is_set():
-                        return _Outcome.FINAL
+                if self._read_stream(stream, read):
+                    return _Outcome.FINAL
             problem = "the relay closed the event stream"
-        except DeviceRevokedError as exc:
-            self.signals.set_revoked(str(exc))
-            return _Outcome.FINAL
-        except (AuthError, ForbiddenError) as exc:
-            self.signals.set_link(FeedMode.EVENTS, False, one_line(str(exc))[:200])
-            return _Outcome.FAILED  # the loop's sync reports the key problem itself
-        except FeedUnavailableError as exc:
-            self.signals.set_link(FeedMode.EVENTS, False, one_line(str(exc))[:200])
-            return _Outcome.UNSUPPORTED
-        except VaultRetiredError as exc:  # PROTOCOL §19, past the grace period
-            self.signals.set_link(FeedMode.EVENTS, False, one_line(str(exc))[:200])
-            self.signals.set_retired()
-            return _Outcome.FAILED
-        except RelayError as exc:
-            self.signals.set_link(FeedMode.EVENTS, False, one_line(str(exc))[:200])
-            if exc.status in (400, 404, 405, 406, 501):
-                return _Outcome.UNSUPPORTED  # a relay or proxy without the route
-            return _Outcome.FAILED
         except SseTooLargeError as exc:
             log.warning("dropped the event stream: %s", exc)
             problem = str(exc)
-            items = 0  # a hostile stream counts as a failure, whatever it sent before
+            read.items = 0  # a hostile stream counts as a failure, whatever it sent before
         except (SyncError, httpx.HTTPError) as exc:
+            refused = self._stream_refused(exc)
+            if refused is not None:
+                return refused
             problem = one_line(f"{type(exc).__name__}: {exc}")[:200]
         if self._stop.is_set():
             return _Outcome.FINAL
         self.signals.set_link(FeedMode.EVENTS, False, problem)
-        if items == 0:
+        if read.items == 0:
             return _Outcome.FAILED
-        # PROTOCOL §15 `retry:` is honoured within [reconnect_min_s, reconnect_max_s]; a
-        # stream that ends soon after it began waits out the backoff as well.
-        delay = (retry_ms or 0) / 1000.0
+        return self._after_stream(read, started)
+
+    def _read_stream(self, stream: EventStream, read: _StreamRead) -> bool:
+        """Take a stream's items as they come; True when the feed is to end (revoked,
+        stopped)."""
+        big = MAX_BLOBS_EVENT_BYTES
+        parser = SseParser(max_line=big, max_event=big) if self._carry else SseParser()
+        last: int | None = None
+        for chunk in stream.chunks():
+            for item in parser.feed(chunk):
+                read.items += 1
+                if read.items == 1:
+                    self.signals.set_link(FeedMode.EVENTS, True, None)
+                if isinstance(item, SseRetry):
+                    read.retry_ms = item.millis
+                elif isinstance(item, SseEvent):
+                    last = self._on_event(item, last)
+                    if self.signals.revoked is not None:
+                        return True
+                # an SseComment (`: ping`): the stream is alive
+            if self._stop.is_set():
+                return True
+        return False
+
+    def _stream_refused(self, exc: SyncError | httpx.HTTPError) -> _Outcome | None:
+        """The outcome of a stream the relay refused, or None for a failure to retry."""
+        if isinstance(exc, DeviceRevokedError):
+            self.signals.set_revoked(str(exc))
+            return _Outcome.FINAL
+        if not isinstance(exc, RelayError | FeedUnavailableError):
+            return None
+        self.signals.set_link(FeedMode.EVENTS, False, one_line(str(exc))[:200])
+        if isinstance(exc, AuthError | ForbiddenError):
+            return _Outcome.FAILED  # the loop's sync reports the key problem itself
+        if isinstance(exc, FeedUnavailableError):
+            return _Outcome.UNSUPPORTED
+        if isinstance(exc, VaultRetiredError):  # PROTOCOL §19, past the grace period
+            self.signals.set_retired()
+            return _Outcome.FAILED
+        if exc.status in (400, 404, 405, 406, 501):
+            return _Outcome.UNSUPPORTED  # a relay or proxy without the route
+        return _Outcome.FAILED
+
+    def _after_stream(self, read: _StreamRead, started: float) -> _Outcome:
+        """Wait before the next stream: PROTOCOL §15 `retry:` honoured within
+        [reconnect_min_s, reconnect_max_s]; a stream that ends soon after it began waits
+        out the backoff as well."""
+        delay = (read.retry_ms or 0) / 1000.0
         delay = min(self.timing.reconnect_max_s, max(self.timing.reconnect_min_s, delay))
         if time.monotonic() - started < self.timing.reconnect_min_s * 2:
             self._failures += 1
@@ -482,36 +495,20 @@ class LiveFeed:
                 page = client.pull(
                     self._vault_id, cursor=cursor, limit=1, wait=self.timing.long_poll_wait_s
                 )
-            except DeviceRevokedError as exc:
-                self.signals.set_revoked(str(exc))
-                return _Outcome.FINAL
             except ResyncRequiredError:
                 page = None  # news: the loop's pull resyncs (PROTOCOL §9)
-            except VaultRetiredError as exc:  # PROTOCOL §19, past the grace period
-                self.signals.set_link(FeedMode.LONG_POLL, False, one_line(str(exc))[:200])
-                self.signals.set_retired()
-                return _Outcome.FAILED
-            except RelayError as exc:
-                self.signals.set_link(FeedMode.LONG_POLL, False, one_line(str(exc))[:200])
-                return _Outcome.UNSUPPORTED if exc.status in (400, 404, 405) else _Outcome.FAILED
             except (SyncError, httpx.HTTPError) as exc:
-                self.signals.set_link(FeedMode.LONG_POLL, False, one_line(str(exc))[:200])
-                return _Outcome.FAILED
+                return self._long_poll_refused(exc)
             self.signals.set_link(FeedMode.LONG_POLL, True, None)
             self._failures = 0
             if page is not None and not isinstance(page.retired, msgspec.UnsetType):
                 self.signals.set_retired()  # PROTOCOL §19: the loop's pull says it again
             head = page.head if page is not None and isinstance(page.head, int) else None
-            news = page is None or bool(page.blobs) or (head is not None and head != cursor)
-            took = time.monotonic() - began
-            if news:
+            if page is None or bool(page.blobs) or (head is not None and head != cursor):
                 early = 0
-                hint = head if head is not None and head > cursor else cursor + 1
-                self.signals.offer_hint(min(hint, MAX_CURSOR))
-                # wait for the loop to pull, or the same news would come back at once
-                if self.signals.consumed.wait(self.timing.hint_wait_s) and self._stop.is_set():
+                if self._offer_news(head, cursor):
                     return _Outcome.FINAL
-            elif took < min(1.0, self.timing.long_poll_wait_s / 2):
+            elif time.monotonic() - began < min(1.0, self.timing.long_poll_wait_s / 2):
                 early += 1  # an empty answer at once: this relay (or proxy) does not hold
                 if early >= self.timing.early_answers_before_poll:
                     self.signals.set_link(
@@ -524,6 +521,35 @@ class LiveFeed:
             if rest > 0 and self._pause(rest):
                 return _Outcome.FINAL
         return _Outcome.FINAL
+
+    def _long_poll_refused(self, exc: SyncError | httpx.HTTPError) -> _Outcome:
+        """The outcome of a long-poll that failed: revoked ends the feed, a relay without the
+        long-poll is UNSUPPORTED, anything else FAILED."""
+        if isinstance(exc, DeviceRevokedError):
+            self.signals.set_revoked(str(exc))
+            return _Outcome.FINAL
+        self.signals.set_link(FeedMode.LONG_POLL, False, one_line(str(exc))[:200])
+        if isinstance(exc, VaultRetiredError):  # PROTOCOL §19, past the grace period
+            self.signals.set_retired()
+            return _Outcome.FAILED
+        if isinstance(exc, RelayError) and exc.status in (400, 404, 405):
+            return _Outcome.UNSUPPORTED
+        return _Outcome.FAILED
+
+    def _offer_news(self, head: int | None, cursor: int) -> bool:
+        """Hint the loop past `cursor` and wait for it to pull, or the same news would come
+        back at once; True when the feed was stopped meanwhile."""
+        hint = head if head is not None and head > cursor else cursor + 1
+        self.signals.offer_hint(min(hint, MAX_CURSOR))
+        return self.signals.consumed.wait(self.timing.hint_wait_s) and self._stop.is_set()
+
+
+@dataclass
+class _StreamRead:
+    """What one event stream gave: its items, and the last `retry:` (PROTOCOL §15)."""
+
+    items: int = 0
+    retry_ms: int | None = None
 
 
 class _Held:
