@@ -183,8 +183,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterat
     left out, and how to run it."""
     yield
     selected = terminalreporter.config.stash.get(tiers.SELECTED, [])
+    # pytest-xdist's controller collects nothing itself: its workers' skips say what was left
+    distributed = terminalreporter.config.pluginmanager.hasplugin("dsession")
+    skipped = terminalreporter.stats.get("skipped", []) if distributed else []
     terminalreporter.section("test tiers (tests/tiers.py)", sep="-")
-    for line in tiers.summary_lines(selected):
+    for line in tiers.summary_lines(selected, skipped):
         terminalreporter.write_line(line)
 
 

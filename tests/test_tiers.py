@@ -41,6 +41,18 @@ def test_a_tier_left_out_is_skipped_and_its_count_is_in_the_last_lines() -> None
     assert "error" not in final
 
 
+def test_in_two_workers_the_last_lines_count_the_same() -> None:
+    """The README's command runs in two workers (`-n 2`), whose controller collects
+    nothing: the count comes from the workers' skips, and equals the one-process count."""
+    args = (IMAGE, CITUS, "tests/test_distribution.py", "-k", "not citus]")
+    alone, two = _pytest(*args), _pytest(*args, "-n", "2")
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert two.returncode == 0, two.stdout + two.stderr
+    left = [line for line in alone.stdout.splitlines() if line.startswith("left out:")]
+    assert len(left) == 3
+    assert [line for line in two.stdout.splitlines() if line.startswith("left out:")] == left
+
+
 def test_every_tier_left_out_is_counted_once() -> None:
     result = _pytest(IMAGE, CITUS, "tests/test_distribution.py", "--collect-only")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -152,10 +152,19 @@ def apply(items: Iterable[pytest.Item]) -> None:
             _left_out[item.nodeid] = tier
 
 
-def summary_lines(selected: Iterable[pytest.Item]) -> list[str]:
+def summary_lines(
+    selected: Iterable[pytest.Item], skipped: Iterable[pytest.TestReport] = ()
+) -> list[str]:
     """'left out: N tests need --citus (run: python -m pytest --citus)' per tier left out of
-    the `selected` tests (those left after `-k`/`-m`)."""
+    the `selected` tests (those left after `-k`/`-m`). Under pytest-xdist (`-n 2`) the
+    controller collects nothing: the tiers are counted from the workers' `skipped` reports,
+    by their reason (`needs --TIER`)."""
     counts = Counter(_left_out[item.nodeid] for item in selected if item.nodeid in _left_out)
+    for report in skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+        tier = reason.removeprefix("Skipped: ").removeprefix("needs --")
+        if reason.endswith(_REASON.format(tier=tier)) and tier in TIERS:
+            counts[tier] += 1
     lines = [
         f"left out: {counts[tier]} {'test needs' if counts[tier] == 1 else 'tests need'}"
         f" --{tier} (run: python -m pytest --{tier})"
