@@ -45,7 +45,7 @@ from bench.corpus import Corpus
 from bench.stats import summary
 from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._sync.anti_entropy import AntiEntropy
-from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.reports import SyncReport
 from engram_sync.relay.store import digest as digest_store
 from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT
 from engram_sync.shared_format.digest import Version, bucket_of, version_hash

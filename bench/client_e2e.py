@@ -23,7 +23,7 @@ from bench.relay_load import BenchError
 from engram_sync.client import Vault
 from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.reports import SyncReport
 from engram_sync.client._vault import store as local_store
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.padding import pad_plaintext

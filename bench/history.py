@@ -63,7 +63,8 @@ from bench.relay_load import BenchError
 from bench.relay_process import ROOT
 from engram_sync.client._api import Vault
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import Syncer, SyncReport
+from engram_sync.client._sync.engine import Syncer
+from engram_sync.client._sync.reports import SyncReport
 from engram_sync.client._vault import history, local_writes, store
 from engram_sync.client._vault.transfer import Importer, jsonl_items
 

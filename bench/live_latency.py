@@ -50,7 +50,7 @@ from bench.settings import default_workers
 from bench.stats import percentile
 from engram_sync.client._errors import SyncError
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.reports import SyncReport
 from engram_sync.client._vault import store as local_store
 
 GAP_S: Final = 0.6  # between B applying one memory and A's next push (> min_sync_gap_s)

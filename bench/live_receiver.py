@@ -32,7 +32,8 @@ from typing import Any, Final, TextIO
 from engram_sync.client._errors import RateLimitedError, RelayUnavailableError
 from engram_sync.client._flows.live import CONNECTED, LiveStatus, LiveSync
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import Syncer, SyncReport
+from engram_sync.client._sync.engine import Syncer
+from engram_sync.client._sync.reports import SyncReport
 from engram_sync.client._vault import store as local_store
 
 PASSPHRASE: Final = "engram bench live passphrase: correct horse battery staple"  # noqa: S105

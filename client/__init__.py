@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from ._flows.live import LiveStatus
     from ._flows.rekey import RekeyError, RekeyReport
     from ._session import NotLinkedError
-    from ._sync.engine import SyncReport
+    from ._sync.reports import SyncReport
     from ._vault.history import HistoryError, Retention, Version, Writer
     from ._vault.revert import RevertPlan
 

@@ -27,7 +27,7 @@ from ._errors import RateLimitedError, RelayUnavailableError, SyncError
 from ._flows.live import LiveStatus, LiveSync
 from ._flows.rekey import Rekey, RekeyReport
 from ._session import VaultSession
-from ._sync.engine import SyncReport
+from ._sync.reports import SyncReport
 from ._vault import history, local_writes, store
 from ._vault.history import Retention, Version
 from ._vault.privacy import PRIVACY_LEVELS, queue_retraction

@@ -20,7 +20,8 @@ from ._vault.schema import migrate
 
 if TYPE_CHECKING:  # imported where used: a command that never syncs does not load httpx
     from ._http.relay_client import RelayClient
-    from ._sync.engine import ProgressCallback, Syncer
+    from ._sync.engine import Syncer
+    from ._sync.reports import ProgressCallback
 
 
 class NotLinkedError(SyncError):

@@ -13,7 +13,7 @@ from .._sync.unpushable import shown_id
 from .support import err, open_session, out, print_json
 
 if TYPE_CHECKING:
-    from .._sync.engine import SyncReport
+    from .._sync.reports import SyncReport
 
 
 def repair_notice(report: SyncReport) -> str | None:

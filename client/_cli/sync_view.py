@@ -26,7 +26,7 @@ from rich.progress import (
 from .._errors import SyncError
 from .._http.relay_client import RelayClient
 from .._session import VaultSession
-from .._sync.engine import ProgressCallback, SyncReport
+from .._sync.reports import ProgressCallback, SyncReport
 from .._vault.store import count_to_push
 from .support import err
 

@@ -19,7 +19,7 @@ import typer
 from .support import CliError, err, open_session, out, print_json
 
 if TYPE_CHECKING:  # the sync engine is imported where used (issue 17)
-    from .._sync.anti_entropy import DigestReport
+    from .._sync.reports import DigestReport
 
 
 def verify(
@@ -36,7 +36,7 @@ def verify(
 ) -> None:
     """Check that this device and the relay hold the same versions (exit 1 if not)."""
     from .._sync.anti_entropy import DEEP_FEATURE, DIGEST_FEATURE, AntiEntropy
-    from .._sync.engine import SyncReport
+    from .._sync.reports import SyncReport
 
     with open_session() as session, session.relay() as relay:
         if not relay.offers(DIGEST_FEATURE):

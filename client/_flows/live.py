@@ -34,7 +34,7 @@ from engram_sync.shared_format.wire import PullResponse
 
 from .._errors import SyncError
 from .._session import VaultSession
-from .._sync.engine import Syncer, SyncReport
+from .._sync.engine import Syncer
 from .._sync.live_feed import (
     READ_TIMEOUT_S,
     FeedMode,
@@ -42,6 +42,7 @@ from .._sync.live_feed import (
     FeedTiming,
     LiveFeed,
 )
+from .._sync.reports import SyncReport
 from .._vault.store import count_to_push
 
 log = logging.getLogger(__name__)

@@ -74,8 +74,8 @@ from .._errors import ForbiddenError, RelayError, SyncError
 from .._http.relay_client import RelayClient
 from .._session import VaultSession
 from .._sync.config import SyncConfig, save_sync_config
-from .._sync.engine import SyncReport
 from .._sync.lock import sync_lock
+from .._sync.reports import SyncReport
 from .._vault.held_versions import by_bucket, held_versions
 from .._vault.privacy import (
     forget_kept_local_clocks,

@@ -30,7 +30,6 @@ Every loop is bounded (MAX_LIST_PAGES, MAX_FETCH_ROUNDS).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
@@ -67,11 +66,13 @@ from .._vault.held_versions import (
 from .._vault.kept_digest import held_and_kept, kept_digest
 from .._vault.store import apply_memory, known_version, local_state
 from .._vault.vault_key_store import key_source
+from .reports import DigestReport
 
 if TYPE_CHECKING:
     import sqlite3
 
-    from .engine import Syncer, SyncReport
+    from .reports import SyncReport
+    from .syncer_parts import SyncerParts
 
 log = logging.getLogger(__name__)
 
@@ -83,39 +84,16 @@ MAX_FETCH_ROUNDS: Final = 64  # per batch of at most 1000 ids (answers cut by by
 MAX_UNRESOLVED_SHOWN: Final = 20
 
 
-@dataclass
-class DigestReport:
-    """What one anti-entropy check found and did (in SyncReport.digest and `verify`)."""
-
-    checked: bool = False  # the relay offers the digest and it was compared
-    matched: bool = False  # equal at the end
-    relay_digest: str = ""
-    device_digest: str = ""
-    relay_count: int = 0
-    device_count: int = 0
-    buckets: list[int] = field(default_factory=list)  # buckets that differed
-    device_lacks: int = 0  # versions the relay holds that beat the device's (or it lacks)
-    relay_lacks: int = 0  # versions the device holds that the relay lacks
-    fetched: int = 0  # of those the device lacked: applied after verification
-    restored: int = 0  # rows written back at their known version (see the module doc)
-    requeued: int = 0  # versions queued to push again
-    compacted: int = 0  # tombstones the relay compacted, left out of the digest
-    unresolved: list[str] = field(default_factory=list)  # memory ids
-    round_trips: int = 0
-    answer_bytes: int = 0  # JSON bytes of the digest answers (as re-encoded)
-    request_bytes: int = 0  # JSON bytes of the digest requests' bodies (narrow)
-    error: str | None = None  # a digest answer refused as impossible (nothing was changed)
-    behind: bool = False  # not narrowed: the relay's digest counts commits not pulled yet
-    # the device's kept digest disagreed with its rows and was recomputed (issue 36; seen
-    # by `verify --deep` and by a check that narrows)
-    kept_repaired: bool = False
-
-
 class AntiEntropy:
     """One check of one Syncer's vault against its relay."""
 
     def __init__(
-        self, syncer: Syncer, report: SyncReport, *, deep: bool = False, when_behind: bool = True
+        self,
+        syncer: SyncerParts,
+        report: SyncReport,
+        *,
+        deep: bool = False,
+        when_behind: bool = True,
     ) -> None:
         self.syncer = syncer
         self.sync_report = report

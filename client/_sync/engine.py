@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Final
 
 from msgspec import UnsetType
@@ -71,12 +70,13 @@ from .._vault.vault_key_store import (
     keys_open_blobs,
     keys_refused_message,
 )
-from .anti_entropy import DIGEST_FEATURE, AntiEntropy, DigestReport
+from .anti_entropy import DIGEST_FEATURE, AntiEntropy
 from .device import Device
 from .feed_page_bound import feed_page_gap
 from .lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
 from .lock import sync_lock
 from .own_pushes import OwnSkip, own_commit_end, refuted_start
+from .reports import DigestReport, ProgressCallback, SyncReport
 from .retirement import note_retired, retired_error
 from .revocation import revoked_in_roster, revoked_message
 from .state import SkippedBlob, SyncState
@@ -96,41 +96,6 @@ MAX_ROUNDS: Final = 3
 MAX_CLOCK_STEP: Final = 2**32
 CLOCK_JUMP_REASON: Final = "vector clock jumps more than 2^32 above this device's clock"
 MAX_CURSOR: Final = 2**63 - 1
-
-
-@dataclass
-class SyncReport:
-    """Counts of one sync, for progress bars, `--json` and tests."""
-
-    pushed: int = 0
-    rejected: int = 0
-    pulled: int = 0
-    applied: int = 0
-    stale: int = 0
-    invalid: int = 0
-    conflicts: int = 0
-    resynced: bool = False
-    restored: bool = False  # the relay lost commits this device had seen (PROTOCOL §17)
-    repushed: int = 0  # versions the relay lacked, queued again by a reconcile
-    cursor: int = 0
-    oversized: list[str] = field(default_factory=list)
-    # issue 31 (client._sync.unpushable): memories kept local because the relay refuses
-    # their blob as structurally invalid (PROTOCOL §6 step 1), e.g. an id it refuses
-    unpushable: list[Unpushable] = field(default_factory=list)
-    # PROTOCOL §18: the anti-entropy check at the end of the sync (None: the relay does not
-    # offer the digest, or the sync was told not to check)
-    digest: DigestReport | None = None
-    # issue 15 (client._sync.own_pushes): own blobs the cursor moved past without pulling
-    # them back, and whether a page showed that such a move was wrong (pulled again)
-    own_skipped: int = 0
-    own_skip_refuted: bool = False
-    # docs/live-feed.md "Blobs in the event": pages the live feed carried, applied in place
-    # of a pull, and those dropped by a check (pulled over HTTP instead; logged)
-    feed_pages: int = 0
-    feed_dropped: int = 0
-
-
-ProgressCallback = Callable[[str, SyncReport], None]
 
 
 def _ciphertext_chars(plaintext_bytes: int) -> int:

@@ -35,7 +35,8 @@ from .._vault.store import (
 )
 
 if TYPE_CHECKING:
-    from .engine import Syncer, SyncReport
+    from .reports import SyncReport
+    from .syncer_parts import SyncerParts
 
 
 def kept_out(
@@ -63,7 +64,7 @@ def kept_out(
     return True
 
 
-def push_retractions(syncer: Syncer, report: SyncReport) -> None:
+def push_retractions(syncer: SyncerParts, report: SyncReport) -> None:
     """Push a tombstone for each retraction queued (`engram-sync retract`); the local
     memory stays. One accepted is recorded at the clock it was pushed with."""
     conn = syncer.vault.conn

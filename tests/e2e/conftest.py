@@ -12,7 +12,7 @@ import pytest
 
 from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.reports import SyncReport
 from engram_sync.relay.services.config import RelayConfig
 from tests.relay.conftest import ADMIN_KEY, Relay, RelayThread, base_config
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from engram_sync.client._errors import RateLimitedError, RelayUnavailableError, SyncError
 from engram_sync.client._flows.live import LiveStatus, LiveSync, LiveTiming
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.live_feed import FeedTiming
+from engram_sync.client._sync.reports import SyncReport
 from tests.e2e.conftest import PASSPHRASE
 
 # Short delays, so a fallback or a reconnect happens within a test's patience.

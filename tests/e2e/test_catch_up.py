@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.reports import SyncReport
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.helpers import add, contents
 

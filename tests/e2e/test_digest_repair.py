@@ -17,7 +17,7 @@ from pathlib import Path
 
 import asyncpg
 
-from engram_sync.client._sync.anti_entropy import DigestReport
+from engram_sync.client._sync.reports import DigestReport
 from engram_sync.client._vault.held_versions import held_versions
 from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
 from engram_sync.relay.store.compaction import compact_vault

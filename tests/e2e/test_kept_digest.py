@@ -15,7 +15,7 @@ from pathlib import Path
 
 from engram_sync.client import Vault
 from engram_sync.client._sync.anti_entropy import AntiEntropy
-from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.reports import SyncReport
 from engram_sync.client._vault.held_versions import held_versions
 from engram_sync.client._vault.kept_digest import fold_changes, kept_digest
 from engram_sync.shared_format.digest import fold

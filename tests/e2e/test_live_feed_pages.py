@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from msgspec.structs import replace
 
-from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.feed_page_bound import feed_page_gap
 from engram_sync.client._sync.live_feed import parse_change
+from engram_sync.client._sync.reports import SyncReport
 from engram_sync.shared_format.wire import PullResponse, SyncBlob
 from tests.e2e.conftest import VAULT_ID, DeviceHandle
 from tests.e2e.helpers import add, contents

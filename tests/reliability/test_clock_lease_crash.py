@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.reports import SyncReport
 from engram_sync.client._vault import store as local_store
 from tests.relay.conftest import ADMIN_KEY, Relay
 from tests.reliability.support import RelayProcess
@@ -27,7 +27,7 @@ PUSHER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from engram_sync.client._session import VaultSession
-    from engram_sync.client._sync.engine import SyncReport
+    from engram_sync.client._sync.reports import SyncReport
     from engram_sync.client._vault import store as local_store
 
     path, passphrase, pushes = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])

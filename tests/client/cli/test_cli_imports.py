@@ -120,9 +120,9 @@ def test_sync_does_load_the_relay_client(vault_dir: Path) -> None:
     # unlinked vault: `sync` fails with the fix, after importing the sync path)
     code, modules = _modules_of(vault_dir, "sync")
     assert code == 1
-    assert _loaded(modules, ("httpx", "engram_sync.client._sync.engine", "rich.progress")) == [
+    assert _loaded(modules, ("httpx", "engram_sync.client._sync.reports", "rich.progress")) == [
         "httpx",
-        "engram_sync.client._sync.engine",
+        "engram_sync.client._sync.reports",
         "rich.progress",
     ]
 
@@ -156,7 +156,7 @@ def test_the_package_imports_its_public_names_on_first_use() -> None:
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
     )
-    assert done.stdout.split() == ["False", "True", "engram_sync.client._sync.engine"]
+    assert done.stdout.split() == ["False", "True", "engram_sync.client._sync.reports"]
 
 
 def test_team_request_default_wait_is_the_handoffs() -> None:

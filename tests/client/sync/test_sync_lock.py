@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import SyncReport
 from engram_sync.client._sync.lock import LOCK_FILE, SyncBusyError, _holder, sync_lock
+from engram_sync.client._sync.reports import SyncReport
 from engram_sync.client._vault import store as local_store
 from tests.e2e.conftest import PASSPHRASE
 from tests.relay.conftest import ADMIN_KEY, Relay

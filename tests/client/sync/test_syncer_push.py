@@ -15,7 +15,7 @@ import pytest
 
 from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
-from engram_sync.client._sync.engine import SyncReport
+from engram_sync.client._sync.reports import SyncReport
 from engram_sync.client._vault import store as local_store
 from engram_sync.shared_format.timestamps import format_rfc3339
 from engram_sync.shared_format.wire import PushResponse, SyncBlob

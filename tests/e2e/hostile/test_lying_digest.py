@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engram_sync.client._sync.anti_entropy import DigestReport
+from engram_sync.client._sync.reports import DigestReport
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.helpers import add, contents, delete
 from tests.e2e.hostile.conftest import Scene
