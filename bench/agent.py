@@ -64,9 +64,12 @@ def _run(argv: list[str], env: dict[str, str], cpu: list[float] | None = None) -
     system, all its threads) appended to `cpu`: on a loaded machine the steadier figure."""
     cpu_before = _children_cpu_s()
     started = time.perf_counter()
-    subprocess.run(  # noqa: S603 - our interpreter and executable, fixed argv
-        argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, check=True, timeout=300
+    done = subprocess.run(  # noqa: S603 - our interpreter and executable, fixed argv
+        argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False, timeout=300
     )
+    if done.returncode != 0:  # what the command said, not only its exit status
+        said = done.stderr.decode(errors="replace").strip()[-500:]
+        raise RuntimeError(f"{' '.join(argv[1:])} exited {done.returncode}: {said}")
     wall_ms = (time.perf_counter() - started) * 1000
     if cpu is not None:
         cpu.append((_children_cpu_s() - cpu_before) * 1000)

@@ -6,8 +6,10 @@ as `list --json`, and a search matching every memory as JSON. Runs interleaved."
 from __future__ import annotations
 
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Final
 
@@ -45,8 +47,11 @@ def measure(scratch: Path, *, quick: bool) -> dict[str, Any]:
     memories, runs = (QUICK_MEMORIES, QUICK_RUNS) if quick else (MEMORIES, RUNS)
     root = scratch / "agent-reads-bench"
     (root / "home").mkdir(parents=True, exist_ok=True)
-    (root / "run").mkdir(mode=0o700, exist_ok=True)
+    # the agent's socket lives in XDG_RUNTIME_DIR: a short folder of its own, since a
+    # socket's path is bounded (108 bytes) and `scratch` may be a deep test folder
+    runtime = tempfile.mkdtemp(prefix="es-ar-")
     with_pass, without_pass = _env(root, True), _env(root, False)
+    with_pass["XDG_RUNTIME_DIR"] = without_pass["XDG_RUNTIME_DIR"] = runtime
     if not (root / "vault" / "engrams.db").exists():
         _fill(root / "vault", memories)
     _run([EXE, "unlock", "--timeout", "600"], with_pass)
@@ -65,6 +70,7 @@ def measure(scratch: Path, *, quick: bool) -> dict[str, Any]:
             figures["python_startup"].append(_run([sys.executable, "-c", "pass"], without_pass))
     finally:
         _run([EXE, "lock"], without_pass)
+        shutil.rmtree(runtime, ignore_errors=True)
     return {
         "memories": memories,
         "runs": runs,
