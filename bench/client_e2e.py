@@ -360,13 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     """Issue 36's client rows alone (`python -m bench.client_e2e`), on their own embedded
     PostgreSQL and relay process; `--sizes 10000,100000` by default."""
     import argparse
-    import json
     import os
-    import secrets
-    import sys
 
-    from bench.database import BenchDatabase
-    from bench.relay_process import RelayProcess
+    from bench.alone import run_alone
     from bench.targets import client_size_targets
 
     parser = argparse.ArgumentParser(prog="python -m bench.client_e2e")
@@ -375,23 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None
 
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
+    def sections(scratch: Path, url: str, key: str, log: Callable[[str], None]) -> dict[str, Any]:
+        result = measure_sizes(scratch, url, key, quick=args.quick, log=log, sizes=sizes)
+        result["load_average_end"] = os.getloadavg()
+        return result
 
-    log(f"load average at the start {os.getloadavg()}")
-    with BenchDatabase() as db:
-        key = "bench-" + secrets.token_urlsafe(24)
-        with RelayProcess(db.url, key, db.scratch / "relay.log") as relay:
-            result = measure_sizes(
-                db.scratch, relay.url, relay.key, quick=args.quick, log=log, sizes=sizes
-            )
-    result["load_average_end"] = os.getloadavg()
-    print(json.dumps(result, indent=2))
-    for target in client_size_targets(result):
-        verdict = target.as_json()
-        print(f"{verdict['verdict']}  {target.name}: {target.value:.3f} "
-              f"(target {verdict['target']}) {target.detail}")  # fmt: skip
-    return 0
+    return run_alone(sections, client_size_targets)
 
 
 if __name__ == "__main__":

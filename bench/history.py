@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import secrets
@@ -467,8 +466,7 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     """The four rows alone, on their own embedded PostgreSQL and relay process."""
-    from bench.database import BenchDatabase
-    from bench.relay_process import RelayProcess
+    from bench.alone import run_alone
     from bench.targets import history_targets
 
     parser = argparse.ArgumentParser(prog="python -m bench.history")
@@ -483,22 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.edits:
         size = Size(size.memories, size.edit_rounds, size.pull_rounds, size.cap_memories,
                     args.edits)  # fmt: skip
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    log(f"load average at the start {os.getloadavg()}")
-    with BenchDatabase() as db:
-        key = "bench-" + secrets.token_urlsafe(24)
-        with RelayProcess(db.url, key, db.scratch / "relay.log") as relay:
-            log(f"relay pid {relay.pid}")
-            result = measure(db.scratch, relay.url, relay.key, size, log)
-    print(json.dumps(result, indent=2))
-    for target in history_targets(result):
-        verdict = target.as_json()
-        print(f"{verdict['verdict']}  {target.name}: {target.value:.3f} "
-              f"(target {verdict['target']}) {target.detail}")  # fmt: skip
-    return 0
+    return run_alone(
+        lambda scratch, url, key, log: measure(scratch, url, key, size, log), history_targets
+    )
 
 
 if __name__ == "__main__":

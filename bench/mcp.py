@@ -304,30 +304,16 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     """The three rows alone, on their own embedded PostgreSQL and relay process."""
-    from bench.database import BenchDatabase
-    from bench.relay_process import RelayProcess
+    from bench.alone import run_alone
     from bench.targets import mcp_targets
 
     parser = argparse.ArgumentParser(prog="python -m bench.mcp")
     parser.add_argument("--quick", action="store_true", help="small sizes: under a minute")
     args = parser.parse_args(argv)
     size = Size.of(quick=args.quick)
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    log(f"load average at the start {os.getloadavg()}")
-    with BenchDatabase() as db:
-        key = "bench-" + secrets.token_urlsafe(24)
-        with RelayProcess(db.url, key, db.scratch / "relay.log") as relay:
-            log(f"relay pid {relay.pid}")
-            result = measure(db.scratch / "mcp", relay.url, relay.key, size, log)
-    print(json.dumps(result, indent=2))
-    for target in mcp_targets(result):
-        verdict = target.as_json()
-        print(f"{verdict['verdict']}  {target.name}: {target.value:.3f} "
-              f"(target {verdict['target']}) {target.detail}")  # fmt: skip
-    return 0
+    return run_alone(
+        lambda scratch, url, key, log: measure(scratch / "mcp", url, key, size, log), mcp_targets
+    )
 
 
 if __name__ == "__main__":

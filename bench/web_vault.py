@@ -22,15 +22,12 @@ and a relay process of their own; `python -m bench` runs them on its relay.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import secrets
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 from bench.browser import CHROMIUM, BrowserThread, ServedApp, open_bundle
@@ -175,8 +172,7 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     """The three rows alone, on their own embedded PostgreSQL and relay process."""
-    from bench.database import BenchDatabase
-    from bench.relay_process import RelayProcess
+    from bench.alone import run_alone
     from bench.targets import web_vault_targets
 
     parser = argparse.ArgumentParser(prog="python -m bench.web_vault")
@@ -186,21 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     size = Size.of(quick=args.quick)
     if args.memories:
         size = Size(size.unlock_memories, args.memories, size.searches)
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    log(f"load average at the start {os.getloadavg()}")
-    with BenchDatabase() as db:
-        key = "bench-" + secrets.token_urlsafe(24)
-        with RelayProcess(db.url, key, Path(db.scratch) / "relay.log") as relay:
-            result = measure(relay.url, relay.key, size, log)
-    print(json.dumps(result, indent=2))
-    for target in web_vault_targets(result):
-        verdict = target.as_json()
-        print(f"{verdict['verdict']}  {target.name}: {target.value:.3f} "
-              f"(target {verdict['target']}) {target.detail}")  # fmt: skip
-    return 0
+    return run_alone(lambda scratch, url, key, log: measure(url, key, size, log), web_vault_targets)
 
 
 if __name__ == "__main__":
