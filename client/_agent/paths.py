@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 APP_DIR: Final = "engram-sync"
 SOCKET_NAME: Final = "agent.sock"
 LOCK_NAME: Final = "agent.lock"
+SOCKET_PATH_MAX_BYTES: Final = 107  # Linux: sun_path holds 108 bytes with the final NUL
 DIR_MODE: Final = 0o700
 
 
@@ -93,14 +94,32 @@ def agent_dir_problem(directory: Path, info: os.stat_result, uid: int) -> str | 
     return None
 
 
+def socket_path_problem(path: Path) -> str | None:
+    """Why a Unix socket cannot be bound at `path` (longer than the kernel takes), as one
+    line saying what to do; None when it fits."""
+    size = len(os.fsencode(path))
+    if size <= SOCKET_PATH_MAX_BYTES:
+        return None
+    return (
+        f"the key agent's socket path {path} is {size} bytes, longer than the "
+        f"{SOCKET_PATH_MAX_BYTES} a Unix socket takes: set XDG_RUNTIME_DIR to a shorter "
+        "directory of your own"
+    )
+
+
 def ensure_agent_dir() -> Path:
     """Make the agent's directory 0700 (or check the one there) and return it.
 
     AgentDirError when it exists but is a link, not a directory, or another user's
-    (`agent_dir_problem`). `engram-sync unlock` calls it before it starts the agent, so
-    the person reads why (issue 31); the agent calls it again before it listens.
+    (`agent_dir_problem`), or when the socket's path in it is too long to bind
+    (`socket_path_problem`: else the agent would die before saying why). `engram-sync
+    unlock` calls it before it starts the agent, so the person reads why (issue 31); the
+    agent calls it again before it listens.
     """
     directory = agent_dir()
+    too_long = socket_path_problem(directory / SOCKET_NAME)
+    if too_long is not None:
+        raise AgentDirError(too_long)
     with contextlib.suppress(FileExistsError):
         directory.mkdir(mode=DIR_MODE)
     info = directory.lstat()

@@ -219,6 +219,26 @@ def test_an_unsafe_agent_directory_is_refused(user: Env) -> None:
     assert not any(target.iterdir())
 
 
+def test_a_socket_path_too_long_to_bind_says_so_in_one_line(user: Env) -> None:
+    # the kernel binds a Unix socket path of at most 107 bytes: past it the agent died
+    # before saying why and unlock said only "no answer"
+    vault = new_vault(user)
+    deep = user.runtime / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True, mode=0o700)
+    (user.root / "deep").mkdir()
+    deep_user = Env(user.root / "deep", deep)
+    refused = deep_user.cli("unlock", passphrase=PASSPHRASE, vault=vault)
+    assert refused.returncode == 1
+    (line,) = refused.stderr.splitlines()  # one line, no traceback
+    assert "socket path" in line
+    assert "longer than the 107 a Unix socket takes" in line
+    assert "set XDG_RUNTIME_DIR to a shorter directory" in line
+    assert not (deep / "engram-sync").exists()  # nothing made there
+    assert agent_pid() is None
+    # the honest case: a short runtime directory works
+    ok(user.cli("unlock", passphrase=PASSPHRASE, vault=vault))
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="making a directory another uid owns needs root")
 def test_a_squatted_agent_directory_says_whose_it_is_and_what_to_do(user: Env) -> None:
     # issue 31: another user made the agent's directory first (a shared runtime directory)
