@@ -52,7 +52,7 @@ def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] 
             report = _run_sync(session, show_progress=not json_out and err.is_terminal)
     if json_out:
         print_json(_report_dict(report))
-        _exit_if_unpushable(report)
+        _exit_if_kept_local(report)
         return
     parts = [f"pulled {report.pulled} (applied {report.applied}), pushed {report.pushed}"]
     notice = repair_notice(report)
@@ -73,16 +73,25 @@ def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] 
         )
     if len(report.unpushable) > SHOWN_UNPUSHABLE:
         err.print(f"  ... and {len(report.unpushable) - SHOWN_UNPUSHABLE} more not pushed")
-    _exit_if_unpushable(report)
+    for memory_id in report.oversized[:SHOWN_UNPUSHABLE]:
+        err.print(
+            f"not pushed: memory {shown_id(memory_id)}: larger than the relay takes; it stays "
+            "in this vault only (shorten it with `engram-sync edit`, or split it)",
+            markup=False,
+        )
+    if len(report.oversized) > SHOWN_UNPUSHABLE:
+        err.print(f"  ... and {len(report.oversized) - SHOWN_UNPUSHABLE} more too large")
+    _exit_if_kept_local(report)
 
 
 #: issue 31: the memories a sync names as not pushed (one line each); the rest are counted
 SHOWN_UNPUSHABLE: Final = 20
 #: the exit status of a sync that ran but kept memories local the relay refuses (issue 31)
+#: or that are larger than it takes: in both, something the user wrote is on no other device
 EXIT_UNPUSHABLE: Final = 3
 
 
-def _exit_if_unpushable(report: SyncReport) -> None:
+def _exit_if_kept_local(report: SyncReport) -> None:
     """A sync that pushed everything else but set memories aside ends with its own status."""
-    if report.unpushable:
+    if report.unpushable or report.oversized:
         raise typer.Exit(EXIT_UNPUSHABLE)

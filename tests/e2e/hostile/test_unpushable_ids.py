@@ -217,3 +217,31 @@ def test_a_pulled_blob_with_a_bad_id_is_skipped_and_shown_escaped(scene: Scene) 
     skipped = json.loads(_status(alpha, "--json"))["skipped_blobs"]
     assert [s["memory_id"] for s in skipped] == [evil]
     assert "control characters" in skipped[0]["reason"]
+
+
+def test_a_memory_too_large_to_push_is_named_and_exits_3_like_a_refused_one(
+    scene: Scene,
+) -> None:
+    # the same promise for a memory larger than the relay takes (its §11 limit): kept
+    # local, named in one line, the rest pushed, exit 3 (it was exit 0 with a count)
+    alpha = _linked_vault(scene.tmp_path / "alpha", scene.relay.url, scene.vault_id, "alpha")
+    _import(alpha, "a memory of ordinary size")
+    big_id = str(uuid.uuid4())
+    _write_row_with_id(alpha, big_id, "x" * 1_200_000)  # over the default 1 MiB blob cap
+
+    synced = cli(alpha, "sync")
+    assert synced.returncode == EXIT_UNPUSHABLE, synced.stdout + synced.stderr
+    assert "pushed 1" in synced.stdout
+    (line,) = [line for line in synced.stderr.splitlines() if "not pushed" in line]
+    assert big_id in line
+    assert "larger than the relay takes" in line
+    assert "Traceback" not in synced.stderr
+    as_json = cli(alpha, "sync", "--json")
+    assert as_json.returncode == EXIT_UNPUSHABLE
+    assert json.loads(as_json.stdout)["oversized"] == [big_id]
+    assert big_id in _ids(alpha)  # kept, never deleted
+
+    # the honest case: once it is gone, a sync is clean (exit 0)
+    with open_vault(alpha, PASSPHRASE) as opened:
+        opened.conn.execute("DELETE FROM engrams WHERE id = ?", (big_id,))
+    assert json.loads(ok(cli(alpha, "sync", "--json")))["oversized"] == []
