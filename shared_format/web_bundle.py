@@ -112,10 +112,13 @@ def sri(data: bytes) -> str:
     return "sha256-" + base64.b64encode(hashlib.sha256(data).digest()).decode()
 
 
-def content_security_policy(import_map_sha256: str) -> str:
+def content_security_policy(import_map_sha256: str | None) -> str:
     """The CSP of every answer under the bundle: default-src 'none', scripts from this origin
-    and WebAssembly compilation (Argon2id), the one inline import map by its hash."""
-    script = f"{_CSP_DIRECTIVES[1]} 'sha256-{import_map_sha256}'"
+    and WebAssembly compilation (Argon2id), the one inline import map by its hash (None: no
+    inline script at all, for an answer that is not the page)."""
+    script = _CSP_DIRECTIVES[1]
+    if import_map_sha256 is not None:
+        script += f" 'sha256-{import_map_sha256}'"
     return "; ".join((_CSP_DIRECTIVES[0], script, *_CSP_DIRECTIVES[2:]))
 
 
