@@ -7,7 +7,7 @@ Access logs are off and bodies are never logged."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
@@ -71,11 +71,8 @@ class SecurityHeaders:
 SECURITY_HEADERS_RAW: Final = tuple((k.encode(), v.encode()) for k, v in SECURITY_HEADERS)
 
 
-def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
-    """The app; ValueError when `relay_url` is not an http(s) URL (forwarding.relay_base)."""
-    relay_url = relay_base(relay_url)
-    client = httpx.AsyncClient(timeout=_TIMEOUT, follow_redirects=False, trust_env=False)
-    cache = BundleCache(bundle)
+def _static(cache: BundleCache) -> Callable[[Request], Awaitable[Response]]:
+    """The bundle's files as served (index.html at /), the manifest's and no other."""
 
     async def static(request: Request) -> Response:
         name = request.path_params["name"] or INDEX
@@ -86,6 +83,15 @@ def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
         if name not in files:
             return JSONResponse({"error": "no such file", "code": "not_found"}, status_code=404)
         return Response(files[name], media_type=content_type(name))
+
+    return static
+
+
+def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
+    """The app; ValueError when `relay_url` is not an http(s) URL (forwarding.relay_base)."""
+    relay_url = relay_base(relay_url)
+    client = httpx.AsyncClient(timeout=_TIMEOUT, follow_redirects=False, trust_env=False)
+    cache = BundleCache(bundle)
 
     async def settings(_: Request) -> Response:
         return JSONResponse({"vault_id": vault_id})
@@ -129,12 +135,11 @@ def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
         yield
         await client.aclose()
 
-    methods = ["GET", "POST", "PUT", "DELETE"]
     return Starlette(
         routes=[
             Route("/engram-web.json", settings),
-            Route("/v1/{rest:path}", proxy, methods=methods),
-            Route("/{name:path}", static),
+            Route("/v1/{rest:path}", proxy, methods=["GET", "POST", "PUT", "DELETE"]),
+            Route("/{name:path}", _static(cache)),
         ],
         middleware=[
             Middleware(TrustedHostMiddleware, allowed_hosts=list(ALLOWED_HOSTS)),
