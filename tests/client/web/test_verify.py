@@ -1,30 +1,32 @@
 """`engram-sync web verify URL` (client/_web/verify.py, verify_fetch.py, client/_cli/
-web_command.py) against a real relay (uvicorn + PostgreSQL) serving a copy of the installed
-bundle (ENGRAM_RELAY_WEB_VAULT_DIR's setting), with a tampering proxy in front of it: the
-honest relay matches in one line (exit 0); each tampering, of the folder the relay serves or
-of its answers on the way, is named in the output (exit 1); an unreachable or garbled relay
-is one line, exit 2. No hash of a web file is written here: they are computed."""
+web_command.py) against a real relay process (bench.relay_process: uvicorn + PostgreSQL)
+serving a copy of the installed bundle (ENGRAM_RELAY_WEB_VAULT_DIR), with a tampering proxy
+in front of it: the honest relay matches in one line (exit 0); each tampering, of the folder
+the relay serves or of its answers on the way, is named in the output (exit 1); an
+unreachable or garbled relay is one line, exit 2. No hash of a web file is written here:
+they are computed."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from bench.relay_process import RelayProcess
 from engram_sync.client._cli.main import app
 from engram_sync.shared_format.web_bundle import installed_bundle_dir, read_bundle, sha256_hex
 from tests.client.web.tampering_proxy import TamperingProxy
 from tests.conftest import migrated_backend_database
-from tests.relay.conftest import RelayThread, base_config
 
 EXE = str(Path(sys.executable).parent / "engram-sync")
 INSTALLED = sorted(read_bundle(installed_bundle_dir()))
@@ -44,14 +46,18 @@ def served(
     """One relay serving a folder the tests change, behind one tampering proxy."""
     folder = tmp_path_factory.mktemp("relay-web") / "web"
     shutil.copytree(installed_bundle_dir(), folder)
+    log = folder.parent / "relay.log"
     with migrated_backend_database(request, postgres_url) as url:
-        config = replace(base_config(url), web_vault_dir=str(folder))
-        server = RelayThread(config).start()
+        os.environ["ENGRAM_RELAY_WEB_VAULT_DIR"] = str(folder)  # read by the relay process
         try:
-            with TamperingProxy(server.url) as proxy:
-                yield Served(folder, server.url, proxy)
+            relay = RelayProcess(url, "verify-" + secrets.token_urlsafe(16), log).start()
         finally:
-            server.stop()
+            del os.environ["ENGRAM_RELAY_WEB_VAULT_DIR"]
+        try:
+            with TamperingProxy(relay.url) as proxy:
+                yield Served(folder, relay.url, proxy)
+        finally:
+            relay.stop()
 
 
 @pytest.fixture
