@@ -30,6 +30,11 @@ PROBES = (
     "/vault/nope.js",
     "/vault/index.html/x",
     "/vault/" + "a" * 5000,
+    "/vault/%ff",
+    "/vault/%c0%ae%c0%ae/pyproject.toml",
+    "/vault/js/app.js%00",
+    "/vault/js\\app.js",
+    "/vault/INDEX.HTML",
 )
 
 
