@@ -70,11 +70,13 @@ def web_command(
 
 
 def verify_command(
-    url: Annotated[str, typer.Argument(help="The relay's URL, or its /vault/.", metavar="URL")],
+    url: Annotated[str, typer.Argument(help="The relay's URL, or its /vault/.")],
 ) -> None:
-    """Compare the web vault a relay serves at /vault/ with this install's, file by file:
-    one line and exit 0 for a match, every differing, missing or added file and exit 1
-    otherwise, exit 2 when the relay cannot be read (docs/web-vault.md)."""
+    """Compare a relay's /vault/ with this install's web vault, file by file.
+
+    One line and exit 0 for a match; every differing, missing or added file and exit 1
+    otherwise; exit 2 when the relay cannot be read (docs/web-vault.md).
+    """
     from engram_sync.shared_format.web_bundle import bundle_from_folder
 
     from .._web.bundle import bundle_dir
