@@ -26,6 +26,7 @@ from bench import (
     live_throughput,
     pull_memory,
     stream_hog,
+    web_serve,
     web_vault,
 )
 from bench import mcp as mcp_bench
@@ -404,6 +405,12 @@ class Run:
                 self.relay.url, self.relay.key, web_vault.Size.of(quick=self.s.quick), self.log
             )
 
+    def web_serve(self) -> dict[str, Any]:
+        """The relay's /vault/ served, `web verify` and the page in Chromium
+        (bench.web_serve), on this run's relay."""
+        with self.monitor.phase("web_serve"):
+            return web_serve.measure(self.relay.url, self.log, quick=self.s.quick)
+
     # -- 11: JSONL import (issue 17) ---------------------------------------------------------
 
     def jsonl_import(self) -> dict[str, Any]:
@@ -521,6 +528,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                         sections["history"] = run.history()  # issue 35 (bench.history)
                         sections["mcp"] = run.mcp()  # issue 33 (bench.mcp)
                         sections["web_vault"] = run.web_vault()  # issue 34 (bench.web_vault)
+                        sections["web_serve"] = run.web_serve()  # issue 34 (bench.web_serve)
                         log("unlock once: a command with and without the key agent")
                         sections["agent"] = agent.measure(  # issue 17, docs/agent.md
                             db.scratch, agent.QUICK_RUNS if settings.quick else agent.RUNS

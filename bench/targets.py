@@ -132,6 +132,8 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
         targets += mcp_targets(sections["mcp"])
     if "web_vault" in sections:  # issue 34 (bench.web_vault)
         targets += web_vault_targets(sections["web_vault"])
+    if "web_serve" in sections:  # issue 34 slice 3 (bench.web_serve)
+        targets += web_serve_targets(sections["web_serve"])
     if "agent_reads" in sections:  # issue 36 (bench.agent_reads)
         targets += agent_reads_targets(sections["agent_reads"])
     if "client_sizes" in sections:  # issue 36 (bench.client_e2e.measure_sizes)
@@ -704,3 +706,49 @@ def web_vault_targets(d: dict[str, Any]) -> list[Target]:
             f"max {search['max_ms']:.1f} ms",
         ),
     ]
+
+
+WEB_SERVED_RATIO: Final = 3.0  # issue 34 slice 3: /vault/ p50 over /health p50 (ours)
+WEB_VERIFY_LIMIT_S: Final = 2.0  # `engram-sync web verify` against a relay (ours)
+WEB_PAGE_LIMIT_MS: Final = 1000.0  # /vault/ loaded and its modules run in Chromium (ours)
+
+
+def web_serve_targets(d: dict[str, Any]) -> list[Target]:
+    """The relay-served web vault (bench.web_serve, docs/web-vault.md "Served by the relay");
+    the page's row only when the run had a browser."""
+    served, verify, page = d["served"], d["verify"], d["page"]
+    targets = [
+        Target(
+            "web_vault_served_vs_health",
+            f"p50 of the relay's /vault/ (index.html with SRI) over p50 of /health, "
+            f"{served['requests']} requests each, interleaved",
+            served["ratio"],
+            WEB_SERVED_RATIO,
+            "<=",
+            detail=f"/vault/ {served['page_p50_ms']:.2f} ms, js/app.js "
+            f"{served['module_p50_ms']:.2f} ms, /health {served['health_p50_ms']:.2f} ms",
+        ),
+        Target(
+            "web_verify_s",
+            f"seconds of `web verify` against the relay ({verify['files']} files, the page), "
+            f"median of {verify['runs']}; it finds nothing",
+            verify["median_s"],
+            WEB_VERIFY_LIMIT_S,
+            "<=",
+            extra_ok=verify["findings"] == 0,
+            detail=f"max {verify['max_s']:.3f} s, findings {verify['findings']}",
+        ),
+    ]
+    if "skipped" not in page:
+        targets.append(
+            Target(
+                "web_vault_page_ms",
+                "milliseconds from navigation to the modules run (SRI checked) at the relay's "
+                f"/vault/ in Chromium, median of {page['runs']}",
+                page["relay_median_ms"],
+                WEB_PAGE_LIMIT_MS,
+                "<=",
+                detail=f"engram-sync web's page {page['local_median_ms']:.0f} ms",
+            )
+        )
+    return targets

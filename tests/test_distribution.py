@@ -113,6 +113,16 @@ def test_the_wheel_ships_the_web_vault_bundle(wheel: Path) -> None:
     }
     missing = [p for p in bundle if f"engram_sync/{p.relative_to(ROOT).as_posix()}" not in names]
     assert missing == []
+    # what a relay installed from the wheel lists at /vault/manifest.json is the checkout's
+    # (shared_format.web_bundle; `engram-sync web verify` compares with it)
+    from engram_sync.shared_format.web_bundle import read_bundle, served_bundle
+
+    with zipfile.ZipFile(wheel) as archive:
+        prefix = "engram_sync/web/"
+        shipped = {n[len(prefix) :]: archive.read(n) for n in names if n.startswith(prefix)}
+    shipped = {path: data for path, data in shipped.items() if path and not path.endswith("/")}
+    checkout = served_bundle(read_bundle(ROOT / "web"))
+    assert served_bundle(shipped).manifest_bytes() == checkout.manifest_bytes()
 
 
 def test_the_relay_dependencies_are_required_only_by_the_extra(wheel: Path) -> None:

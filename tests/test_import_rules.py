@@ -23,6 +23,7 @@ HTTP_FREE = "relay store and rules layers import no HTTP code"
 LAYERS = "the relay's layers: cli > serving > http > services > store > domain | db"
 CLIENT_LAYERS = "the client's layers, top to bottom"
 CLI_KIT = "cli_kit imports no relay, client or shared_format code"
+WEB_VERIFY = "web verify imports no web server (Starlette, uvicorn)"
 
 
 def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -45,6 +46,7 @@ def test_the_repository_keeps_every_import_contract() -> None:
     assert f"{HTTP_FREE} KEPT" in result.stdout
     assert f"{LAYERS} KEPT" in result.stdout
     assert f"{CLIENT_LAYERS} KEPT" in result.stdout
+    assert f"{WEB_VERIFY} KEPT" in result.stdout
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["importlinter"]
     assert f"{len(contracts['contracts'])} kept, 0 broken" in result.stdout
 
@@ -114,6 +116,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
         # the kit both CLIs share holds nothing of either
         ("cli_kit/usage.py", "import engram_sync.relay.cli.main", CLI_KIT),
         ("cli_kit/usage.py", "from engram_sync.client import _errors", CLI_KIT),
+        # web verify runs without the web extra
+        ("client/_web/verify_fetch.py", "import starlette", WEB_VERIFY),
+        ("client/_web/verify.py", "from engram_sync.client._web import app", WEB_VERIFY),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(

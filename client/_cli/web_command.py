@@ -12,16 +12,26 @@ from typing import Annotated
 
 import typer
 
+from engram_sync import __version__
+
 from .._sync.config import load_sync_config
 from .support import OPTIONS, CliError, err, out
 
+web_app = typer.Typer(
+    help="Serve the web vault on 127.0.0.1 from this install; `verify` checks a relay's copy.",
+    invoke_without_command=True,
+)
+
 
 def register(app: typer.Typer) -> None:
-    """Add `web` to the `engram-sync` app."""
-    app.command("web")(web_command)
+    """Add `web` and `web verify` to the `engram-sync` app."""
+    web_app.callback()(web_command)
+    web_app.command("verify")(verify_command)
+    app.add_typer(web_app, name="web")
 
 
 def web_command(
+    ctx: typer.Context,
     no_open: Annotated[
         bool, typer.Option("--no-open", help="Print the URL without opening a browser.")
     ] = False,
@@ -31,6 +41,8 @@ def web_command(
     ] = 0,
 ) -> None:
     """Serve the web vault on 127.0.0.1 from this install; the page talks to the linked relay."""
+    if ctx.invoked_subcommand is not None:
+        return
     vault_dir = OPTIONS.vault.expanduser()
     if not (vault_dir / "engrams.db").exists():
         raise CliError(f"no vault at {vault_dir}: run `engram-sync init` (or pass --vault DIR)")
@@ -55,3 +67,31 @@ def web_command(
     except (ValueError, FileNotFoundError, OSError) as exc:
         raise CliError(str(exc)) from None
     err.print("web vault stopped")
+
+
+def verify_command(
+    url: Annotated[str, typer.Argument(help="The relay's URL, or its /vault/.")],
+) -> None:
+    """Compare a relay's /vault/ with this install's web vault, file by file.
+
+    One line and exit 0 for a match; every differing, missing or added file and exit 1
+    otherwise; exit 2 when the relay cannot be read (docs/web-vault.md).
+    """
+    from engram_sync.shared_format.web_bundle import bundle_from_folder
+
+    from .._web.bundle import bundle_dir
+    from .._web.verify import findings, report, vault_url
+    from .._web.verify_fetch import VerifyError, fetch
+
+    local = bundle_from_folder(bundle_dir())
+    try:
+        root = vault_url(url)
+        served = fetch(root, local.files)
+    except (ValueError, VerifyError) as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    found = findings(local, served)
+    for line in report(root, local, found, __version__):
+        out.print(line, markup=False, soft_wrap=True, highlight=False)
+    if found:
+        raise typer.Exit(1)

@@ -1,11 +1,13 @@
-"""The ASGI app of `engram-sync web` (Starlette): the bundle from the installed package, the
+"""The ASGI app of `engram-sync web` (Starlette): the bundle from the installed package as
+shared_format.web_bundle serves it (the files of its manifest, index.html with SRI: the same
+bytes and policy as the relay's /vault/, docs/web-vault.md "The manifest"), the
 page's settings at /engram-web.json (the linked vault id: public, never a key), and `/v1/*`
 proxied to the linked relay with httpx, streamed both ways for the live feed (PROTOCOL §15).
 Access logs are off and bodies are never logged."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
@@ -17,9 +19,15 @@ from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from engram_sync.shared_format.web_bundle import (
+    INDEX,
+    BundleCache,
+    content_security_policy,
+    content_type,
+)
 
 from .forwarding import REQUEST_HEADERS, RESPONSE_HEADERS, forwarded, relay_base, upstream_url
 from .headers import ALLOWED_HOSTS, SECURITY_HEADERS
@@ -31,10 +39,18 @@ MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 
 
 class SecurityHeaders:
-    """Adds headers.SECURITY_HEADERS to every answer (static files, proxy, errors)."""
+    """Adds headers.SECURITY_HEADERS and the bundle's CSP to every answer (static files,
+    proxy, errors)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, cache: BundleCache) -> None:
         self.app = app
+        self.cache = cache
+
+    def policy(self) -> str:
+        try:
+            return self.cache.current().content_security_policy
+        except (OSError, ValueError):  # no page to allow an import map for
+            return content_security_policy(None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -43,9 +59,10 @@ class SecurityHeaders:
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                names = {name.decode().lower() for name, _ in SECURITY_HEADERS_RAW}
-                kept = [(k, v) for k, v in message.get("headers", []) if k.decode() not in names]
-                message["headers"] = kept + list(SECURITY_HEADERS_RAW)
+                ours = [*SECURITY_HEADERS_RAW, (b"content-security-policy", self.policy().encode())]
+                names = {name for name, _ in ours}
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+                message["headers"] = kept + ours
             await send(message)
 
         await self.app(scope, receive, with_headers)
@@ -54,10 +71,27 @@ class SecurityHeaders:
 SECURITY_HEADERS_RAW: Final = tuple((k.encode(), v.encode()) for k, v in SECURITY_HEADERS)
 
 
+def _static(cache: BundleCache) -> Callable[[Request], Awaitable[Response]]:
+    """The bundle's files as served (index.html at /), the manifest's and no other."""
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"] or INDEX
+        try:
+            files = cache.current().files
+        except (OSError, ValueError) as exc:
+            return JSONResponse({"error": str(exc), "code": "no_bundle"}, status_code=404)
+        if name not in files:
+            return JSONResponse({"error": "no such file", "code": "not_found"}, status_code=404)
+        return Response(files[name], media_type=content_type(name))
+
+    return static
+
+
 def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
     """The app; ValueError when `relay_url` is not an http(s) URL (forwarding.relay_base)."""
     relay_url = relay_base(relay_url)
     client = httpx.AsyncClient(timeout=_TIMEOUT, follow_redirects=False, trust_env=False)
+    cache = BundleCache(bundle)
 
     async def settings(_: Request) -> Response:
         return JSONResponse({"vault_id": vault_id})
@@ -101,16 +135,15 @@ def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
         yield
         await client.aclose()
 
-    methods = ["GET", "POST", "PUT", "DELETE"]
     return Starlette(
         routes=[
             Route("/engram-web.json", settings),
-            Route("/v1/{rest:path}", proxy, methods=methods),
-            Mount("/", StaticFiles(directory=bundle, html=True, follow_symlink=True)),
+            Route("/v1/{rest:path}", proxy, methods=["GET", "POST", "PUT", "DELETE"]),
+            Route("/{name:path}", _static(cache)),
         ],
         middleware=[
             Middleware(TrustedHostMiddleware, allowed_hosts=list(ALLOWED_HOSTS)),
-            Middleware(SecurityHeaders),
+            Middleware(SecurityHeaders, cache=cache),
         ],
         lifespan=lifespan,
     )

@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Final
 
-import engram_sync
-
-INDEX: Final = "index.html"
+from engram_sync.shared_format.web_bundle import INDEX, installed_bundle_dir
 
 
 def bundle_dir() -> Path:
     """The folder holding index.html, js/ and vendor/ (FileNotFoundError if it is missing)."""
-    folder = Path(engram_sync.__file__).resolve().parent / "web"
+    folder = installed_bundle_dir()
     if not (folder / INDEX).is_file():
         raise FileNotFoundError(f"the web vault's bundle is missing from {folder}")
     return folder

@@ -117,6 +117,11 @@ class RelayConfig:
     # (PROTOCOL §15), when `database_url` is a transaction pooler (PgBouncer), through
     # which a LISTEN does not survive; None: `database_url` (deploy/SCALING.md §2).
     listen_database_url: str | None = field(default=None, repr=False)
+    # Issue 34 (docs/web-vault.md "Served by the relay"): the web vault's bundle served at
+    # /vault/ (ENGRAM_RELAY_WEB_VAULT=0 turns it off), from the installed package unless
+    # ENGRAM_RELAY_WEB_VAULT_DIR names another folder (tests; `web verify` shows the change).
+    web_vault: bool = True
+    web_vault_dir: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("quota_devices", "quota_bytes", "tombstone_retention_days"):
@@ -177,6 +182,20 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+#: ENGRAM_RELAY_WEB_VAULT's values (case-insensitive); empty is on.
+_SWITCH: Final = {"1": True, "on": True, "true": True, "0": False, "off": False, "false": False}
+
+
+def env_switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """An on/off variable: 1/on/true or 0/off/false, empty or unset for `default`."""
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in _SWITCH:
+        raise ValueError(f"{name} must be 1 or 0 (on or off), got {raw[:40]!r}")
+    return _SWITCH[raw]
 
 
 def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -249,6 +268,8 @@ def config_from_env(
         ),
         live_feed=source.get("ENGRAM_RELAY_LIVE_FEED", "").strip().lower() or "on",
         listen_database_url=source.get("ENGRAM_RELAY_LISTEN_DATABASE_URL", "").strip() or None,
+        web_vault=env_switch(source, "ENGRAM_RELAY_WEB_VAULT", True),
+        web_vault_dir=source.get("ENGRAM_RELAY_WEB_VAULT_DIR", "").strip() or None,
         **values,
     )
 

@@ -34,6 +34,7 @@ from engram_sync.relay.http.routes import (
     retire_undo,
     sync,
     system,
+    web_vault,
 )
 from engram_sync.relay.http.routes.digest import digest as digest_route
 from engram_sync.relay.http.routes.digest import fetch as fetch_route
@@ -299,6 +300,8 @@ def _routes(config: RelayConfig) -> list[Any]:
         *grants.ROUTES,  # PROTOCOL §13 vault ownership
         *retire.ROUTES,  # PROTOCOL §19
         *retire_undo.ROUTES,  # PROTOCOL §19 with §13: the owner's undo
+        # issue 34: the web vault's bundle at /vault/ (ENGRAM_RELAY_WEB_VAULT=0: none)
+        *(web_vault.routes(config.web_vault_dir) if config.web_vault else []),
     ]
 
 

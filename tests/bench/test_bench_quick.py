@@ -89,7 +89,13 @@ TARGETS = {
     "agent_search_page_ms",  # issue 36 (bench.agent_reads)
     "agent_list_json_ms",
     "agent_search_all_json_ms",
-} | ({"web_unlock", "web_pull_10k", "web_search_10k"} if CHROMIUM.exists() else set())
+    "web_vault_served_vs_health",  # issue 34 slice 3 (bench.web_serve)
+    "web_verify_s",
+} | (
+    {"web_unlock", "web_pull_10k", "web_search_10k", "web_vault_page_ms"}
+    if CHROMIUM.exists()
+    else set()
+)
 
 
 def _is_number(value: Any) -> bool:
