@@ -106,6 +106,8 @@ def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
         routes=[
             Route("/engram-web.json", settings),
             Route("/v1/{rest:path}", proxy, methods=methods),
+            Route("/account/{rest:path}", proxy, methods=methods),  # PROTOCOL §13
+            Route("/auth/{rest:path}", proxy, methods=["POST"]),  # forwarding.AUTH_PATHS
             Mount("/", StaticFiles(directory=bundle, html=True, follow_symlink=True)),
         ],
         middleware=[
