@@ -54,6 +54,7 @@ class SecurityHeaders:
 SECURITY_HEADERS_RAW: Final = tuple((k.encode(), v.encode()) for k, v in SECURITY_HEADERS)
 
 
+# long: the proxy, its routes and the lifespan share the one httpx client built here
 def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
     """The app; ValueError when `relay_url` is not an http(s) URL (forwarding.relay_base)."""
     relay_url = relay_base(relay_url)
