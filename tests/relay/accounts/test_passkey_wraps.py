@@ -183,3 +183,16 @@ def test_hostile_bodies_are_refused_4xx_never_500(served: Relay) -> None:
         for raw in (b"{", b"\xff\xfe", b"[" * 10000, b'{"password": "' + b"a" * 70000 + b'"}'):
             answer = c.put(path, content=raw, headers={"content-type": "application/json"})
             assert 400 <= answer.status_code < 500, answer.text
+
+
+def test_closing_the_vault_removes_its_passkey_wraps(served: Relay) -> None:
+    account = signup(served)
+    vault_id = owned_vault(account, served)
+    path = f"/account/vaults/{vault_id}/passkeys/{credential()}"
+    with account.client(served) as c:
+        assert c.put(path, json=body()).status_code == 200
+        closed = c.request(
+            "DELETE", f"/account/vaults/{vault_id}/wrap", json={"password": PASSWORD}
+        )
+        assert closed.json()["deleted"] is True
+        assert_error(c.get(path), 404, "no_wrap")  # `vault close`: no passkey opens it either
