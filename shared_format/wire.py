@@ -467,6 +467,49 @@ class VaultWrapDeleted(Struct, frozen=True):
     deleted: bool
 
 
+class PasskeyWrapWrite(Struct, frozen=True):
+    """`PUT /account/vaults/{vault_id}/passkeys/{credential_id}` (docs/web-vault.md "Passkey
+    unlock", our addition to §13): K wrapped under a passkey's PRF-derived key, the PRF salt
+    (public), and the current login `password`."""
+
+    wrapped_k: str
+    prf_salt: str
+    password: str
+
+
+class PasskeyWrap(Struct, frozen=True):
+    """One passkey wrap of a vault key as stored."""
+
+    vault_id: str
+    credential_id: str
+    wrapped_k: str
+    prf_salt: str
+    updated_at: str
+
+
+class PasskeyInfo(Struct, frozen=True):
+    """A passkey of a vault in a listing (never its wrap)."""
+
+    credential_id: str
+    prf_salt: str
+    updated_at: str
+
+
+class PasskeyList(Struct, frozen=True):
+    """`GET /account/vaults/{vault_id}/passkeys`: the account's passkeys for the vault."""
+
+    vault_id: str
+    passkeys: list[PasskeyInfo]
+
+
+class PasskeyWrapDeleted(Struct, frozen=True):
+    """Answer to deleting a passkey wrap (idempotent; `deleted` false if there was none)."""
+
+    vault_id: str
+    credential_id: str
+    deleted: bool
+
+
 class RecoverStartRequest(Struct, frozen=True):
     """Body of `POST /auth/recover/start`."""
 

@@ -87,6 +87,7 @@ def _static(cache: BundleCache) -> Callable[[Request], Awaitable[Response]]:
     return static
 
 
+# long: the proxy, its routes and the lifespan share the one httpx client built here
 def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
     """The app; ValueError when `relay_url` is not an http(s) URL (forwarding.relay_base)."""
     relay_url = relay_base(relay_url)
@@ -135,10 +136,13 @@ def build_app(bundle: Path, relay_url: str, vault_id: str | None) -> Starlette:
         yield
         await client.aclose()
 
+    methods = ["GET", "POST", "PUT", "DELETE"]
     return Starlette(
         routes=[
             Route("/engram-web.json", settings),
-            Route("/v1/{rest:path}", proxy, methods=["GET", "POST", "PUT", "DELETE"]),
+            Route("/v1/{rest:path}", proxy, methods=methods),
+            Route("/account/{rest:path}", proxy, methods=methods),  # PROTOCOL §13
+            Route("/auth/{rest:path}", proxy, methods=["POST"]),  # forwarding.AUTH_PATHS
             Route("/{name:path}", _static(cache)),
         ],
         middleware=[

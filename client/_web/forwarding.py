@@ -19,8 +19,11 @@ REQUEST_HEADERS: Final = frozenset(
 )
 #: Response headers passed back to the page (the security headers are the server's own).
 RESPONSE_HEADERS: Final = frozenset({"content-type", "retry-after"})
-#: The relay's routes the proxy serves: the device routes of PROTOCOL §5, §9-§19.
+#: The relay's routes the proxy serves: the device routes of PROTOCOL §5, §9-§19, and the
+#: account routes of §13 the page's account and passkey unlock use (docs/web-vault.md).
 PREFIX: Final = "/v1/"
+ACCOUNT_PREFIX: Final = "/account/"
+AUTH_PATHS: Final = frozenset({"/auth/signin", "/auth/logout"})
 #: RFC 3986 path characters (unreserved, sub-delims, ":", "@", "/") and percent-escapes.
 _PATH: Final = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/]|%[0-9A-Fa-f]{2})*")
 
@@ -39,12 +42,13 @@ def relay_base(server_url: str) -> str:
 
 
 def upstream_url(base: str, raw_path: str, query: str) -> str:
-    """The relay URL for a proxied `/v1/...` path, given as sent (still percent-encoded, so a
-    vault id holding `/` stays one segment, as the Python client's `quote(id, safe="")` sends
-    it). Dot segments, encoded or not, and characters outside a URL path are refused: no
-    path can leave the relay's /v1/ or reach another host."""
-    if not raw_path.startswith(PREFIX):
-        raise ValueError("only /v1/ paths are proxied")
+    """The relay URL for a proxied `/v1/...`, `/account/...` or sign-in path, given as sent
+    (still percent-encoded, so a vault id holding `/` stays one segment, as the Python
+    client's `quote(id, safe="")` sends it). Dot segments, encoded or not, and characters
+    outside a URL path are refused: no path can leave the relay's /v1/ (or /account/) or
+    reach another host."""
+    if not (raw_path.startswith((PREFIX, ACCOUNT_PREFIX)) or raw_path in AUTH_PATHS):
+        raise ValueError("only /v1/, /account/ and sign-in paths are proxied")
     segments = raw_path.split("/")
     if any(unquote(segment) in (".", "..") for segment in segments):
         raise ValueError("dot segments are not proxied")

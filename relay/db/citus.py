@@ -63,6 +63,7 @@ REFERENCE_TABLES: tuple[str, ...] = (
     "sessions",
     "account_wraps",
     "vault_wraps",
+    "passkey_wraps",  # 0018 (docs/web-vault.md): keyed and read by account, as vault_wraps
     "api_keys",
     "pairing_codes",
     "idempotency_keys",

@@ -30,6 +30,7 @@ from engram_sync.relay.http.routes import (
     grants,
     handoff,
     pairing,
+    passkeys,
     retire,
     retire_undo,
     sync,
@@ -295,6 +296,7 @@ def _routes(config: RelayConfig) -> list[Any]:
         system.info,
         system.metrics,
         *accounts.ROUTES,  # PROTOCOL §13
+        *passkeys.ROUTES,  # §13 passkey wraps (docs/web-vault.md)
         *pairing.ROUTES,
         *handoff.ROUTES,  # PROTOCOL §14
         *grants.ROUTES,  # PROTOCOL §13 vault ownership

@@ -304,8 +304,12 @@ async def put_vault_wrap(
 
 
 async def delete_vault_wrap(conn: Conn, account_id: str, vault_id: str) -> bool:
-    """Forget a vault wrap; False when there was none. Ownership and grants stay (an id
-    set free could be squatted)."""
+    """Forget a vault wrap and the account's passkey wraps of the same K (docs/web-vault.md:
+    a closed vault opens with no passkey either); False when there was no vault wrap.
+    Ownership and grants stay (an id set free could be squatted)."""
+    await conn.execute(
+        "DELETE FROM passkey_wraps WHERE account_id = $1 AND vault_id = $2", account_id, vault_id
+    )
     status: str = await conn.execute(
         "DELETE FROM vault_wraps WHERE account_id = $1 AND vault_id = $2", account_id, vault_id
     )

@@ -92,7 +92,7 @@ TARGETS = {
     "web_vault_served_vs_health",  # issue 34 slice 3 (bench.web_serve)
     "web_verify_s",
 } | (
-    {"web_unlock", "web_pull_10k", "web_search_10k", "web_vault_page_ms"}
+    {"web_unlock", "web_pull_10k", "web_search_10k", "web_vault_page_ms", "web_passkey_unlock"}
     if CHROMIUM.exists()
     else set()
 )

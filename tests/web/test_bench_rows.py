@@ -1,4 +1,4 @@
-"""The three rows of `bench.web_vault` at a small size (a real relay process, 20 and 300
+"""The four rows of `bench.web_vault` at a small size (a real relay process, 20 and 300
 memories, 3 searches): it checks the harness (every phase timed, every memory listed, the
 rows judged), never a speed: the machine is shared. Here rather than in tests/bench so it runs
 in the session's one browser (tests/web/conftest.py)."""
@@ -28,7 +28,10 @@ def test_the_web_vault_rows_at_a_small_size(
     assert 0 < pull["pulled_s"] <= pull["pull_s"]
     assert 0 <= search["median_ms"] <= search["max_ms"]
     targets = {t.name: t.as_json() for t in web_vault_targets(result)}
-    assert set(targets) == {"web_unlock", "web_pull_10k", "web_search_10k"}
+    assert set(targets) == {"web_unlock", "web_pull_10k", "web_search_10k", "web_passkey_unlock"}
+    passkey = result["passkey"]
+    assert passkey["memories"] == 20
+    assert 0 < passkey["after_gesture_s"] < passkey["with_gesture_s"]
     assert all(t["verdict"] in ("PASS", "FAIL") for t in targets.values())
 
 

@@ -8,6 +8,7 @@
 import { deriveSyncKeys, vaultIdV2 } from "./kdf.js";
 import { Relay } from "./relay.js";
 import { SearchIndex } from "./search.js";
+import { wireAccountUnlock } from "./unlock-account.js";
 import { WebVault } from "./vault.js";
 
 const IDLE_LOCK_MS = 15 * 60 * 1000;
@@ -104,6 +105,28 @@ async function sync() {
     ` device ${vault.deviceId.slice(0, 8)}…)` + (report.skipped ? `, ${report.skipped} skipped` : ""));
 }
 
+/** Open the vault with `keys` (the passphrase's, or K's from an account or a passkey) as a new
+ * device; `apiKey` is a key, or a function of the device id that mints one (unlock-account.js). */
+async function start(keys, vaultId, apiKey) {
+  status("Pulling…");
+  vault = new WebVault({ keys, relay: null, vaultId, relayName: location.origin,
+    label: "web vault (browser)" });
+  vault.relay = new Relay(typeof apiKey === "function" ? await apiKey(vault.deviceId) : apiKey);
+  await vault.register();
+  for (const form of document.querySelectorAll(".locked-only")) form.hidden = true;
+  $("vault").hidden = false;
+  await sync();
+  performance.mark("engram:listed");
+  touch();
+}
+
+function failed(e, button) {
+  vault = null;
+  status(`Unlock failed: ${e.message}`, true);
+  if (["PageRefused", "WrapRefused"].includes(e.constructor.name)) problem(e.message);
+  button.disabled = false;
+}
+
 async function onUnlock(event) {
   event.preventDefault();
   $("unlock-button").disabled = true;
@@ -119,20 +142,9 @@ async function onUnlock(event) {
     performance.mark("engram:keys");
     $("passphrase").value = "";
     $("api-key").value = "";
-    status("Pulling…");
-    vault = new WebVault({ keys, relay: new Relay(apiKey), vaultId,
-      relayName: location.origin, label: "web vault (browser)" });
-    await vault.register();
-    $("unlock").hidden = true;
-    $("vault").hidden = false;
-    await sync();
-    performance.mark("engram:listed");
-    touch();
+    await start(keys, vaultId, apiKey);
   } catch (e) {
-    vault = null;
-    status(`Unlock failed: ${e.message}`, true);
-    if (e.constructor.name === "PageRefused") problem(e.message);
-    $("unlock-button").disabled = false;
+    failed(e, $("unlock-button"));
   }
 }
 
@@ -179,6 +191,7 @@ async function prefill() {
     const config = await response.json();
     if (typeof config.vault_id === "string" && !$("vault-id").value) {
       $("vault-id").value = config.vault_id;
+      $("account-vault-id").value ||= config.vault_id;
     }
   } catch {
     // served without `engram-sync web`: nothing to prefill
@@ -193,5 +206,6 @@ $("sync-button").addEventListener("click", () => guarded(sync));
 $("lock-button").addEventListener("click", lock);
 $("delete-button").addEventListener("click", onDelete);
 for (const kind of ["keydown", "pointerdown"]) document.addEventListener(kind, touch);
+wireAccountUnlock({ start, status, failed });
 prefill();
 document.body.dataset.ready = "1";

@@ -1,7 +1,8 @@
 // The Argon2id derivations of PROTOCOL §2 off the page's thread (a classic Worker: hash-wasm's
 // UMD build defines self.hashwasm). The raw output never leaves this worker: it is imported as a
 // non-extractable CryptoKey, the bytes are zeroed, and only the CryptoKey is posted back. The
-// one exception is a derived vault id (public: it names the vault on the relay), posted as hex.
+// one exception is a derived vault id (public: it names the vault on the relay), posted as hex,
+// and the §13 login secret (account-kdf.js: what the relay gets instead of the password).
 /* global hashwasm */
 "use strict";
 importScripts("../vendor/hash-wasm-argon2.umd.min.js");
@@ -12,12 +13,12 @@ async function domainSalt(tag) {
   return new Uint8Array(digest).slice(0, 16);
 }
 
-async function argon2id(passphrase, tag, memoryKib) {
+async function argon2id(passphrase, salt, memoryKib, iterations, parallelism) {
   return hashwasm.argon2id({
     password: new TextEncoder().encode(passphrase), // raw UTF-8, no normalisation
-    salt: await domainSalt(tag),
-    parallelism: 4,
-    iterations: 3,
+    salt,
+    parallelism,
+    iterations,
     memorySize: memoryKib,
     hashLength: 32,
     outputType: "binary",
@@ -29,15 +30,25 @@ const IMPORT = {
     ["encrypt", "decrypt"]),
   hmac: (raw) => crypto.subtle.importKey("raw", raw, { name: "HMAC", hash: "SHA-256" }, false,
     ["sign", "verify"]),
+  // PROTOCOL §13: the wrap key of A opens (unwrapKey) the envelope of A and nothing else
+  unwrap: (raw) => crypto.subtle.importKey("raw", raw, { name: "AES-GCM" }, false, ["unwrapKey"]),
 };
 
+function b64url(raw) {
+  const text = btoa(String.fromCharCode(...raw));
+  return text.replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
 self.onmessage = async (event) => {
-  const { id, passphrase, tag, memoryKib, use } = event.data;
+  const { id, passphrase, tag, memoryKib, use, salt, iterations = 3, parallelism = 4 } = event.data;
   try {
-    const raw = await argon2id(passphrase, tag, memoryKib);
+    const raw = await argon2id(passphrase, salt ?? await domainSalt(tag), memoryKib, iterations,
+      parallelism);
     let result;
     if (use === "hex") {
       result = Array.from(raw, (b) => b.toString(16).padStart(2, "0")).join("");
+    } else if (use === "b64url") {
+      result = b64url(raw);
     } else {
       result = await IMPORT[use](raw);
     }

@@ -13,7 +13,8 @@ const WORKER_URL = new URL("./kdf-worker.js", import.meta.url);
 
 let nextId = 0;
 
-function derive(passphrase, tag, memoryKib, use) {
+/** One Argon2id in a Worker; `extra` = {salt, iterations, parallelism} for other than §2's. */
+export function derive(passphrase, tag, memoryKib, use, extra = {}) {
   return new Promise((resolve, reject) => {
     const worker = new Worker(WORKER_URL); // classic: importScripts of the vendored UMD build
     const id = ++nextId;
@@ -27,7 +28,7 @@ function derive(passphrase, tag, memoryKib, use) {
       worker.terminate();
       reject(new Error(`key derivation worker failed: ${event.message || "unknown error"}`));
     };
-    worker.postMessage({ id, passphrase, tag, memoryKib, use });
+    worker.postMessage({ id, passphrase, tag, memoryKib, use, ...extra });
   });
 }
 

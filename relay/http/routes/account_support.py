@@ -13,8 +13,10 @@ from engram_sync.relay.domain.client_address import client_address, forwarded_fo
 from engram_sync.relay.domain.labels import label_problem
 from engram_sync.relay.domain.ratelimit import RateLimiter
 from engram_sync.relay.http.app_state import relay_state
-from engram_sync.relay.http.errors import RelayError, bad_request
+from engram_sync.relay.http.errors import RelayError, bad_request, forbidden
 from engram_sync.relay.services import passwords
+from engram_sync.relay.store import accounts as store
+from engram_sync.relay.store.accounts import AccountSession
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std
 from engram_sync.shared_format.wraps import (
     MAX_SALT_LEN,
@@ -25,6 +27,8 @@ from engram_sync.shared_format.wraps import (
 )
 
 MAX_EMAIL_CHARS: Final = 254
+# Password confirmations per account (a stolen session must not become a guessing oracle).
+PASSWORD_CHECKS_PER_MINUTE: Final = 10
 MIN_WRAP_LEN: Final = NONCE_LEN + TAG_LEN  # an AES-GCM envelope of nothing
 
 _EMAIL = re.compile(r"[^@\s\x00-\x1f\x7f]{1,64}@[^@\s\x00-\x1f\x7f.]+(\.[^@\s\x00-\x1f\x7f.]+)+")
@@ -50,6 +54,20 @@ def limit_per_minute(request: Request[Any, Any, Any], bucket: str, per_minute: i
             "rate_limited",
             f"too many attempts (at most {per_minute} a minute); retry later",
             headers={"Retry-After": RateLimiter.retry_after_header(wait_minutes * 60.0)},
+        )
+
+
+async def confirm_password(
+    request: Request[Any, Any, Any], session: AccountSession, password: str
+) -> None:
+    """403 `wrong_password` unless `password` is the account's current login password
+    (PROTOCOL §13: every wrap write or delete needs it)."""
+    limit_per_minute(request, f"password:{session.account_id}", PASSWORD_CHECKS_PER_MINUTE)
+    stored = await store.login_hash(relay_state(request).require_pool(), session.account_id)
+    if not await passwords.verify_password(stored, password):
+        raise forbidden(
+            "the current password is needed to change or delete a wrap, and this one is wrong",
+            code="wrong_password",
         )
 
 

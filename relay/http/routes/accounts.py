@@ -30,6 +30,7 @@ from engram_sync.relay.http.errors import RelayError, forbidden
 from engram_sync.relay.http.routes.account_support import (
     check_label,
     client_ip,
+    confirm_password,
     email_bucket,
     invalid_credentials,
     limit_per_minute,
@@ -47,7 +48,6 @@ from engram_sync.relay.store import accounts as store
 from engram_sync.relay.store import minted_keys as key_store
 from engram_sync.relay.store import owners
 from engram_sync.relay.store import retire as retirement
-from engram_sync.relay.store.accounts import AccountSession
 from engram_sync.shared_format.timestamps import format_rfc3339
 from engram_sync.shared_format.wire import (
     AccountCreated,
@@ -86,23 +86,8 @@ SIGNIN_PER_MINUTE: Final = 30
 SIGNIN_PER_ACCOUNT_PER_MINUTE: Final = 10
 RECOVER_PER_MINUTE: Final = 10
 REDEEM_PER_MINUTE: Final = 30
-# Password confirmations per account (a stolen session must not become a guessing oracle).
-PASSWORD_CHECKS_PER_MINUTE: Final = 10
 
 _DUMMY_VERIFIER: Final = bytes(32)
-
-
-async def _confirm_password(
-    request: Request[Any, Any, Any], session: AccountSession, password: str
-) -> None:
-    """403 `wrong_password` unless `password` is the account's current login password."""
-    limit_per_minute(request, f"password:{session.account_id}", PASSWORD_CHECKS_PER_MINUTE)
-    stored = await store.login_hash(relay_state(request).require_pool(), session.account_id)
-    if not await passwords.verify_password(stored, password):
-        raise forbidden(
-            "the current password is needed to change or delete a wrap, and this one is wrong",
-            code="wrong_password",
-        )
 
 
 # --- /auth ---------------------------------------------------------------------------------
@@ -365,7 +350,7 @@ async def put_password_wrap(request: Request[Any, Any, Any]) -> PasswordWrap:
     new_hash = None
     if data.new_password is not None:
         new_hash = await passwords.hash_password(strong_password(data.new_password, "new_password"))
-    await _confirm_password(request, session, data.password)
+    await confirm_password(request, session, data.password)
     async with relay_state(request).require_pool().acquire() as conn, conn.transaction():
         await store.put_password_wrap(conn, session.account_id, wrapped_a, salt_pw)
         if new_hash is not None:
@@ -398,7 +383,7 @@ async def put_recovery_wrap(request: Request[Any, Any, Any]) -> RecoveryWrap:
         salt_b64(data.salt_rec, "salt_rec"),
     )
     verifier = std_b64(data.recovery_verifier, "recovery_verifier", PROOF_LEN, PROOF_LEN)
-    await _confirm_password(request, session, data.password)
+    await confirm_password(request, session, data.password)
     pool = relay_state(request).require_pool()
     await store.put_recovery_wrap(pool, session.account_id, wrapped, salt, verifier)
     w = await store.wraps(pool, session.account_id)
@@ -457,7 +442,7 @@ async def put_vault_wrap(request: Request[Any, Any, Any], vault_id: FromPath[str
     data = await decode_body(request, VaultWrapWrite)
     wrapped_k = wrap_b64(data.wrapped_k, "wrapped_k")
     adopted = await _adopting(request, vault_id)
-    await _confirm_password(request, session, data.password)
+    await confirm_password(request, session, data.password)
     updated = await store.put_vault_wrap(
         relay_state(request).require_pool(),
         session.account_id,
@@ -482,7 +467,7 @@ async def delete_vault_wrap(
     session = await authenticate_session(request)
     require_id(vault_id, "vault_id")
     data = await decode_body(request, PasswordConfirmation)
-    await _confirm_password(request, session, data.password)
+    await confirm_password(request, session, data.password)
     deleted = await store.delete_vault_wrap(
         relay_state(request).require_pool(), session.account_id, vault_id
     )

@@ -53,8 +53,14 @@ def test_only_v1_paths_reach_the_relay_and_none_escapes_it() -> None:
         "https://relay.example/v1/vaults/a%2Fb/push"  # one segment, as the page encoded it
     )
     assert upstream_url(base, "/v1/@evil.example/x", "").startswith("https://relay.example/")
+    # PROTOCOL §13 for the page's account unlock: sign-in, logout and /account/* only
+    assert upstream_url(base, "/auth/signin", "") == "https://relay.example/auth/signin"
+    assert upstream_url(base, "/account/vaults/v/wrap", "") == (
+        "https://relay.example/account/vaults/v/wrap"
+    )
     bad = ("/v1/../admin", "/v1/vaults/./x", "/v1/%2e%2e/admin", "/v1/vaults/a b", "/v1/a\\b",
-           "/health", "/account/keys", "/v1/x#frag", "/v1/x?y")  # fmt: skip
+           "/health", "/auth/signup", "/auth/recover", "/account", "/accounts/x",
+           "/account/../v1/x", "/v1/x#frag", "/v1/x?y")  # fmt: skip
     for path in bad:
         with pytest.raises(ValueError):
             upstream_url(base, path, "")
