@@ -1,12 +1,13 @@
 """The scrub: the stored digest made true again from the rows (PROTOCOL §18, issue 35).
 
-The vault digest, its counts and its 256 bucket prefixes and counts are running totals
-kept by pushes and compaction (relay.store.push, relay.store.compaction). A blob row that
-goes away any other way (a disk fault, a partial restore, a hand edit) leaves them
-claiming a version the relay no longer holds: every device holding it is "in agreement"
-and no repair restores it. The scrub recomputes them from the vault's rows and, where
-they differ, counts it, says so and writes the true values; the devices' next check then
-sees the mismatch and pushes the missing versions again (docs/digest.md "The scrub").
+The vault digest, its counts, its 256 bucket prefixes and counts, and the quota's
+`bytes_used` are running totals kept by pushes and compaction (relay.store.push,
+relay.store.compaction). A blob row that goes away any other way (a disk fault, a partial
+restore, a hand edit) leaves them claiming a version the relay no longer holds: every
+device holding it is "in agreement" and no repair restores it. The scrub recomputes them
+from the vault's rows and, where they differ, counts it, says so and writes the true
+values; the devices' next check then sees the mismatch and pushes the missing versions
+again (docs/digest.md "The scrub").
 
 One vault at a time, in one transaction that takes the vault row lock a push takes
 (`FOR UPDATE`), so no push commits between the pass over the rows and the write of the
@@ -31,19 +32,21 @@ _COUNTS: Final = struct.Struct(f">{BUCKETS}I")
 
 # One pass over the vault's rows (its key range), grouped by bucket.
 _ROW_TOTALS = f"""
-SELECT digest_bucket, count(*) AS n, count(*) FILTER (WHERE deleted) AS dead, {XOR_WORDS}
-FROM (SELECT {bucket_of_sql("b.memory_id")} AS digest_bucket, b.deleted,
+SELECT digest_bucket, count(*) AS n, count(*) FILTER (WHERE deleted) AS dead,
+       sum(size_bytes) AS size, {XOR_WORDS}
+FROM (SELECT {bucket_of_sql("b.memory_id")} AS digest_bucket, b.deleted, b.size_bytes,
              engram_version_hash(b.memory_id, b.device_id, b.vector_clock, b.deleted) AS v
       FROM blobs b WHERE b.vault_id = $1) x
 GROUP BY digest_bucket
 """  # noqa: S608 - constants only
 _LOCK_VAULT = (
-    "SELECT digest, live_blobs, tombstones, bucket_prefixes, bucket_counts FROM vaults"
-    " WHERE vault_id = $1 FOR UPDATE"
+    "SELECT digest, live_blobs, tombstones, bucket_prefixes, bucket_counts, bytes_used"
+    " FROM vaults WHERE vault_id = $1 FOR UPDATE"
 )
 _REPAIR = (
     "UPDATE vaults SET digest = $2, live_blobs = $3, tombstones = $4, bucket_prefixes = $5,"
-    " bucket_counts = $6, scrubbed_at = now(), scrub_mismatches = scrub_mismatches + 1"
+    " bucket_counts = $6, bytes_used = $7, scrubbed_at = now(),"
+    " scrub_mismatches = scrub_mismatches + 1"
     " WHERE vault_id = $1"
 )
 _CLEAN = "UPDATE vaults SET scrubbed_at = now() WHERE vault_id = $1"
@@ -58,13 +61,15 @@ ORDER BY scrubbed_at NULLS FIRST, vault_id LIMIT $2
 @dataclass(frozen=True)
 class Totals:
     """What the vault row holds of its rows: digest, live and tombstone counts, the 256
-    bucket prefixes (8 bytes each) and counts (big-endian u32 each)."""
+    bucket prefixes (8 bytes each) and counts (big-endian u32 each), and the bytes the
+    quota counts (PROTOCOL §6: the sum of the rows' `size_bytes`)."""
 
     digest: int
     live: int
     tombstones: int
     prefixes: bytes
     counts: bytes
+    size: int
 
     @classmethod
     def of_buckets(cls, rows: list[asyncpg.Record]) -> Totals:
@@ -77,9 +82,11 @@ class Totals:
         for value in digests.values():
             digest ^= value
         dead = sum(int(r["dead"]) for r in rows)
+        size = sum(int(r["size"]) for r in rows)
         return cls(
-            digest, sum(counts) - dead, dead, bucket_prefixes(digests), _COUNTS.pack(*counts)
-        )
+            digest, sum(counts) - dead, dead, bucket_prefixes(digests), _COUNTS.pack(*counts),
+            size,
+        )  # fmt: skip
 
     @classmethod
     def of_vault(cls, row: asyncpg.Record) -> Totals:
@@ -90,12 +97,13 @@ class Totals:
             int(row["tombstones"]),
             bytes(row["bucket_prefixes"]),
             bytes(row["bucket_counts"]),
+            int(row["bytes_used"]),
         )
 
 
 def differences(stored: Totals, rows: Totals) -> list[str]:
     """Which of the stored totals the rows contradict (empty: the vault row is true)."""
-    named = ("digest", "live", "tombstones", "prefixes", "counts")
+    named = ("digest", "live", "tombstones", "prefixes", "counts", "size")
     return [name for name in named if getattr(stored, name) != getattr(rows, name)]
 
 
@@ -130,7 +138,7 @@ async def scrub_vault(conn: asyncpg.Connection, vault_id: str, timeout_ms: int) 
                 return ScrubResult(vault_id, "clean", (), *counts)
             await conn.execute(
                 _REPAIR, vault_id, digest_bytes(true.digest), true.live, true.tombstones,
-                true.prefixes, true.counts,
+                true.prefixes, true.counts, true.size,
             )  # fmt: skip
             return ScrubResult(vault_id, "repaired", tuple(differed), *counts)
     except asyncpg.QueryCanceledError:

@@ -61,7 +61,8 @@ def relay_config(relay_config: RelayConfig) -> RelayConfig:
 def truth(relay: Relay, vault: str) -> dict[str, Any]:
     """The vault's digest, counts, bucket prefixes and counts computed from its rows."""
     rows = relay.sql(
-        "SELECT memory_id, device_id, vector_clock, deleted FROM blobs WHERE vault_id = $1",
+        "SELECT memory_id, device_id, vector_clock, deleted, size_bytes FROM blobs"
+        " WHERE vault_id = $1",
         vault,
     )
     xors, counts, digest = [0] * 256, [0] * 256, 0
@@ -78,13 +79,14 @@ def truth(relay: Relay, vault: str) -> dict[str, Any]:
         "tombstones": dead,
         "prefixes": b"".join(x.to_bytes(32, "big")[:8] for x in xors),
         "counts": counts,
+        "bytes": sum(r["size_bytes"] for r in rows),  # the quota's count (PROTOCOL §6)
     }
 
 
 def stored(relay: Relay, vault: str) -> dict[str, Any]:
     (row,) = relay.sql(
-        "SELECT digest, live_blobs, tombstones, bucket_prefixes, bucket_counts, scrubbed_at,"
-        " scrub_mismatches FROM vaults WHERE vault_id = $1",
+        "SELECT digest, live_blobs, tombstones, bucket_prefixes, bucket_counts, bytes_used,"
+        " scrubbed_at, scrub_mismatches FROM vaults WHERE vault_id = $1",
         vault,
     )
     return {
@@ -93,6 +95,7 @@ def stored(relay: Relay, vault: str) -> dict[str, Any]:
         "tombstones": row["tombstones"],
         "prefixes": bytes(row["bucket_prefixes"]),
         "counts": count_list(row["bucket_counts"]),
+        "bytes": row["bytes_used"],
     }
 
 
@@ -169,6 +172,19 @@ def test_a_row_deleted_by_hand_is_found_counted_and_the_digest_made_true(
     assert "scrub mismatches: 1" in shown.stdout
     assert "last scrub: never" not in shown.stdout
     assert "last scrub: 20" in shown.stdout
+
+
+def test_a_quota_count_gone_wrong_is_found_and_made_true(relay: Relay) -> None:
+    # bytes_used is a running total too (the quota's, PROTOCOL §6): a hand edit or a
+    # partial restore that leaves it wrong would refuse pushes to a vault under its quota,
+    # or let one past it; the scrub makes it the rows' sum again and counts the mismatch
+    vault, _ = pushed_vault(relay)
+    wait_for(lambda: scrub_meta(relay, vault)[0] is not None, "the first scrub")
+    assert stored(relay, vault) == truth(relay, vault)
+    relay.sql("UPDATE vaults SET bytes_used = bytes_used + 999999 WHERE vault_id = $1", vault)
+    wait_for(lambda: scrub_meta(relay, vault)[1] == 1, "the scrub to find the wrong count")
+    assert stored(relay, vault) == truth(relay, vault)
+    assert truth(relay, vault)["bytes"] > 0
 
 
 def test_the_scrub_command_finds_and_repairs_now(postgres_url: str) -> None:
