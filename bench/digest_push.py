@@ -137,13 +137,8 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
     ("            bucket, version = hashed[item.index]\n", "", 1),
     ("            vault.versions.append((memory_id, bucket, version, replaced))\n", "", 1),
     (
-        "        await while_answered(\n"
-        "            conn.executemany(WRITE_VAULT, [_write_row(v, rows, seen) for v in vaults]),\n"
-        "            lambda: _fold_digests(vaults),\n"
-        "        )  # fmt: skip\n",
-        "        await conn.executemany(\n"
-        "            WRITE_VAULT, [_write_row(v, rows, seen) for v in vaults]\n"
-        "        )\n",
+        "        await while_answered(statement, lambda: _fold_digests(vaults))\n",
+        "        await statement\n",
         1,
     ),
     (

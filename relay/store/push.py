@@ -751,10 +751,14 @@ async def _write(
     for vault_id, device_id in devices:
         seen[vault_id].append(device_id)
     if transaction is not None:
-        await while_answered(
-            conn.executemany(WRITE_VAULT, [_write_row(v, rows, seen) for v in vaults]),
-            lambda: _fold_digests(vaults),
-        )  # fmt: skip
+        # one vault (most groups): execute, whose arrays asyncpg encodes without the
+        # per-argument checks executemany makes (py-spy: 5% of a push's CPU)
+        statement = (
+            conn.execute(WRITE_VAULT, *_write_row(vaults[0], rows, seen))
+            if len(vaults) == 1
+            else conn.executemany(WRITE_VAULT, [_write_row(v, rows, seen) for v in vaults])
+        )
+        await while_answered(statement, lambda: _fold_digests(vaults))
         if len(vaults) == 1:  # with COMMIT, spelled out (`_vault_update_sql`)
             transaction.with_commit.append(_vault_update_sql(vaults[0]))
         else:  # spelled out, 128 vaults' rows took 22 ms to parse against 3 ms for these
