@@ -530,7 +530,9 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
     corpus_size = max(settings.n, settings.sweep_n)
     log(f"sealing {corpus_size} realistic blobs (BlobCipher.seal)")
     corpus_started = time.perf_counter()
-    corpus = Corpus.make(corpus_size)
+    corpus_load: dict[str, dict[str, float]] = {}
+    with load_around(corpus_load, "corpus"):  # the padding row's figure
+        corpus = Corpus.make(corpus_size)
     corpus_s = time.perf_counter() - corpus_started
     with BenchDatabase() as db:
         log(f"PostgreSQL {db.server_version} ready ({db.where}; {db.durability})")
@@ -567,6 +569,7 @@ def execute(settings: Settings, log: Log) -> dict[str, Any]:
                 monitor.stop()
     sections["relay_memory"] = _relay_memory(monitor, start_mb, end_mb)
     sections["load"]["relay_idle"] = idle_load
+    sections["load"].update(corpus_load)
     sections["relay_idle"] = idle  # issue 36: each relay process at rest
     sections["cpu"] = {name: usage.as_json() for name, usage in monitor.phases.items()}
     sections["peer"] = {
