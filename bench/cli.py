@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--relay", action="store_true", help="only the relay's rows (issue 36: "
                         "push and pull against the ceiling, p99 against the raw statement, idle "
                         "and pull RSS, the digest's push cost; --n default 20000, --repeats 5, "
-                        "--duration 5)")  # fmt: skip
+                        "--duration 5, --pull-memory-blobs 200)")  # fmt: skip
     parser.add_argument("--citus", action="store_true", help="only push and pull on a Citus "
                         "cluster against one plain PostgreSQL (issue 18; --n default 20000, "
                         "--large-vault 20000; 2000 and 4000 with --quick)")  # fmt: skip
@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         args.n = args.n or 20_000
         args.repeats = args.repeats or 5
         args.duration = args.duration or 5.0
+        args.pull_memory_blobs = args.pull_memory_blobs or 200  # as before the default tier
     try:
         settings = Settings.build(
             quick=args.quick,
