@@ -53,38 +53,45 @@ class Refusal:
     wait: float
 
 
-def _until(_key: object, value: tuple[Kind, float], _now: float) -> float:
-    return value[1]
-
-
-def _blocked_until(_key: object, until: float, _now: float) -> float:
+def _until(_key: object, until: float, _now: float) -> float:
     return until
 
 
 class KeyGate:
-    """One process's memory of recent refusals, by key hash and by client address."""
+    """One process's memory of recent refusals, by key hash and by client address.
+
+    A rate-limit refusal's end is kept on the rate limiter's own clock (`limiter_now`, what
+    its waits are measured in), so the gate never refuses a request the limiter would take;
+    the rest on the gate's clock."""
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self._now = time.monotonic if clock is None else clock
-        # key hash -> (kind, until)
-        self._refused: TLRUCache[bytes, tuple[Kind, float]] = TLRUCache(
+        self._unknown: TLRUCache[bytes, float] = TLRUCache(  # key hash -> until
             maxsize=MAX_ENTRIES, ttu=_until, timer=self._now
+        )
+        # key hash -> until, on the limiter's clock; dropped after a minute of the gate's
+        # (a longer wait then costs one lookup more)
+        self._limited: TTLCache[bytes, float] = TTLCache(
+            maxsize=MAX_ENTRIES, ttl=KNOWN_FOR_S, timer=self._now
         )
         self._known: TTLCache[bytes, bool] = TTLCache(
             maxsize=MAX_ENTRIES, ttl=KNOWN_FOR_S, timer=self._now
         )
         self._failures = RateLimiter(self._now, max_keys=MAX_ENTRIES)
-        self._blocked: TLRUCache[str, float] = TLRUCache(
-            maxsize=MAX_ENTRIES, ttu=_blocked_until, timer=self._now
+        self._blocked: TLRUCache[str, float] = TLRUCache(  # address -> until
+            maxsize=MAX_ENTRIES, ttu=_until, timer=self._now
         )
 
-    def before_lookup(self, digest: bytes, address: str) -> Refusal | None:
+    def before_lookup(self, digest: bytes, address: str, limiter_now: float) -> Refusal | None:
         """The refusal of a request with key hash `digest` from `address`, or None: look
-        the key up."""
+        the key up. `limiter_now`: the key rate limiter's clock now."""
         now = self._now()
-        refused = self._refused.get(digest)
-        if refused is not None and refused[1] > now:
-            return Refusal(refused[0], refused[1] - now)
+        until = self._unknown.get(digest)
+        if until is not None and until > now:
+            return Refusal("unknown", until - now)
+        until = self._limited.get(digest)
+        if until is not None and until > limiter_now:
+            return Refusal("rate_limited", until - limiter_now)
         if digest not in self._known:
             until = self._blocked.get(address)
             if until is not None and until > now:
@@ -100,11 +107,11 @@ class KeyGate:
         lookup on `address`'s budget."""
         now = self._now()
         self._known.pop(digest, None)
-        self._refused[digest] = ("unknown", now + UNKNOWN_FOR_S)
+        self._unknown[digest] = now + UNKNOWN_FOR_S
         wait = self._failures.take(address, FAILED_LOOKUPS_PER_S)
         if wait > 0:
             self._blocked[address] = now + wait
 
-    def rate_limited(self, digest: bytes, wait: float) -> None:
-        """The key's rate limit refused it for `wait` seconds."""
-        self._refused[digest] = ("rate_limited", self._now() + wait)
+    def rate_limited(self, digest: bytes, until: float) -> None:
+        """The key's rate limit refused it until `until` (on the limiter's clock)."""
+        self._limited[digest] = until

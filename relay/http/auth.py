@@ -54,7 +54,7 @@ async def _minted(
 ) -> Principal:
     """A minted key's principal: the gate's refusal, or the lookup's answer."""
     address = client_ip(request)
-    refusal = state.key_gate.before_lookup(digest, address)
+    refusal = state.key_gate.before_lookup(digest, address, state.limiter.now())
     if refusal is not None:
         state.metrics.key_gate_refusals.labels(refusal.kind).inc()
         if refusal.kind == "unknown":
@@ -89,7 +89,8 @@ def _too_many(wait: float, message: str) -> RelayError:
 def _rate_limit(state: RelayState, principal: Principal, digest: bytes) -> None:
     wait = state.limiter.take(principal.key_id, principal.rate)
     if wait > 0:
-        state.key_gate.rate_limited(digest, wait)  # its next requests: 429 before a lookup
+        # its next requests: 429 before a lookup, until its bucket holds a token
+        state.key_gate.rate_limited(digest, state.limiter.now() + wait)
         raise _too_many(wait, f"rate limit of {principal.rate} requests/second exceeded")
 
 
