@@ -25,27 +25,32 @@ def _parser() -> argparse.ArgumentParser:
         "(and PNG plots when matplotlib is installed).",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes: runs in seconds")
+    parser.add_argument("--full", action="store_true", help="the full sizes (100,000 blobs, "
+                        "20 s latency runs, 100,000 memories, every section at its full size; "
+                        "47 min on 2 cores under load); the default fits in 15 min")  # fmt: skip
     parser.add_argument("--n", type=int, help="blobs for the throughput figures "
-                        "(default 100000; 2000 with --quick)")  # fmt: skip
+                        "(default 20000; 100000 with --full, 2000 with --quick)")  # fmt: skip
     parser.add_argument("--duration", type=float, help="seconds of each latency run "
-                        "(default 20; 2 with --quick)")  # fmt: skip
+                        "(default 5; 20 with --full, 2 with --quick)")  # fmt: skip
     parser.add_argument("--out", type=Path, help="report directory (default bench/results)")
-    parser.add_argument("--repeats", type=int, help="repeats of each figure (default 3; 1 quick)")
+    parser.add_argument("--repeats", type=int, help="repeats of each figure (default 5; 3 with "
+                        "--full, 1 with --quick)")  # fmt: skip
     parser.add_argument("--large-vault", type=int, help="blobs of the large vault of the "
-                        "pull-cost comparison (default 200000; 20000 with --quick)")  # fmt: skip
+                        "pull-cost comparison (default 50000; 200000 with --full, 20000 with "
+                        "--quick)")  # fmt: skip
     parser.add_argument("--memories", type=int, help="memories of the client end-to-end run "
-                        "(default 100000; 1000 with --quick)")  # fmt: skip
+                        "(default 10000; 100000 with --full, 1000 with --quick)")  # fmt: skip
     parser.add_argument("--workers", type=int, help="relay worker processes, like `engram-relay "
                         "serve --workers` (default: one per core, at most 8)")  # fmt: skip
     parser.add_argument("--pull-memory-blobs", type=int, help="1 MiB blobs of the vault the "
-                        "concurrent full pulls of the relay RSS target read (default 200; "
-                        "24 with --quick)")  # fmt: skip
+                        "concurrent full pulls of the relay RSS target read (default 100; "
+                        "200 with --full, 24 with --quick)")  # fmt: skip
     parser.add_argument("--import-memories", type=int, help="memories of the JSONL import "
-                        "(default 100000; 2000 with --quick)")  # fmt: skip
+                        "(default 10000; 100000 with --full, 2000 with --quick)")  # fmt: skip
     parser.add_argument("--relay", action="store_true", help="only the relay's rows (issue 36: "
                         "push and pull against the ceiling, p99 against the raw statement, idle "
                         "and pull RSS, the digest's push cost; --n default 20000, --repeats 5, "
-                        "--duration 5)")  # fmt: skip
+                        "--duration 5, --pull-memory-blobs 200)")  # fmt: skip
     parser.add_argument("--citus", action="store_true", help="only push and pull on a Citus "
                         "cluster against one plain PostgreSQL (issue 18; --n default 20000, "
                         "--large-vault 20000; 2000 and 4000 with --quick)")  # fmt: skip
@@ -62,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         args.n = args.n or 20_000
         args.repeats = args.repeats or 5
         args.duration = args.duration or 5.0
+        args.pull_memory_blobs = args.pull_memory_blobs or 200  # as before the default tier
     try:
         settings = Settings.build(
             quick=args.quick,
+            full=args.full,
             n=args.n,
             duration=args.duration,
             repeats=args.repeats,
@@ -102,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     data = runner.execute(settings, log)
     data["targets"] = judge(data["sections"], data["corpus"])
     env = data["environment"]  # the commit and date the run started at
-    stem = f"{env['started_utc'][:10]}-{env['git_sha']}" + ("-quick" if settings.quick else "")
+    tier = "-quick" if settings.quick else "-full" if settings.full else ""
+    stem = f"{env['started_utc'][:10]}-{env['git_sha']}{tier}"
     settings.out.mkdir(parents=True, exist_ok=True)
     pngs, note = plots.write_plots(data, data["latencies_ms"], settings.out, stem)
     json_path, md_path = report.write(data, settings.out, stem, command.strip(), pngs, note)

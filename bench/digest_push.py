@@ -82,7 +82,7 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
         ' tombstones = $5"\n    " WHERE vault_id = $1"',
         1,
     ),
-    # the vault row sent with COMMIT (plain PostgreSQL, one vault, issue 36)
+    # the vault rows sent with COMMIT (plain PostgreSQL, issue 36)
     (
         '        f" live_blobs = {int(v.live_blobs)}, tombstones = {int(v.tombstones)},"\n'
         '        f" digest = {hex_bytea(digest_bytes(v.digest))},"\n'
@@ -99,33 +99,33 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
     ),
     # no hashing: no bucket, no versions kept to fold, the statements awaited as before
     (
-        "        known, hashes = await while_answered(\n"
-        "            conn.fetchmany(\n"
-        "                _READ_KNOWN,\n"
-        "                [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
-        "            ),\n"
-        "            lambda: _hashes(jobs),\n"
-        "        )\n",
-        "        known = await conn.fetchmany(\n"
+        "    known, hashes = await while_answered(\n"
+        "        conn.fetchmany(\n"
         "            _READ_KNOWN,\n"
         "            [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
-        "        )\n"
-        "        hashes: list[list[tuple[int, int]]] = []\n",
+        "        ),\n"
+        "        lambda: _hashes(jobs),\n"
+        "    )\n",
+        "    known = await conn.fetchmany(\n"
+        "        _READ_KNOWN,\n"
+        "        [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
+        "    )\n"
+        "    hashes: list[list[tuple[int, int]]] = []\n",
         1,
     ),
     (
-        "        rows, hashes = await while_answered(\n"
-        "            conn.fetch(\n"
-        "                _READ_VAULT_AND_KNOWN, vault_id, sorted(pushers[vault_id]),\n"
-        "                sorted(memories[vault_id]),\n"
-        "            ),\n"
-        "            lambda: _hashes(jobs),\n"
-        "        )  # fmt: skip\n",
-        "        rows = await conn.fetch(\n"
+        "    rows, hashes = await while_answered(\n"
+        "        conn.fetch(\n"
         "            _READ_VAULT_AND_KNOWN, vault_id, sorted(pushers[vault_id]),\n"
         "            sorted(memories[vault_id]),\n"
-        "        )\n"
-        "        hashes: list[list[tuple[int, int]]] = []\n",
+        "        ),\n"
+        "        lambda: _hashes(jobs),\n"
+        "    )  # fmt: skip\n",
+        "    rows = await conn.fetch(\n"
+        "        _READ_VAULT_AND_KNOWN, vault_id, sorted(pushers[vault_id]),\n"
+        "        sorted(memories[vault_id]),\n"
+        "    )\n"
+        "    hashes: list[list[tuple[int, int]]] = []\n",
         1,
     ),
     (
@@ -137,17 +137,8 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
     ("            bucket, version = hashed[item.index]\n", "", 1),
     ("            vault.versions.append((memory_id, bucket, version, replaced))\n", "", 1),
     (
-        "        await while_answered(\n"
-        "            conn.execute(\n"
-        "                WRITE_VAULT, *blob_columns(rows[vault.vault_id]), vault.vault_id,\n"
-        "                seen[vault.vault_id],\n"
-        "            ),\n"
-        "            lambda: _fold_digests(vaults),\n"
-        "        )  # fmt: skip\n",
-        "        await conn.execute(\n"
-        "            WRITE_VAULT, *blob_columns(rows[vault.vault_id]), vault.vault_id,\n"
-        "            seen[vault.vault_id],\n"
-        "        )\n",
+        "        await while_answered(statement, lambda: _fold_digests(vaults))\n",
+        "        await statement\n",
         1,
     ),
     (

@@ -18,12 +18,10 @@ relay's part alone, sized to fit a shared machine (`--n`, `--repeats`, `--durati
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +36,10 @@ from bench.relay_load import headers
 from bench.relay_process import RelayProcess
 from bench.runner import Run
 from bench.settings import Settings
+from bench.stats import load_around
 
 Log = Callable[[str], None]
 DIGEST_ROUNDS = 5  # issue 36: the digest's cost as the median of >= 5 rounds
-
-
-@contextlib.contextmanager
-def load_around(loads: dict[str, dict[str, float]], name: str) -> Iterator[None]:
-    """Record the 1-minute load average before and after the block, as `loads[name]`."""
-    before = os.getloadavg()[0]
-    try:
-        yield
-    finally:
-        loads[name] = {"before": before, "after": os.getloadavg()[0]}
 
 
 def idle_section(monitor: ResourceMonitor, workers: int) -> dict[str, Any]:

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+
+@contextlib.contextmanager
+def load_around(loads: dict[str, dict[str, float]], name: str) -> Iterator[None]:
+    """Record the 1-minute load average (/proc/loadavg) before and after the block, as
+    `loads[name]` (issue 36: absolute rows are printed with the load beside them)."""
+    before = os.getloadavg()[0]
+    try:
+        yield
+    finally:
+        loads[name] = {"before": before, "after": os.getloadavg()[0]}
 
 
 def summary(values: Sequence[float], unit: str) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 P99_LIMIT_MS: Final = 25.0
@@ -62,20 +62,58 @@ class Target:
 
 
 def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every target of the run with its verdict."""
-    size = sections["pull_vs_size"]
-    targets = [
-        *throughput_targets(sections),
-        Target(
-            "pull_cost_vs_vault_size",
-            f"incremental pull time, {size['large_vault_blobs']}-blob vault / "
-            f"{size['small_vault_blobs']}-blob vault",
-            size["ratio_large_to_small"],
-            2.0,
-            "<=",
-        ),
+    """Every target of the run with its verdict; each row measured in a section whose load
+    the run recorded (`sections["load"]`, bench.runner) carries that load in its detail."""
+    loads: dict[str, dict[str, float]] = sections.get("load", {})
+    groups: list[tuple[str, list[Target]]] = [
+        ("throughput", throughput_targets(sections)),
+        ("pull_vs_size", [_pull_cost_target(sections["pull_vs_size"])]),
+        ("latency", _latency_targets(sections)),
+        ("pull_memory", [pull_memory_target(sections["pull_memory"])]),
+        ("digest", digest_targets(sections["digest"])),
+        ("corpus", [_padding_target(corpus)]),
+        ("jsonl_import", [_import_target(sections["jsonl_import"])]),
+        ("rekey", rekey_targets(sections["rekey"])),
+        ("live_feed", live_feed_targets(sections["live_feed"])),
+        ("live_latency", live_latency_targets(sections["live_latency"])),
+        ("live_throughput", live_throughput_targets(sections["live_throughput"])),
+        ("agent", [agent_target(sections["agent"])]),
+        ("stream_hog", [stream_hog_target(sections["stream_hog"])]),
     ]
+    if "relay_idle" in sections:  # issue 36
+        groups.insert(3, ("relay_idle", [idle_rss_target(sections["relay_idle"])]))
+    optional = (
+        ("history", history_targets),  # issue 35 (bench.history)
+        ("mcp", mcp_targets),  # issue 33 (bench.mcp)
+        ("web_vault", web_vault_targets),  # issue 34 (bench.web_vault)
+        ("web_serve", web_serve_targets),  # issue 34 slice 3 (bench.web_serve)
+        ("agent_reads", agent_reads_targets),  # issue 36 (bench.agent_reads)
+        ("client_sizes", client_size_targets),  # issue 36 (bench.client_e2e.measure_sizes)
+    )
+    groups += [(name, rows(sections[name])) for name, rows in optional if name in sections]
+    return [
+        replace(t, detail=loaded(t.detail, loads.get(name))).as_json()
+        if "load " not in t.detail
+        else t.as_json()
+        for name, rows in groups
+        for t in rows
+    ]
+
+
+def _pull_cost_target(size: dict[str, Any]) -> Target:
+    return Target(
+        "pull_cost_vs_vault_size",
+        f"incremental pull time, {size['large_vault_blobs']}-blob vault / "
+        f"{size['small_vault_blobs']}-blob vault",
+        size["ratio_large_to_small"],
+        2.0,
+        "<=",
+    )
+
+
+def _latency_targets(sections: dict[str, Any]) -> list[Target]:
     latency = sections["latency"]
+    targets = []
     for mode, words in (
         ("shared_vault", "one shared vault"),
         ("vault_per_device", "a vault per device"),
@@ -95,50 +133,29 @@ def judge(sections: dict[str, Any], corpus: dict[str, Any]) -> list[dict[str, An
         )
     if "raw_latency" in sections:  # issue 36
         targets += p99_ratio_targets(latency, sections["raw_latency"])
-    if "relay_idle" in sections:  # issue 36
-        targets.append(idle_rss_target(sections["relay_idle"]))
-    targets.append(pull_memory_target(sections["pull_memory"]))
-    targets += digest_targets(sections["digest"])
-    targets.append(
-        Target(
-            "padding_storage_overhead",
-            "storage overhead of PADMÉ padding (PROTOCOL §16): corpus ciphertext characters "
-            "padded / unpadded - 1",
-            corpus["padding_overhead"],
-            PADDING_OVERHEAD_LIMIT,
-            "<=",
-        )
+    return targets
+
+
+def _padding_target(corpus: dict[str, Any]) -> Target:
+    return Target(
+        "padding_storage_overhead",
+        "storage overhead of PADMÉ padding (PROTOCOL §16): corpus ciphertext characters "
+        "padded / unpadded - 1",
+        corpus["padding_overhead"],
+        PADDING_OVERHEAD_LIMIT,
+        "<=",
     )
-    imported = sections["jsonl_import"]
-    targets.append(
-        Target(
-            "jsonl_import_rate",
-            f"memories/s of `engram-sync import` of {imported['memories']:,} memories from JSONL "
-            "into a fresh SQLCipher vault",
-            imported["memories_per_s"]["median"],
-            IMPORT_RATE_LIMIT,
-            ">=",
-        )
+
+
+def _import_target(imported: dict[str, Any]) -> Target:
+    return Target(
+        "jsonl_import_rate",
+        f"memories/s of `engram-sync import` of {imported['memories']:,} memories from JSONL "
+        "into a fresh SQLCipher vault",
+        imported["memories_per_s"]["median"],
+        IMPORT_RATE_LIMIT,
+        ">=",
     )
-    targets += rekey_targets(sections["rekey"])
-    targets += live_feed_targets(sections["live_feed"])
-    targets += live_latency_targets(sections["live_latency"])
-    targets += live_throughput_targets(sections["live_throughput"])
-    targets.append(agent_target(sections["agent"]))
-    targets.append(stream_hog_target(sections["stream_hog"]))
-    if "history" in sections:  # issue 35 (bench.history)
-        targets += history_targets(sections["history"])
-    if "mcp" in sections:  # issue 33 (bench.mcp)
-        targets += mcp_targets(sections["mcp"])
-    if "web_vault" in sections:  # issue 34 (bench.web_vault)
-        targets += web_vault_targets(sections["web_vault"])
-    if "web_serve" in sections:  # issue 34 slice 3 (bench.web_serve)
-        targets += web_serve_targets(sections["web_serve"])
-    if "agent_reads" in sections:  # issue 36 (bench.agent_reads)
-        targets += agent_reads_targets(sections["agent_reads"])
-    if "client_sizes" in sections:  # issue 36 (bench.client_e2e.measure_sizes)
-        targets += client_size_targets(sections["client_sizes"])
-    return [t.as_json() for t in targets]
 
 
 def loaded(detail: str, load: dict[str, float] | None) -> str:

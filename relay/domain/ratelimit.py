@@ -65,6 +65,10 @@ class RateLimiter:
         """From now on enforce 1/`processes` of every key's rate and burst (issue 18)."""
         self._processes = max(1, processes)
 
+    def now(self) -> float:
+        """The limiter's clock now (what `take`'s waits are measured in)."""
+        return self._now()
+
     def __len__(self) -> int:
         """Buckets held (expired ones dropped first)."""
         self._buckets.expire()

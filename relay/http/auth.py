@@ -14,7 +14,9 @@ from litestar import Request
 from engram_sync.relay.domain import grant_roles
 from engram_sync.relay.domain.api_keys import DEFAULT_KEY_RATE, Principal, hash_key, key_prefix
 from engram_sync.relay.domain.grant_roles import Standing
+from engram_sync.relay.domain.ratelimit import RateLimiter
 from engram_sync.relay.http.app_state import relay_state
+from engram_sync.relay.http.client_ip import client_ip
 from engram_sync.relay.http.errors import RelayError, forbidden, unauthorized
 from engram_sync.relay.services.state import RelayState
 from engram_sync.relay.store import accounts as account_store
@@ -33,39 +35,63 @@ def _bearer(request: Request[Any, Any, Any]) -> str:
 
 
 async def authenticate(request: Request[Any, Any, Any]) -> Principal:
-    """The principal of the request's key, rate limited; 401/403/429 otherwise."""
+    """The principal of the request's key, rate limited; 401/403/429 otherwise. A minted
+    key is looked up in the database unless the key gate refuses it first (issue 36:
+    relay.domain.key_gate, by the key's recent refusals and by client address)."""
     state = relay_state(request)
     token = _bearer(request)
-    principal = state.static_keys.get(hash_key(token))
+    digest = hash_key(token)
+    principal = state.static_keys.get(digest)
     if principal is None:
-        found = await key_store.lookup(state.require_pool(), token)
-        if found is None:
-            raise unauthorized("unknown or revoked API key")
-        # Before the key's own revocation: revoking a device also revokes its keys (§10),
-        # and such a key must still get 403 `device_revoked`, not a generic 401.
-        if found.device_revoked:
-            raise forbidden(
-                f"device {found.principal.device_id} was revoked for this vault; this key no "
-                "longer works. Ask an admin for a new device key.",
-                code="device_revoked",
-            )
-        if found.revoked:
-            raise unauthorized("unknown or revoked API key")
-        principal = found.principal
-    _rate_limit(state, principal)
+        principal = await _minted(request, state, token, digest)
+    _rate_limit(state, principal, digest)
     request.state.key_prefix = principal.prefix
     return principal
 
 
-def _rate_limit(state: RelayState, principal: Principal) -> None:
+async def _minted(
+    request: Request[Any, Any, Any], state: RelayState, token: str, digest: bytes
+) -> Principal:
+    """A minted key's principal: the gate's refusal, or the lookup's answer."""
+    address = client_ip(request)
+    refusal = state.key_gate.before_lookup(digest, address, state.limiter.now())
+    if refusal is not None:
+        state.metrics.key_gate_refusals.labels(refusal.kind).inc()
+        if refusal.kind == "unknown":
+            raise unauthorized("unknown or revoked API key")
+        raise _too_many(refusal.wait, "too many requests with this key or from this address")
+    state.metrics.key_lookups.inc()
+    found = await key_store.lookup(state.require_pool(), token)
+    if found is None or (found.revoked and not found.device_revoked):
+        state.key_gate.not_found(digest, address)  # 401 again without a lookup, a while
+        raise unauthorized("unknown or revoked API key")
+    # Before the key's own revocation: revoking a device also revokes its keys (§10),
+    # and such a key must still get 403 `device_revoked`, not a generic 401.
+    if found.device_revoked:
+        raise forbidden(
+            f"device {found.principal.device_id} was revoked for this vault; this key no "
+            "longer works. Ask an admin for a new device key.",
+            code="device_revoked",
+        )
+    state.key_gate.found(digest)
+    return found.principal
+
+
+def _too_many(wait: float, message: str) -> RelayError:
+    return RelayError(
+        429,
+        "rate_limited",
+        f"{message}; retry later",
+        headers={"Retry-After": RateLimiter.retry_after_header(wait)},
+    )
+
+
+def _rate_limit(state: RelayState, principal: Principal, digest: bytes) -> None:
     wait = state.limiter.take(principal.key_id, principal.rate)
     if wait > 0:
-        raise RelayError(
-            429,
-            "rate_limited",
-            f"rate limit of {principal.rate} requests/second exceeded; retry later",
-            headers={"Retry-After": state.limiter.retry_after_header(wait)},
-        )
+        # its next requests: 429 before a lookup, until its bucket holds a token
+        state.key_gate.rate_limited(digest, state.limiter.now() + wait)
+        raise _too_many(wait, f"rate limit of {principal.rate} requests/second exceeded")
 
 
 async def authorize(

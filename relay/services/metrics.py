@@ -56,6 +56,17 @@ class RelayMetrics:
             "engram_relay_blobs_rejected", "Blobs rejected by pushes", ["reason"], registry=r
         )
         self.pulls = Counter("engram_relay_pulls", "Pulls served", ["mode"], registry=r)
+        # issue 36 (relay.domain.key_gate): minted-key lookups in the database, and requests
+        # refused before one
+        self.key_lookups = Counter(
+            "engram_relay_key_lookups", "Minted-key lookups in the database", registry=r
+        )
+        self.key_gate_refusals = Counter(
+            "engram_relay_key_gate_refusals",
+            "Requests refused before a key lookup",
+            ["kind"],
+            registry=r,
+        )
         self.blobs_pulled = Counter("engram_relay_blobs_pulled", "Blobs served", registry=r)
         self.tombstones_compacted = Counter(
             "engram_relay_tombstones_compacted", "Tombstones removed by compaction", registry=r

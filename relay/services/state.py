@@ -13,6 +13,7 @@ import asyncpg
 from msgspec import UNSET, UnsetType
 
 from engram_sync.relay.domain.api_keys import Principal
+from engram_sync.relay.domain.key_gate import KeyGate
 from engram_sync.relay.domain.ratelimit import RateLimiter
 from engram_sync.relay.domain.stream_holders import StreamHolders
 from engram_sync.relay.services.change_hub import ChangeHub
@@ -39,6 +40,8 @@ class RelayState:
     config: RelayConfig
     metrics: RelayMetrics
     limiter: RateLimiter = field(default_factory=RateLimiter)  # per key, per second
+    # issue 36: refusals decided before a key's lookup (relay.domain.key_gate)
+    key_gate: KeyGate = field(default_factory=KeyGate)
     # Per IP, email or account, per minute (relay.http.routes.account_support.limit_per_minute).
     minute_limiter: RateLimiter = field(default_factory=RateLimiter.per_minute)
     started: float = field(default_factory=time.monotonic)

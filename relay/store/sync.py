@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -9,7 +10,7 @@ import asyncpg
 from msgspec import UNSET
 
 from engram_sync.relay.domain.domain_errors import ResyncRequiredError
-from engram_sync.relay.store.begun import begun
+from engram_sync.relay.store.begun import begun, hex_text
 from engram_sync.relay.store.retire import Retirement, retirement
 from engram_sync.shared_format.wire import SyncBlob
 
@@ -44,8 +45,8 @@ def _byte_capped(rows: str, order: str, *, within: bool) -> str:
     else:
         on_page, kept = "n <= 2 OR before < $4::bigint", "n <= 3 OR before - previous < $4::bigint"
     return f"""
-    SELECT vault_id, memory_id, device_id, vector_clock, hmac, created_at, deleted, seq,
-           CASE WHEN {on_page} THEN ciphertext END AS ciphertext
+    SELECT vault_id, memory_id, device_id, vector_clock,
+           CASE WHEN {on_page} THEN ciphertext END AS ciphertext, hmac, created_at, deleted, seq
     FROM (
         SELECT b.*, sum(size_bytes) OVER w - size_bytes AS before,
                lag(size_bytes, 1, 0) OVER w AS previous, row_number() OVER w AS n
@@ -88,8 +89,19 @@ ORDER BY created_at_ts, seq
 """
 
 
-def _to_blob(row: asyncpg.Record, *, with_seq: bool = False) -> SyncBlob:
-    """The eight fields of §3; a cursor-mode blob adds its additive `seq` (§9)."""
+# `PULL_PAGE`'s first column of the blob (`p.*`): from there on a row holds `SyncBlob`'s
+# fields in their order (`_byte_capped`), so a blob is built positionally (issue 36: the
+# nine lookups by name per blob were most of a page's Python).
+_FIRST_BLOB_COLUMN = 8
+
+
+def _blobs_with_seq(rows: list[asyncpg.Record]) -> list[SyncBlob]:
+    """A cursor page's blobs: the eight fields of §3 and the additive `seq` (§9)."""
+    return [SyncBlob(*row[_FIRST_BLOB_COLUMN:]) for row in rows]
+
+
+def _to_blob(row: asyncpg.Record) -> SyncBlob:
+    """The eight fields of §3 (a legacy `since` page: no `seq`)."""
     return SyncBlob(
         vault_id=row["vault_id"],
         memory_id=row["memory_id"],
@@ -99,7 +111,7 @@ def _to_blob(row: asyncpg.Record, *, with_seq: bool = False) -> SyncBlob:
         hmac=row["hmac"],
         created_at=row["created_at"],
         deleted=row["deleted"],
-        seq=row["seq"] if with_seq else UNSET,
+        seq=UNSET,
     )
 
 
@@ -132,6 +144,41 @@ async def record_progress(
     disk (BEGIN travels with the SET: `relay.store.begun`)."""
     async with begun(conn, "SET LOCAL synchronous_commit = off"):
         await conn.execute(_RECORD_PROGRESS, vault_id, device_id, cursor)
+
+
+async def record_progress_at_once(
+    conn: asyncpg.Connection, vault_id: str, device_id: str, cursor: int, *, named: bool
+) -> None:
+    """`record_progress` in ONE round trip, on plain PostgreSQL (issue 36: it took three,
+    and a header's device a fourth to look up its bound keys). BEGIN, the SET, the write and
+    COMMIT travel in one simple-query message, the ids spelled in hex (`hex_text`: no
+    request text in the statement) and the cursor an int. `named`: the device comes from an
+    `X-Engram-Device` header, and the write happens only if no key of the vault is bound to
+    it, the rule of `progress_device` checked in the same statement (PROTOCOL §12,
+    docs/pull-progress.md). Citus keeps `record_progress` (api_keys is a reference table
+    there, devices a distributed one)."""
+    vault, device = hex_text(vault_id), hex_text(device_id)
+    unless = (
+        f" WHERE NOT EXISTS (SELECT 1 FROM api_keys WHERE vault_id = {vault}"  # noqa: S608
+        f" AND device_id = {device})"
+        if named
+        else ""
+    )
+    statement = (
+        "BEGIN; SET LOCAL synchronous_commit = off;"
+        " INSERT INTO devices (vault_id, device_id, pulled_cursor, pulled_at)"
+        f" SELECT {vault}, {device}, {int(cursor)}, now(){unless}"
+        " ON CONFLICT (vault_id, device_id) DO UPDATE SET"
+        " pulled_cursor = GREATEST(devices.pulled_cursor, EXCLUDED.pulled_cursor),"
+        " pulled_at = EXCLUDED.pulled_at, last_seen = EXCLUDED.last_seen; COMMIT"
+    )
+    try:
+        await conn.execute(statement)
+    except BaseException:
+        # a failed statement leaves the transaction open and aborted (as `begun` does)
+        with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+            await conn.execute("ROLLBACK")
+        raise
 
 
 def progress_device(
@@ -182,6 +229,7 @@ async def pull_by_cursor(
     max_bytes: int,
     origin: int | None = None,
     named: bool = False,
+    at_once: bool = False,
 ) -> Page:
     """Blobs with seq > cursor in seq order (PROTOCOL §9), at most `limit` of them and
     their ciphertext within `max_bytes` (at least one blob: `_byte_capped`).
@@ -193,7 +241,9 @@ async def pull_by_cursor(
     whenever the horizon lay above page 1).
 
     `named`: `device_id` comes from an `X-Engram-Device` header, not from the key's binding,
-    so its progress is recorded only as `progress_device` allows (PROTOCOL §12)."""
+    so its progress is recorded only as `progress_device` allows (PROTOCOL §12).
+    `at_once` (plain PostgreSQL, `PushLimits.one_statement`): the progress in one round
+    trip (`record_progress_at_once`), so a page costs two; else up to five (Citus)."""
     async with pool.acquire() as conn:
         rows = await conn.fetch(PULL_PAGE, vault_id, cursor, limit, max_bytes)
         retired = None
@@ -222,14 +272,31 @@ async def pull_by_cursor(
             # device has seen everything through the head. A cursor below the horizon
             # would earn it `resync_required` at its next pull, and so on forever.
             new_cursor = head
-        if named and device_id is not None:
-            bound = await conn.fetchval(_HAS_BOUND_KEY, vault_id, device_id)
-            device_id = progress_device(None, device_id, named_has_bound_key=bool(bound))
-        if device_id is not None:
-            await record_progress(conn, vault_id, device_id, new_cursor)
+        await _progress(conn, vault_id, device_id, new_cursor, named=named, at_once=at_once)
         lag = max(0, head - new_cursor)
-        blobs = [_to_blob(r, with_seq=True) for r in rows]
-        return Page(blobs, has_more, new_cursor, head, lag, retired)
+        return Page(_blobs_with_seq(rows), has_more, new_cursor, head, lag, retired)
+
+
+async def _progress(
+    conn: asyncpg.Connection,
+    vault_id: str,
+    device_id: str | None,
+    cursor: int,
+    *,
+    named: bool,
+    at_once: bool,
+) -> None:
+    """Record a cursor pull's progress as `pull_by_cursor` says (PROTOCOL §12)."""
+    if device_id is None:
+        return
+    if at_once:
+        await record_progress_at_once(conn, vault_id, device_id, cursor, named=named)
+        return
+    if named:
+        bound = await conn.fetchval(_HAS_BOUND_KEY, vault_id, device_id)
+        device_id = progress_device(None, device_id, named_has_bound_key=bool(bound))
+    if device_id is not None:
+        await record_progress(conn, vault_id, device_id, cursor)
 
 
 async def pull_since(

@@ -179,6 +179,7 @@ def test_every_target_has_a_verdict(report: tuple[dict[str, Any], Path]) -> None
     for target in data["targets"]:
         assert target["verdict"] in {"PASS", "FAIL"}, target
         assert _is_number(target["value"]), target
+        assert "load " in target["detail"], target  # issue 36: every row with its load
     markdown = json_path.with_suffix(".md").read_text(encoding="utf-8")
     assert markdown.count("**PASS**") + markdown.count("**FAIL**") == len(TARGETS)
 

@@ -9,7 +9,6 @@ from typing import Any, Final
 
 from litestar import Request
 
-from engram_sync.relay.domain.client_address import client_address, forwarded_for, limit_key
 from engram_sync.relay.domain.labels import label_problem
 from engram_sync.relay.domain.ratelimit import RateLimiter
 from engram_sync.relay.http.app_state import relay_state
@@ -32,17 +31,6 @@ PASSWORD_CHECKS_PER_MINUTE: Final = 10
 MIN_WRAP_LEN: Final = NONCE_LEN + TAG_LEN  # an AES-GCM envelope of nothing
 
 _EMAIL = re.compile(r"[^@\s\x00-\x1f\x7f]{1,64}@[^@\s\x00-\x1f\x7f.]+(\.[^@\s\x00-\x1f\x7f.]+)+")
-
-
-def client_ip(request: Request[Any, Any, Any]) -> str:
-    """What the per-IP limits count: the client address (X-Forwarded-For believed only from
-    ENGRAM_RELAY_TRUSTED_PROXIES), an IPv6 one as its /64 (relay/domain/client_address.py)."""
-    address = client_address(
-        request.client.host if request.client else None,
-        forwarded_for(request.scope["headers"]),
-        relay_state(request).config.trusted_proxies,
-    )
-    return limit_key(address)
 
 
 def limit_per_minute(request: Request[Any, Any, Any], bucket: str, per_minute: int) -> None:

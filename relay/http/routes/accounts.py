@@ -26,10 +26,10 @@ from engram_sync.relay.domain.api_keys import hash_key
 from engram_sync.relay.http.app_state import relay_state
 from engram_sync.relay.http.auth import authenticate_session, standing
 from engram_sync.relay.http.bodies import BODY_OPT, decode_body
+from engram_sync.relay.http.client_ip import client_ip
 from engram_sync.relay.http.errors import RelayError, forbidden
 from engram_sync.relay.http.routes.account_support import (
     check_label,
-    client_ip,
     confirm_password,
     email_bucket,
     invalid_credentials,

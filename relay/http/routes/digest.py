@@ -24,8 +24,8 @@ from engram_sync.relay.domain.api_keys import Principal
 from engram_sync.relay.domain.scan_admission import ScanClaim
 from engram_sync.relay.http.app_state import relay_state
 from engram_sync.relay.http.bodies import BODY_OPT, decode_body
+from engram_sync.relay.http.client_ip import client_ip
 from engram_sync.relay.http.errors import bad_request
-from engram_sync.relay.http.routes.account_support import client_ip
 from engram_sync.relay.http.routes.ids import require_id
 from engram_sync.relay.http.routes.retire import authorize_until_erased
 from engram_sync.relay.store import digest as store

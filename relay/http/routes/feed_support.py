@@ -12,8 +12,8 @@ from litestar import Request
 
 from engram_sync.relay.domain.api_keys import Principal, hash_key
 from engram_sync.relay.domain.stream_holders import Holder, Place
+from engram_sync.relay.http.client_ip import client_ip
 from engram_sync.relay.http.errors import RelayError, busy
-from engram_sync.relay.http.routes.account_support import client_ip
 from engram_sync.relay.http.scope_keys import HOLD_CONNECTION
 from engram_sync.relay.services.change_hub import ChangeHub, HubFullError, VaultWatch
 from engram_sync.relay.services.state import RelayState

@@ -19,8 +19,9 @@ from litestar.params import FromPath
 from engram_sync.relay.http.app_state import relay_state
 from engram_sync.relay.http.auth import authenticate_session, authorize, bearer_is_session
 from engram_sync.relay.http.bodies import BODY_OPT, OPTIONAL_BODY_OPT, decode_body
+from engram_sync.relay.http.client_ip import client_ip
 from engram_sync.relay.http.errors import RelayError, bad_request, forbidden
-from engram_sync.relay.http.routes.account_support import check_label, client_ip
+from engram_sync.relay.http.routes.account_support import check_label
 from engram_sync.relay.http.routes.account_support import limit_per_minute as limit
 from engram_sync.relay.http.routes.accounts import REDEEM_PER_MINUTE
 from engram_sync.relay.http.routes.ids import require_id

@@ -162,6 +162,7 @@ async def _pull_by_cursor(
     """The cursor mode (§9): one page, or with `wait` one held until a commit (§15)."""
     pool = state.require_pool()
     device = device_for_progress(request, principal.device_id)
+    plain = state.push_limits is not None and state.push_limits.one_statement
 
     async def one_page() -> store.Page:
         return await store.pull_by_cursor(
@@ -173,6 +174,7 @@ async def _pull_by_cursor(
             max_bytes=state.config.max_page_bytes,
             origin=origin,
             named=principal.device_id is None,  # PROTOCOL §12: a header proves nothing
+            at_once=plain,  # plain PostgreSQL: the progress in one round trip
         )
 
     if wait is None or not state.config.feed_notify:  # ENGRAM_RELAY_LIVE_FEED=off
