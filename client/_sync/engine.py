@@ -41,6 +41,7 @@ from .._errors import (
     VaultRetiredError,
 )
 from .._http.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
+from .._vault.fresh_apply import FreshBatch, fresh_ids
 from .._vault.history import PULL, PULL_DELETE, PageKeeper, Writer, keep_version, tool_of
 from .._vault.kept_digest import fold_changes
 from .._vault.privacy import without_local_links
@@ -101,6 +102,13 @@ MAX_CURSOR: Final = 2**63 - 1
 def _ciphertext_chars(plaintext_bytes: int) -> int:
     raw = NONCE_LEN + plaintext_bytes + TAG_LEN
     return 4 * ((raw + 2) // 3)
+
+
+def _live(blob: SyncBlob, decoded: MemoryPlaintext | Tombstone) -> MemoryPlaintext | None:
+    """The memory a verified blob carries, or None for a deletion (PROTOCOL §4, §8)."""
+    if isinstance(decoded, MemoryPlaintext) and not blob.deleted:
+        return decoded
+    return None
 
 
 def check_page(page: PullResponse, *, asked: int, limit: int, relay_url: str) -> None:
@@ -527,17 +535,30 @@ class Syncer:
     def _apply_page(
         self, blobs: list[SyncBlob], report: SyncReport, seen: dict[str, int] | None
     ) -> int:
-        """Apply one page in one transaction; returns the highest verified clock."""
+        """Apply one page in one transaction; returns the highest verified clock. Memories
+        the vault holds nothing of are written in bulk (client._vault.fresh_apply), the
+        others one by one, in the page's order (a batch is flushed before each of them)."""
         highest = 0
         with self.vault.transaction() as conn:
             keeper = PageKeeper(conn, [blob.memory_id for blob in blobs], self.device.device_id)
+            fresh = fresh_ids(conn, [blob.memory_id for blob in blobs])
+            batch = FreshBatch()
             for blob in blobs:
                 report.pulled += 1
-                verified = self._apply_blob(conn, blob, report, ceiling=highest, keeper=keeper)
-                if verified:
-                    highest = max(highest, blob.vector_clock)
-                    if seen is not None and blob.vector_clock > seen.get(blob.memory_id, -1):
-                        seen[blob.memory_id] = blob.vector_clock
+                decoded = self._open_checked(blob, report, ceiling=highest)
+                if decoded is None:
+                    continue
+                highest = max(highest, blob.vector_clock)
+                if seen is not None and blob.vector_clock > seen.get(blob.memory_id, -1):
+                    seen[blob.memory_id] = blob.vector_clock
+                remote = KnownVersion(blob.vector_clock, blob.device_id, blob.created_at)
+                if blob.memory_id in fresh:  # LWW, privacy, conflicts: decided (fresh_apply)
+                    batch.add(blob.memory_id, _live(blob, decoded), remote)
+                    report.applied += 1
+                    continue
+                batch.flush(conn)
+                self._apply_opened(conn, blob, decoded, remote, report, keeper)
+            batch.flush(conn)
             keeper.flush()  # the page's history rows, in its transaction
             fold_changes(conn)  # the kept digest, in the same transaction (issue 36)
         return highest
@@ -568,29 +589,62 @@ class Syncer:
         """Verify → decrypt → decode → LWW → apply (PROTOCOL §3, §4, §8). True if verified.
         `keeper`: the page's history keeper (`_apply_page`), else the replaced version is
         kept at once."""
+        decoded = self._open_checked(blob, report, ceiling=ceiling)
+        if decoded is None:
+            return False
+        remote = KnownVersion(blob.vector_clock, blob.device_id, blob.created_at)
+        self._apply_opened(conn, blob, decoded, remote, report, keeper)
+        return True
+
+    def _open_checked(
+        self, blob: SyncBlob, report: SyncReport, *, ceiling: int
+    ) -> MemoryPlaintext | Tombstone | None:
+        """Verify → decrypt → decode (PROTOCOL §3, §4) and the blob's own bounds; None when
+        it is skipped (and reported)."""
+        decoded, reason = self._opened(blob, ceiling)
+        if reason is not None:
+            self._skip(blob, reason, report)
+            return None
+        return decoded
+
+    def _opened(
+        self, blob: SyncBlob, ceiling: int
+    ) -> tuple[MemoryPlaintext | Tombstone | None, str | None]:
+        """(the blob's plaintext, None), or (None, why it is skipped)."""
         if blob.vault_id != self.vault_id:
-            return self._skip(blob, "blob names another vault", report)
+            return None, "blob names another vault"
         refusal = id_refusal(blob.memory_id)
         if refusal is not None:  # PROTOCOL §6 step 1: no honest relay holds it (issue 31)
-            return self._skip(blob, refusal.reason, report)
+            return None, refusal.reason
         try:
             text = self.cipher.open(blob)
             decoded = decode_plaintext(text, expected_id=blob.memory_id)
         except FormatError as exc:
-            return self._skip(blob, f"{type(exc).__name__}: {exc}", report)
+            return None, f"{type(exc).__name__}: {exc}"
         if blob.vector_clock > max(self.device.vector_clock, ceiling) + MAX_CLOCK_STEP:
             # docs/when-the-relay-lies.md "Clock bound": one blob must not exhaust every
             # device's clock
-            return self._skip(blob, CLOCK_JUMP_REASON, report)
-        remote = KnownVersion(blob.vector_clock, blob.device_id, blob.created_at)
+            return None, CLOCK_JUMP_REASON
+        return decoded, None
+
+    def _apply_opened(
+        self,
+        conn: sqlite3.Connection,
+        blob: SyncBlob,
+        decoded: MemoryPlaintext | Tombstone,
+        remote: KnownVersion,
+        report: SyncReport,
+        keeper: PageKeeper | None,
+    ) -> None:
+        """LWW → apply (PROTOCOL §8) of a verified, decoded blob, one memory at a time."""
         known = known_version(conn, blob.memory_id)
         if not remote_wins(remote, known):
             report.stale += 1
-            return True
+            return
         deleted = blob.deleted or isinstance(decoded, Tombstone)
         own = self.device.device_id
         if kept_out(conn, blob.memory_id, decoded, deleted, remote, own, report):
-            return True  # PROTOCOL §8: a strict_local memory is not overwritten (privacy.md)
+            return  # PROTOCOL §8: a strict_local memory is not overwritten (privacy.md)
         incoming = (
             tombstone_plaintext(blob.memory_id)
             if isinstance(decoded, Tombstone) or deleted
@@ -601,11 +655,11 @@ class Syncer:
         if local is not None and blob.device_id == self.device.device_id:
             self._own_push_returned(conn, blob, remote, decoded, local)
             report.stale += 1
-            return True
+            return
         if local is not None and local[0] != incoming:
             record_conflict(conn, blob.memory_id, local[0], local[1], remote, deleted)
             report.conflicts += 1
-        live = decoded if isinstance(decoded, MemoryPlaintext) and not deleted else None
+        live = _live(blob, decoded)
         if held.exists or known is not None:  # the version replaced is kept (docs/history.md)
             self._keep_replaced(conn, blob, live, known, keeper)
         if live is None:
@@ -614,7 +668,6 @@ class Syncer:
             apply_memory(conn, live, new=not held.exists)
         remember_version(conn, blob.memory_id, remote)
         report.applied += 1
-        return True
 
     def _keep_replaced(
         self,

@@ -665,18 +665,28 @@ def apply_tombstone(conn: sqlite3.Connection, memory_id: str) -> None:
     conn.execute("DELETE FROM tombstones WHERE id = ?", (memory_id,))
 
 
-def apply_memory(conn: sqlite3.Connection, memory: MemoryPlaintext, *, new: bool = False) -> None:
-    """Write a winning remote memory as received (PROTOCOL §4): synced_at = modified_at.
+APPLY_ROW: Final = (
+    "INSERT INTO engrams (layer, source, privacy_level, content, context, strength, valence,"
+    " retrievals, imagined, grounded, created_at, last_retrieved, project, tags,"
+    " content_hash, scope, content_type, occurred_at, modified_at, synced_at, id)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (id) DO UPDATE SET layer = excluded.layer, source = excluded.source,"
+    " privacy_level = excluded.privacy_level, content = excluded.content,"
+    " context = excluded.context, strength = excluded.strength,"
+    " valence = excluded.valence, retrievals = excluded.retrievals,"
+    " imagined = excluded.imagined, grounded = excluded.grounded,"
+    " created_at = excluded.created_at, last_retrieved = excluded.last_retrieved,"
+    " project = excluded.project, tags = excluded.tags,"
+    " content_hash = excluded.content_hash, scope = excluded.scope,"
+    " content_type = excluded.content_type, occurred_at = excluded.occurred_at,"
+    " modified_at = excluded.modified_at, synced_at = excluded.synced_at"
+)
 
-    `new`: the vault holds nothing of this memory (no row, no tombstone; `local_state`),
-    so there is no older version to clear: no tombstone, no full-text row (VAULT §3 keeps
-    them with the rows), no links or embedding (they cascade with the row). A first pull
-    of a large vault is all new memories, and skipping those deletes saves four of its
-    statements per memory.
-    """
-    if not new:
-        conn.execute("DELETE FROM tombstones WHERE id = ?", (memory.id,))
-    values = (
+
+def row_values(memory: MemoryPlaintext) -> tuple[Any, ...]:
+    """The parameters of APPLY_ROW for a pulled memory, as received (PROTOCOL §4):
+    synced_at = modified_at."""
+    return (
         memory.layer,
         memory.source,
         memory.privacy_level,
@@ -697,24 +707,22 @@ def apply_memory(conn: sqlite3.Connection, memory: MemoryPlaintext, *, new: bool
         memory.occurred_at,
         memory.modified_at,
         memory.modified_at,
+        memory.id,
     )
-    conn.execute(
-        "INSERT INTO engrams (layer, source, privacy_level, content, context, strength, valence,"
-        " retrievals, imagined, grounded, created_at, last_retrieved, project, tags,"
-        " content_hash, scope, content_type, occurred_at, modified_at, synced_at, id)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT (id) DO UPDATE SET layer = excluded.layer, source = excluded.source,"
-        " privacy_level = excluded.privacy_level, content = excluded.content,"
-        " context = excluded.context, strength = excluded.strength,"
-        " valence = excluded.valence, retrievals = excluded.retrievals,"
-        " imagined = excluded.imagined, grounded = excluded.grounded,"
-        " created_at = excluded.created_at, last_retrieved = excluded.last_retrieved,"
-        " project = excluded.project, tags = excluded.tags,"
-        " content_hash = excluded.content_hash, scope = excluded.scope,"
-        " content_type = excluded.content_type, occurred_at = excluded.occurred_at,"
-        " modified_at = excluded.modified_at, synced_at = excluded.synced_at",
-        (*values, memory.id),
-    )
+
+
+def apply_memory(conn: sqlite3.Connection, memory: MemoryPlaintext, *, new: bool = False) -> None:
+    """Write a winning remote memory as received (PROTOCOL §4): synced_at = modified_at.
+
+    `new`: the vault holds nothing of this memory (no row, no tombstone; `local_state`),
+    so there is no older version to clear: no tombstone, no full-text row (VAULT §3 keeps
+    them with the rows), no links or embedding (they cascade with the row). A first pull
+    of a large vault is all new memories, and skipping those deletes saves four of its
+    statements per memory.
+    """
+    if not new:
+        conn.execute("DELETE FROM tombstones WHERE id = ?", (memory.id,))
+    conn.execute(APPLY_ROW, row_values(memory))
     if not new:
         _fts_delete(conn, memory.id)
     _fts_insert(conn, memory.id)
