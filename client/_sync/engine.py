@@ -55,14 +55,15 @@ from .._vault.store import (
     has_sync_history,
     known_version,
     local_state,
+    mark_accepted,
     mark_pushed,
+    memories_of_rows,
     pending_tombstones,
     push_keys,
     record_conflict,
     remember_version,
     remote_wins,
     repush_missing,
-    row_to_plaintext,
     rows_needing_push,
 )
 from .._vault.vault_key_store import (
@@ -77,6 +78,8 @@ from .feed_page_bound import feed_page_gap
 from .lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
 from .lock import sync_lock
 from .own_pushes import OwnSkip, own_commit_end, refuted_start
+from .push_pipeline import DEFAULT_DEPTH as DEFAULT_PUSH_DEPTH
+from .push_pipeline import Item, PushPipeline, Sent
 from .reports import DigestReport, ProgressCallback, SyncReport
 from .retirement import note_retired, retired_error
 from .revocation import revoked_in_roster, revoked_message
@@ -193,6 +196,7 @@ class Syncer:
         page_budget: int = PULL_PAGE_BUDGET_BYTES,
         check_digest: bool = True,
         digest_when_behind: bool = True,
+        push_depth: int = DEFAULT_PUSH_DEPTH,
     ) -> None:
         self.vault = vault
         self.keys = keys
@@ -203,6 +207,7 @@ class Syncer:
         self.vault_id = vault_id
         self.progress = progress or (lambda phase, report: None)
         self.push_batch = push_batch
+        self.push_depth = push_depth  # batches outstanding at once (client._sync.push_pipeline)
         self.pull_page = pull_page
         self.lock_wait = lock_wait
         self.page_budget = page_budget
@@ -756,18 +761,26 @@ class Syncer:
             self._note_retired(exc.successor, None, "push", exc)
 
     def _push_all(self, report: SyncReport) -> None:
-        after: tuple[str, str] | None = None
-        while keys := push_keys(self.vault.conn, after=after):
-            for start in range(0, len(keys), self.push_batch):
-                batch = keys[start : start + self.push_batch]
-                rows = rows_needing_push(self.vault.conn, [memory_id for _, memory_id in batch])
-                self._push_rows(rows, report)
-            after = keys[-1]
-        self.state.oversized = list(report.oversized)
-        last: tuple[str, str] | None = None
-        while tombs := pending_tombstones(self.vault.conn, self.push_batch, after=last):
-            last = (tombs[-1].deleted_at, tombs[-1].memory_id)
-            self._push_tombstones(tombs, report)
+        with PushPipeline(
+            lambda blobs: self.relay.push(self.vault_id, blobs),
+            lambda sent: self._settle(sent, report),
+            depth=self.push_depth,
+        ) as pipeline:
+            after: tuple[str, str] | None = None
+            while keys := push_keys(self.vault.conn, after=after):
+                for start in range(0, len(keys), self.push_batch):
+                    batch = keys[start : start + self.push_batch]
+                    rows = rows_needing_push(self.vault.conn, [memory_id for _, memory_id in batch])
+                    self._seal_and_send(pipeline, self._row_items(rows, report), deleted=False)
+                after = keys[-1]
+                pipeline.drain()  # the next listing sees this round's rows marked pushed
+            self.state.oversized = list(report.oversized)
+            last: tuple[str, str] | None = None
+            while tombs := pending_tombstones(self.vault.conn, self.push_batch, after=last):
+                last = (tombs[-1].deleted_at, tombs[-1].memory_id)
+                items = self._tombstone_items(tombs, report)
+                self._seal_and_send(pipeline, items, deleted=True)
+            pipeline.drain()
         push_retractions(self, report)  # `engram-sync retract` (docs/privacy.md)
 
     def _push_shows_restore(self, response: PushResponse) -> bool:
@@ -797,40 +810,50 @@ class Syncer:
         report.own_skipped += end - start
         report.cursor = end
 
-    def _push_rows(self, rows: list[sqlite3.Row], report: SyncReport) -> None:
-        items: list[tuple[str, str, str | None]] = []  # (id, plaintext, modified_at)
-        for row in rows:
+    def _row_items(self, rows: list[sqlite3.Row], report: SyncReport) -> list[Item]:
+        """(id, plaintext, modified_at) of the rows to push: their links and embeddings read
+        in one query each for the batch (store.memories_of_rows, without waiting links, as
+        row_to_plaintext reads them)."""
+        items: list[Item] = []
+        conn = self.vault.conn
+        for row, memory in zip(rows, memories_of_rows(conn, rows, waiting=False), strict=True):
             refusal = id_refusal(row["id"])  # PROTOCOL §6 step 1: the batch would be a 400
             if refusal is not None:
                 self._set_aside(refusal, report)
                 continue
-            conn = self.vault.conn  # links to strict_local memories stay (privacy.md)
-            text = encode_memory(without_local_links(conn, row_to_plaintext(conn, row)))
+            text = encode_memory(without_local_links(conn, memory))  # privacy.md
             if _ciphertext_chars(padded_size(text)) > self._blob_limit():  # PROTOCOL §16
                 if row["id"] not in report.oversized:
                     report.oversized.append(row["id"])
                 continue
             items.append((row["id"], text, row["modified_at"]))
-        self._push_batch(items, deleted=False, report=report)
+        return items
 
-    def _push_tombstones(self, tombs: list[PendingTombstone], report: SyncReport) -> None:
-        items: list[tuple[str, str, str | None]] = []
+    def _tombstone_items(self, tombs: list[PendingTombstone], report: SyncReport) -> list[Item]:
+        items: list[Item] = []
         for t in tombs:
             refusal = id_refusal(t.memory_id)  # PROTOCOL §6 step 1, as for rows
             if refusal is not None:
                 self._set_aside(refusal, report)
                 continue
             items.append((t.memory_id, tombstone_plaintext(t.memory_id), t.deleted_at))
-        self._push_batch(items, deleted=True, report=report)
+        return items
 
     @staticmethod
     def _set_aside(refusal: Unpushable, report: SyncReport) -> None:
         if all(u.memory_id != refusal.memory_id for u in report.unpushable):
             report.unpushable.append(refusal)
 
-    def _push_batch(
-        self, items: list[tuple[str, str, str | None]], *, deleted: bool, report: SyncReport
-    ) -> None:
+    def _push_batch(self, items: list[Item], *, deleted: bool, report: SyncReport) -> None:
+        """Seal, push and settle one batch at once (the retractions of strict_local)."""
+        with PushPipeline(
+            lambda blobs: self.relay.push(self.vault_id, blobs),
+            lambda sent: self._settle(sent, report),
+            depth=1,
+        ) as pipeline:
+            self._seal_and_send(pipeline, items, deleted=deleted)
+
+    def _seal_and_send(self, pipeline: PushPipeline, items: list[Item], *, deleted: bool) -> None:
         if not items:
             return
         clocks = self.device.reserve_clocks(len(items))  # persisted before anything is sent
@@ -845,22 +868,38 @@ class Syncer:
             )
             for (memory_id, text, _), clock in zip(items, clocks, strict=True)
         ]
-        items = list(items)
+        pipeline.send(list(items), blobs, clocks, deleted=deleted)
+
+    def _answer(self, sent: Sent, report: SyncReport) -> PushResponse | None:
+        """The relay's answer to a sent batch. PROTOCOL §6 step 1: on a 400 naming a blob,
+        nothing was written; that blob is kept local and reported, the others go again with
+        the clocks they have (issue 31); None when none is left."""
+        items, blobs, clocks = sent.items, sent.blobs, sent.clocks
+        try:
+            return sent.answer.result()
+        except InvalidBlobError as exc:
+            refused_error = exc
         while True:
+            index = refused_index(refused_error.index, len(blobs))
+            if index is None:
+                raise refused_error
+            refused = Unpushable(items[index][0], f"the relay refused it: {refused_error.reason}")
+            self._set_aside(refused, report)
+            del items[index], blobs[index], clocks[index]
+            if not items:
+                return None
             try:
-                response = self.relay.push(self.vault_id, blobs)
-                break
+                return self.relay.push(self.vault_id, blobs)
             except InvalidBlobError as exc:
-                # PROTOCOL §6 step 1: nothing was written; the blob named is kept local and
-                # reported, the others go again with the clocks they have (issue 31)
-                index = refused_index(exc.index, len(blobs))
-                if index is None:
-                    raise
-                refused = Unpushable(items[index][0], f"the relay refused it: {exc.reason}")
-                self._set_aside(refused, report)
-                del items[index], blobs[index], clocks[index]
-                if not items:
-                    return
+                refused_error = exc
+
+    def _settle(self, sent: Sent, report: SyncReport) -> None:
+        """A batch's answer: a restore or a revocation it shows, our own commit skipped,
+        the accepted rows marked pushed and their versions known, in one transaction."""
+        response = self._answer(sent, report)
+        if response is None:
+            return
+        items, blobs, clocks = sent.items, sent.blobs, sent.clocks
         if self._push_shows_restore(response):
             self.state.full_pull = True  # PROTOCOL §17: the next pull re-pulls and repairs
             self.state.save()
@@ -869,19 +908,16 @@ class Syncer:
             raise self._revoked_error()
         rejected = set(response.rejected)
         self._skip_own_commit(response, [m for m, _, _ in items], clocks, report)
+        accepted = [(item, blob) for item, blob in zip(items, blobs, strict=True)
+                    if item[0] not in rejected]  # fmt: skip
         with self.vault.transaction() as conn:
-            for (memory_id, _, stamp), blob in zip(items, blobs, strict=True):
-                if memory_id in rejected:
-                    continue
-                if deleted:
-                    clear_tombstone(conn, memory_id, stamp or "")
-                elif stamp is not None:
-                    mark_pushed(conn, memory_id, stamp)
-                remember_version(
-                    conn,
-                    memory_id,
-                    KnownVersion(blob.vector_clock, blob.device_id, blob.created_at),
-                )
+            mark_accepted(
+                conn,
+                [(m, stamp) for (m, _, stamp), _ in accepted],
+                [(m, KnownVersion(b.vector_clock, b.device_id, b.created_at))
+                 for (m, _, _), b in accepted],
+                deleted=sent.deleted,
+            )  # fmt: skip
             fold_changes(conn)  # the kept digest, in the same transaction (issue 36)
         report.pushed += len(items) - len(rejected & {m for m, _, _ in items})
         report.rejected += len(rejected)
