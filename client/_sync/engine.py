@@ -761,18 +761,20 @@ class Syncer:
             self._note_retired(exc.successor, None, "push", exc)
 
     def _push_all(self, report: SyncReport) -> None:
+        keys = push_keys(self.vault.conn)
         with PushPipeline(
             lambda blobs: self.relay.push(self.vault_id, blobs),
             lambda sent: self._settle(sent, report),
-            depth=self.push_depth,
+            # one batch or none (a sync of a few edits): nothing to overlap
+            depth=self.push_depth if len(keys) > self.push_batch else 1,
         ) as pipeline:
             after: tuple[str, str] | None = None
-            while keys := push_keys(self.vault.conn, after=after):
+            while keys or (keys := push_keys(self.vault.conn, after=after)):
                 for start in range(0, len(keys), self.push_batch):
                     batch = keys[start : start + self.push_batch]
                     rows = rows_needing_push(self.vault.conn, [memory_id for _, memory_id in batch])
                     self._seal_and_send(pipeline, self._row_items(rows, report), deleted=False)
-                after = keys[-1]
+                after, keys = keys[-1], []
                 pipeline.drain()  # the next listing sees this round's rows marked pushed
             self.state.oversized = list(report.oversized)
             last: tuple[str, str] | None = None

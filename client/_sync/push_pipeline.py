@@ -54,17 +54,27 @@ class PushPipeline:
         self._push = push
         self._settle = settle
         self._depth = max(1, depth)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="engram-push")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="engram-push")  # no thread yet
         self._outstanding: deque[Sent] = deque()
 
     def send(
         self, items: list[Item], blobs: list[SyncBlob], clocks: list[int], *, deleted: bool
     ) -> None:
-        """Hand a sealed batch to the sender; settle the oldest ones past `depth`."""
-        answer = self._pool.submit(self._push, list(blobs))
+        """Hand a sealed batch to the sender; settle the oldest ones past `depth`. With
+        `depth` 1 there is nothing to overlap: the batch is pushed on this thread (no
+        hand-over to the sender: a one-memory sync pays for no thread)."""
+        answer = self._inline(blobs) if self._depth == 1 else self._pool.submit(self._push, blobs)
         self._outstanding.append(Sent(items, blobs, clocks, deleted, answer))
         while len(self._outstanding) >= self._depth:
             self._settle(self._outstanding.popleft())
+
+    def _inline(self, blobs: list[SyncBlob]) -> Future[PushResponse]:
+        answer: Future[PushResponse] = Future()
+        try:
+            answer.set_result(self._push(blobs))
+        except BaseException as exc:  # raised from `settle`, as the sender's would be
+            answer.set_exception(exc)
+        return answer
 
     def drain(self) -> None:
         """Settle every batch still outstanding, in order."""
