@@ -41,7 +41,7 @@ from .._errors import (
     VaultRetiredError,
 )
 from .._http.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
-from .._vault.fresh_apply import FreshBatch, fresh_ids
+from .._vault.fresh_apply import FreshBatch, fresh_ids, sync_cache
 from .._vault.history import PULL, PULL_DELETE, PageKeeper, Writer, keep_version, tool_of
 from .._vault.kept_digest import fold_changes
 from .._vault.privacy import without_local_links
@@ -231,7 +231,8 @@ class Syncer:
         with sync_lock(self.state.path.parent, wait=self.lock_wait):
             self.device.refresh()
             self.state.refresh()
-            return self._sync_locked(feed_pages or {})
+            with sync_cache(self.vault.conn):  # client._vault.fresh_apply
+                return self._sync_locked(feed_pages or {})
 
     def _sync_locked(self, feed_pages: Mapping[int, PullResponse]) -> SyncReport:
         report = SyncReport()

@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -34,6 +35,13 @@ from .store import (
     apply_tombstone,
     row_values,
 )
+
+# PRAGMA cache_size during a sync (negative = KiB): a large pull's index inserts (random ids
+# and content hashes) and a large push's marks find their pages in memory instead of
+# reading and decrypting them again, as an import's (client._vault.transfer
+# IMPORT_CACHE_KIB); a sync of a few memories touches a few pages, and the cache only
+# holds pages read
+SYNC_CACHE_KIB: Final = -131072
 
 # the vault holds nothing of these ids (each appears once in the page: a second version
 # of the same memory must meet the first one written)
@@ -81,6 +89,18 @@ _KNOWN: Final = (
     "INSERT OR REPLACE INTO sync_known_clocks (memory_id, vector_clock, device_id, created_at)"
     " VALUES (?, ?, ?, ?)"
 )
+
+
+@contextmanager
+def sync_cache(conn: sqlite3.Connection) -> Iterator[None]:
+    """A page cache of SYNC_CACHE_KIB for the length of a sync (a larger one is kept), the
+    connection's own restored after (its pages freed)."""
+    cache = int(conn.execute("PRAGMA cache_size").fetchone()[0])
+    conn.execute(f"PRAGMA cache_size = {min(cache, SYNC_CACHE_KIB)}")
+    try:
+        yield
+    finally:
+        conn.execute(f"PRAGMA cache_size = {cache}")
 
 
 def fresh_ids(conn: sqlite3.Connection, memory_ids: Sequence[str]) -> set[str]:
