@@ -41,6 +41,7 @@ from .._errors import (
     VaultRetiredError,
 )
 from .._http.relay_client import PULL_PAGE_BUDGET_BYTES, RelayClient
+from .._vault.fresh_apply import FreshBatch, fresh_ids, sync_cache
 from .._vault.history import PULL, PULL_DELETE, PageKeeper, Writer, keep_version, tool_of
 from .._vault.kept_digest import fold_changes
 from .._vault.privacy import without_local_links
@@ -54,14 +55,15 @@ from .._vault.store import (
     has_sync_history,
     known_version,
     local_state,
+    mark_accepted,
     mark_pushed,
+    memories_of_rows,
     pending_tombstones,
     push_keys,
     record_conflict,
     remember_version,
     remote_wins,
     repush_missing,
-    row_to_plaintext,
     rows_needing_push,
 )
 from .._vault.vault_key_store import (
@@ -76,6 +78,8 @@ from .feed_page_bound import feed_page_gap
 from .lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
 from .lock import sync_lock
 from .own_pushes import OwnSkip, own_commit_end, refuted_start
+from .push_pipeline import DEFAULT_DEPTH as DEFAULT_PUSH_DEPTH
+from .push_pipeline import Item, PushPipeline, Sent
 from .reports import DigestReport, ProgressCallback, SyncReport
 from .retirement import note_retired, retired_error
 from .revocation import revoked_in_roster, revoked_message
@@ -101,6 +105,13 @@ MAX_CURSOR: Final = 2**63 - 1
 def _ciphertext_chars(plaintext_bytes: int) -> int:
     raw = NONCE_LEN + plaintext_bytes + TAG_LEN
     return 4 * ((raw + 2) // 3)
+
+
+def _live(blob: SyncBlob, decoded: MemoryPlaintext | Tombstone) -> MemoryPlaintext | None:
+    """The memory a verified blob carries, or None for a deletion (PROTOCOL §4, §8)."""
+    if isinstance(decoded, MemoryPlaintext) and not blob.deleted:
+        return decoded
+    return None
 
 
 def check_page(page: PullResponse, *, asked: int, limit: int, relay_url: str) -> None:
@@ -185,6 +196,7 @@ class Syncer:
         page_budget: int = PULL_PAGE_BUDGET_BYTES,
         check_digest: bool = True,
         digest_when_behind: bool = True,
+        push_depth: int = DEFAULT_PUSH_DEPTH,
     ) -> None:
         self.vault = vault
         self.keys = keys
@@ -195,10 +207,12 @@ class Syncer:
         self.vault_id = vault_id
         self.progress = progress or (lambda phase, report: None)
         self.push_batch = push_batch
+        self.push_depth = push_depth  # batches outstanding at once (client._sync.push_pipeline)
         self.pull_page = pull_page
         self.lock_wait = lock_wait
         self.page_budget = page_budget
         self._max_blob_bytes: int | None = None
+        self._saves_at_end = False  # inside `sync`: its end saves the state (`_take_page`)
         self.check_digest = check_digest
         # False (the live loop): the sync's digest check is not narrowed while the relay's
         # digest counts commits this sync did not pull; their change hint brings the next
@@ -218,7 +232,12 @@ class Syncer:
         with sync_lock(self.state.path.parent, wait=self.lock_wait):
             self.device.refresh()
             self.state.refresh()
-            return self._sync_locked(feed_pages or {})
+            self._saves_at_end = True  # `_sync_locked` saves the state whatever happens
+            try:
+                with sync_cache(self.vault.conn):  # client._vault.fresh_apply
+                    return self._sync_locked(feed_pages or {})
+            finally:
+                self._saves_at_end = False
 
     def _sync_locked(self, feed_pages: Mapping[int, PullResponse]) -> SyncReport:
         report = SyncReport()
@@ -428,7 +447,12 @@ class Syncer:
         self.device.observe(highest)
         assert isinstance(page.cursor, int)  # check_page
         self.state.cursor = report.cursor = page.cursor
-        self.state.save()
+        if page.has_more or not self._saves_at_end:
+            # the last page's cursor is written by the sync's own save, moments later: a
+            # crash in between leaves the cursor behind rows already committed, never past
+            # them, and the next pull takes that page again as known versions (PROTOCOL §9;
+            # issue 36: two fsyncs fewer for a sync that pulls one page)
+            self.state.save()
         self.progress("pull", report)
         return retired
 
@@ -447,7 +471,8 @@ class Syncer:
             # otherwise lied, or was restored); pushing resumes, nothing was lost meanwhile
             log.warning("vault %s is not retired after all; pushing again", self.vault_id)
             self.state.retired = None
-        self.state.save()
+        if not self._saves_at_end:
+            self.state.save()
 
     def _refuted_skip(self, blobs: list[SyncBlob], asked: int) -> int | None:
         """The cursor to pull again from when this page shows that a move past our own
@@ -527,17 +552,30 @@ class Syncer:
     def _apply_page(
         self, blobs: list[SyncBlob], report: SyncReport, seen: dict[str, int] | None
     ) -> int:
-        """Apply one page in one transaction; returns the highest verified clock."""
+        """Apply one page in one transaction; returns the highest verified clock. Memories
+        the vault holds nothing of are written in bulk (client._vault.fresh_apply), the
+        others one by one, in the page's order (a batch is flushed before each of them)."""
         highest = 0
         with self.vault.transaction() as conn:
             keeper = PageKeeper(conn, [blob.memory_id for blob in blobs], self.device.device_id)
+            fresh = fresh_ids(conn, [blob.memory_id for blob in blobs])
+            batch = FreshBatch()
             for blob in blobs:
                 report.pulled += 1
-                verified = self._apply_blob(conn, blob, report, ceiling=highest, keeper=keeper)
-                if verified:
-                    highest = max(highest, blob.vector_clock)
-                    if seen is not None and blob.vector_clock > seen.get(blob.memory_id, -1):
-                        seen[blob.memory_id] = blob.vector_clock
+                decoded = self._open_checked(blob, report, ceiling=highest)
+                if decoded is None:
+                    continue
+                highest = max(highest, blob.vector_clock)
+                if seen is not None and blob.vector_clock > seen.get(blob.memory_id, -1):
+                    seen[blob.memory_id] = blob.vector_clock
+                remote = KnownVersion(blob.vector_clock, blob.device_id, blob.created_at)
+                if blob.memory_id in fresh:  # LWW, privacy, conflicts: decided (fresh_apply)
+                    batch.add(blob.memory_id, _live(blob, decoded), remote)
+                    report.applied += 1
+                    continue
+                batch.flush(conn)
+                self._apply_opened(conn, blob, decoded, remote, report, keeper)
+            batch.flush(conn)
             keeper.flush()  # the page's history rows, in its transaction
             fold_changes(conn)  # the kept digest, in the same transaction (issue 36)
         return highest
@@ -568,29 +606,62 @@ class Syncer:
         """Verify → decrypt → decode → LWW → apply (PROTOCOL §3, §4, §8). True if verified.
         `keeper`: the page's history keeper (`_apply_page`), else the replaced version is
         kept at once."""
+        decoded = self._open_checked(blob, report, ceiling=ceiling)
+        if decoded is None:
+            return False
+        remote = KnownVersion(blob.vector_clock, blob.device_id, blob.created_at)
+        self._apply_opened(conn, blob, decoded, remote, report, keeper)
+        return True
+
+    def _open_checked(
+        self, blob: SyncBlob, report: SyncReport, *, ceiling: int
+    ) -> MemoryPlaintext | Tombstone | None:
+        """Verify → decrypt → decode (PROTOCOL §3, §4) and the blob's own bounds; None when
+        it is skipped (and reported)."""
+        decoded, reason = self._opened(blob, ceiling)
+        if reason is not None:
+            self._skip(blob, reason, report)
+            return None
+        return decoded
+
+    def _opened(
+        self, blob: SyncBlob, ceiling: int
+    ) -> tuple[MemoryPlaintext | Tombstone | None, str | None]:
+        """(the blob's plaintext, None), or (None, why it is skipped)."""
         if blob.vault_id != self.vault_id:
-            return self._skip(blob, "blob names another vault", report)
+            return None, "blob names another vault"
         refusal = id_refusal(blob.memory_id)
         if refusal is not None:  # PROTOCOL §6 step 1: no honest relay holds it (issue 31)
-            return self._skip(blob, refusal.reason, report)
+            return None, refusal.reason
         try:
             text = self.cipher.open(blob)
             decoded = decode_plaintext(text, expected_id=blob.memory_id)
         except FormatError as exc:
-            return self._skip(blob, f"{type(exc).__name__}: {exc}", report)
+            return None, f"{type(exc).__name__}: {exc}"
         if blob.vector_clock > max(self.device.vector_clock, ceiling) + MAX_CLOCK_STEP:
             # docs/when-the-relay-lies.md "Clock bound": one blob must not exhaust every
             # device's clock
-            return self._skip(blob, CLOCK_JUMP_REASON, report)
-        remote = KnownVersion(blob.vector_clock, blob.device_id, blob.created_at)
+            return None, CLOCK_JUMP_REASON
+        return decoded, None
+
+    def _apply_opened(
+        self,
+        conn: sqlite3.Connection,
+        blob: SyncBlob,
+        decoded: MemoryPlaintext | Tombstone,
+        remote: KnownVersion,
+        report: SyncReport,
+        keeper: PageKeeper | None,
+    ) -> None:
+        """LWW → apply (PROTOCOL §8) of a verified, decoded blob, one memory at a time."""
         known = known_version(conn, blob.memory_id)
         if not remote_wins(remote, known):
             report.stale += 1
-            return True
+            return
         deleted = blob.deleted or isinstance(decoded, Tombstone)
         own = self.device.device_id
         if kept_out(conn, blob.memory_id, decoded, deleted, remote, own, report):
-            return True  # PROTOCOL §8: a strict_local memory is not overwritten (privacy.md)
+            return  # PROTOCOL §8: a strict_local memory is not overwritten (privacy.md)
         incoming = (
             tombstone_plaintext(blob.memory_id)
             if isinstance(decoded, Tombstone) or deleted
@@ -601,11 +672,11 @@ class Syncer:
         if local is not None and blob.device_id == self.device.device_id:
             self._own_push_returned(conn, blob, remote, decoded, local)
             report.stale += 1
-            return True
+            return
         if local is not None and local[0] != incoming:
             record_conflict(conn, blob.memory_id, local[0], local[1], remote, deleted)
             report.conflicts += 1
-        live = decoded if isinstance(decoded, MemoryPlaintext) and not deleted else None
+        live = _live(blob, decoded)
         if held.exists or known is not None:  # the version replaced is kept (docs/history.md)
             self._keep_replaced(conn, blob, live, known, keeper)
         if live is None:
@@ -614,7 +685,6 @@ class Syncer:
             apply_memory(conn, live, new=not held.exists)
         remember_version(conn, blob.memory_id, remote)
         report.applied += 1
-        return True
 
     def _keep_replaced(
         self,
@@ -703,18 +773,28 @@ class Syncer:
             self._note_retired(exc.successor, None, "push", exc)
 
     def _push_all(self, report: SyncReport) -> None:
-        after: tuple[str, str] | None = None
-        while keys := push_keys(self.vault.conn, after=after):
-            for start in range(0, len(keys), self.push_batch):
-                batch = keys[start : start + self.push_batch]
-                rows = rows_needing_push(self.vault.conn, [memory_id for _, memory_id in batch])
-                self._push_rows(rows, report)
-            after = keys[-1]
-        self.state.oversized = list(report.oversized)
-        last: tuple[str, str] | None = None
-        while tombs := pending_tombstones(self.vault.conn, self.push_batch, after=last):
-            last = (tombs[-1].deleted_at, tombs[-1].memory_id)
-            self._push_tombstones(tombs, report)
+        keys = push_keys(self.vault.conn)
+        with PushPipeline(
+            lambda blobs: self.relay.push(self.vault_id, blobs),
+            lambda sent: self._settle(sent, report),
+            # one batch or none (a sync of a few edits): nothing to overlap
+            depth=self.push_depth if len(keys) > self.push_batch else 1,
+        ) as pipeline:
+            after: tuple[str, str] | None = None
+            while keys or (keys := push_keys(self.vault.conn, after=after)):
+                for start in range(0, len(keys), self.push_batch):
+                    batch = keys[start : start + self.push_batch]
+                    rows = rows_needing_push(self.vault.conn, [memory_id for _, memory_id in batch])
+                    self._seal_and_send(pipeline, self._row_items(rows, report), deleted=False)
+                after, keys = keys[-1], []
+                pipeline.drain()  # the next listing sees this round's rows marked pushed
+            self.state.oversized = list(report.oversized)
+            last: tuple[str, str] | None = None
+            while tombs := pending_tombstones(self.vault.conn, self.push_batch, after=last):
+                last = (tombs[-1].deleted_at, tombs[-1].memory_id)
+                items = self._tombstone_items(tombs, report)
+                self._seal_and_send(pipeline, items, deleted=True)
+            pipeline.drain()
         push_retractions(self, report)  # `engram-sync retract` (docs/privacy.md)
 
     def _push_shows_restore(self, response: PushResponse) -> bool:
@@ -744,40 +824,50 @@ class Syncer:
         report.own_skipped += end - start
         report.cursor = end
 
-    def _push_rows(self, rows: list[sqlite3.Row], report: SyncReport) -> None:
-        items: list[tuple[str, str, str | None]] = []  # (id, plaintext, modified_at)
-        for row in rows:
+    def _row_items(self, rows: list[sqlite3.Row], report: SyncReport) -> list[Item]:
+        """(id, plaintext, modified_at) of the rows to push: their links and embeddings read
+        in one query each for the batch (store.memories_of_rows, without waiting links, as
+        row_to_plaintext reads them)."""
+        items: list[Item] = []
+        conn = self.vault.conn
+        for row, memory in zip(rows, memories_of_rows(conn, rows, waiting=False), strict=True):
             refusal = id_refusal(row["id"])  # PROTOCOL §6 step 1: the batch would be a 400
             if refusal is not None:
                 self._set_aside(refusal, report)
                 continue
-            conn = self.vault.conn  # links to strict_local memories stay (privacy.md)
-            text = encode_memory(without_local_links(conn, row_to_plaintext(conn, row)))
+            text = encode_memory(without_local_links(conn, memory))  # privacy.md
             if _ciphertext_chars(padded_size(text)) > self._blob_limit():  # PROTOCOL §16
                 if row["id"] not in report.oversized:
                     report.oversized.append(row["id"])
                 continue
             items.append((row["id"], text, row["modified_at"]))
-        self._push_batch(items, deleted=False, report=report)
+        return items
 
-    def _push_tombstones(self, tombs: list[PendingTombstone], report: SyncReport) -> None:
-        items: list[tuple[str, str, str | None]] = []
+    def _tombstone_items(self, tombs: list[PendingTombstone], report: SyncReport) -> list[Item]:
+        items: list[Item] = []
         for t in tombs:
             refusal = id_refusal(t.memory_id)  # PROTOCOL §6 step 1, as for rows
             if refusal is not None:
                 self._set_aside(refusal, report)
                 continue
             items.append((t.memory_id, tombstone_plaintext(t.memory_id), t.deleted_at))
-        self._push_batch(items, deleted=True, report=report)
+        return items
 
     @staticmethod
     def _set_aside(refusal: Unpushable, report: SyncReport) -> None:
         if all(u.memory_id != refusal.memory_id for u in report.unpushable):
             report.unpushable.append(refusal)
 
-    def _push_batch(
-        self, items: list[tuple[str, str, str | None]], *, deleted: bool, report: SyncReport
-    ) -> None:
+    def _push_batch(self, items: list[Item], *, deleted: bool, report: SyncReport) -> None:
+        """Seal, push and settle one batch at once (the retractions of strict_local)."""
+        with PushPipeline(
+            lambda blobs: self.relay.push(self.vault_id, blobs),
+            lambda sent: self._settle(sent, report),
+            depth=1,
+        ) as pipeline:
+            self._seal_and_send(pipeline, items, deleted=deleted)
+
+    def _seal_and_send(self, pipeline: PushPipeline, items: list[Item], *, deleted: bool) -> None:
         if not items:
             return
         clocks = self.device.reserve_clocks(len(items))  # persisted before anything is sent
@@ -792,22 +882,38 @@ class Syncer:
             )
             for (memory_id, text, _), clock in zip(items, clocks, strict=True)
         ]
-        items = list(items)
+        pipeline.send(list(items), blobs, clocks, deleted=deleted)
+
+    def _answer(self, sent: Sent, report: SyncReport) -> PushResponse | None:
+        """The relay's answer to a sent batch. PROTOCOL §6 step 1: on a 400 naming a blob,
+        nothing was written; that blob is kept local and reported, the others go again with
+        the clocks they have (issue 31); None when none is left."""
+        items, blobs, clocks = sent.items, sent.blobs, sent.clocks
+        try:
+            return sent.answer.result()
+        except InvalidBlobError as exc:
+            refused_error = exc
         while True:
+            index = refused_index(refused_error.index, len(blobs))
+            if index is None:
+                raise refused_error
+            refused = Unpushable(items[index][0], f"the relay refused it: {refused_error.reason}")
+            self._set_aside(refused, report)
+            del items[index], blobs[index], clocks[index]
+            if not items:
+                return None
             try:
-                response = self.relay.push(self.vault_id, blobs)
-                break
+                return self.relay.push(self.vault_id, blobs)
             except InvalidBlobError as exc:
-                # PROTOCOL §6 step 1: nothing was written; the blob named is kept local and
-                # reported, the others go again with the clocks they have (issue 31)
-                index = refused_index(exc.index, len(blobs))
-                if index is None:
-                    raise
-                refused = Unpushable(items[index][0], f"the relay refused it: {exc.reason}")
-                self._set_aside(refused, report)
-                del items[index], blobs[index], clocks[index]
-                if not items:
-                    return
+                refused_error = exc
+
+    def _settle(self, sent: Sent, report: SyncReport) -> None:
+        """A batch's answer: a restore or a revocation it shows, our own commit skipped,
+        the accepted rows marked pushed and their versions known, in one transaction."""
+        response = self._answer(sent, report)
+        if response is None:
+            return
+        items, blobs, clocks = sent.items, sent.blobs, sent.clocks
         if self._push_shows_restore(response):
             self.state.full_pull = True  # PROTOCOL §17: the next pull re-pulls and repairs
             self.state.save()
@@ -816,19 +922,16 @@ class Syncer:
             raise self._revoked_error()
         rejected = set(response.rejected)
         self._skip_own_commit(response, [m for m, _, _ in items], clocks, report)
+        accepted = [(item, blob) for item, blob in zip(items, blobs, strict=True)
+                    if item[0] not in rejected]  # fmt: skip
         with self.vault.transaction() as conn:
-            for (memory_id, _, stamp), blob in zip(items, blobs, strict=True):
-                if memory_id in rejected:
-                    continue
-                if deleted:
-                    clear_tombstone(conn, memory_id, stamp or "")
-                elif stamp is not None:
-                    mark_pushed(conn, memory_id, stamp)
-                remember_version(
-                    conn,
-                    memory_id,
-                    KnownVersion(blob.vector_clock, blob.device_id, blob.created_at),
-                )
+            mark_accepted(
+                conn,
+                [(m, stamp) for (m, _, stamp), _ in accepted],
+                [(m, KnownVersion(b.vector_clock, b.device_id, b.created_at))
+                 for (m, _, _), b in accepted],
+                deleted=sent.deleted,
+            )  # fmt: skip
             fold_changes(conn)  # the kept digest, in the same transaction (issue 36)
         report.pushed += len(items) - len(rejected & {m for m, _, _ in items})
         report.rejected += len(rejected)

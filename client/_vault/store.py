@@ -147,17 +147,21 @@ def rows_of(conn: sqlite3.Connection, ids: list[str]) -> dict[str, sqlite3.Row]:
     return found
 
 
-def memories_of_rows(conn: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[MemoryPlaintext]:
+def memories_of_rows(
+    conn: sqlite3.Connection, rows: list[sqlite3.Row], *, waiting: bool = True
+) -> list[MemoryPlaintext]:
     """`row_to_plaintext` of each row (PROTOCOL §4), its links, waiting links (the links
-    whose target this device does not hold, `sync_pending_links`, as the blob carried them)
-    and embedding read in one query each per 500 rows instead of two per row."""
+    whose target this device does not hold, `sync_pending_links`, as the blob carried them;
+    not with `waiting=False`, as row_to_plaintext) and embedding read in one query each per
+    500 rows instead of two per row."""
     ids = [row["id"] for row in rows]
     links: dict[str, dict[str, Link]] = {i: {} for i in ids}
     embeddings: dict[str, tuple[bytes, str]] = {}
     for start in range(0, len(ids), _IDS_PER_QUERY):
         chunk = ids[start : start + _IDS_PER_QUERY]
         marks = ", ".join("?" * len(chunk))
-        for table in ("engram_links", "sync_pending_links"):  # real links win over waiting
+        tables = ("engram_links", "sync_pending_links") if waiting else ("engram_links",)
+        for table in tables:  # real links win over waiting
             query = (
                 f"SELECT source_id, link_type, target_id, weight FROM {table}"  # noqa: S608
                 f" WHERE source_id IN ({marks})"
@@ -504,6 +508,33 @@ def mark_pushed(conn: sqlite3.Connection, memory_id: str, pushed_modified_at: st
     conn.execute("UPDATE engrams SET synced_at = ? WHERE id = ?", (pushed_modified_at, memory_id))
 
 
+def mark_accepted(
+    conn: sqlite3.Connection,
+    stamps: Sequence[tuple[str, str | None]],
+    versions: Sequence[tuple[str, KnownVersion]],
+    *,
+    deleted: bool,
+) -> None:
+    """After the relay accepted a batch (PROTOCOL §8): `mark_pushed` of each row (id,
+    modified_at pushed; None: nothing to mark), or `clear_tombstone` of each tombstone (id,
+    deleted_at), then `remember_version` of each version pushed: one statement each for the
+    batch, not per memory (issue 36)."""
+    if deleted:
+        conn.executemany(
+            "DELETE FROM tombstones WHERE id = ? AND deleted_at = ?",
+            [(memory_id, stamp or "") for memory_id, stamp in stamps],
+        )
+    else:
+        conn.executemany(
+            "UPDATE engrams SET synced_at = ? WHERE id = ?",
+            [(stamp, memory_id) for memory_id, stamp in stamps if stamp is not None],
+        )
+    conn.executemany(
+        _REMEMBER,
+        [(m, v.vector_clock, v.device_id, v.created_at) for m, v in versions],
+    )
+
+
 def clear_tombstone(conn: sqlite3.Connection, memory_id: str, deleted_at: str) -> None:
     """Forget a pushed tombstone (unless the memory was deleted again since)."""
     conn.execute("DELETE FROM tombstones WHERE id = ? AND deleted_at = ?", (memory_id, deleted_at))
@@ -578,12 +609,16 @@ def known_version(conn: sqlite3.Connection, memory_id: str) -> KnownVersion | No
     return None if row is None else KnownVersion(row[0], row[1], row[2])
 
 
+_REMEMBER: Final = (
+    "INSERT OR REPLACE INTO sync_known_clocks (memory_id, vector_clock, device_id, created_at)"
+    " VALUES (?, ?, ?, ?)"
+)
+
+
 def remember_version(conn: sqlite3.Connection, memory_id: str, version: KnownVersion) -> None:
     """Record the version applied or pushed for a memory."""
     conn.execute(
-        "INSERT OR REPLACE INTO sync_known_clocks (memory_id, vector_clock, device_id, created_at)"
-        " VALUES (?, ?, ?, ?)",
-        (memory_id, version.vector_clock, version.device_id, version.created_at),
+        _REMEMBER, (memory_id, version.vector_clock, version.device_id, version.created_at)
     )
 
 
@@ -665,18 +700,28 @@ def apply_tombstone(conn: sqlite3.Connection, memory_id: str) -> None:
     conn.execute("DELETE FROM tombstones WHERE id = ?", (memory_id,))
 
 
-def apply_memory(conn: sqlite3.Connection, memory: MemoryPlaintext, *, new: bool = False) -> None:
-    """Write a winning remote memory as received (PROTOCOL §4): synced_at = modified_at.
+APPLY_ROW: Final = (
+    "INSERT INTO engrams (layer, source, privacy_level, content, context, strength, valence,"
+    " retrievals, imagined, grounded, created_at, last_retrieved, project, tags,"
+    " content_hash, scope, content_type, occurred_at, modified_at, synced_at, id)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (id) DO UPDATE SET layer = excluded.layer, source = excluded.source,"
+    " privacy_level = excluded.privacy_level, content = excluded.content,"
+    " context = excluded.context, strength = excluded.strength,"
+    " valence = excluded.valence, retrievals = excluded.retrievals,"
+    " imagined = excluded.imagined, grounded = excluded.grounded,"
+    " created_at = excluded.created_at, last_retrieved = excluded.last_retrieved,"
+    " project = excluded.project, tags = excluded.tags,"
+    " content_hash = excluded.content_hash, scope = excluded.scope,"
+    " content_type = excluded.content_type, occurred_at = excluded.occurred_at,"
+    " modified_at = excluded.modified_at, synced_at = excluded.synced_at"
+)
 
-    `new`: the vault holds nothing of this memory (no row, no tombstone; `local_state`),
-    so there is no older version to clear: no tombstone, no full-text row (VAULT §3 keeps
-    them with the rows), no links or embedding (they cascade with the row). A first pull
-    of a large vault is all new memories, and skipping those deletes saves four of its
-    statements per memory.
-    """
-    if not new:
-        conn.execute("DELETE FROM tombstones WHERE id = ?", (memory.id,))
-    values = (
+
+def row_values(memory: MemoryPlaintext) -> tuple[Any, ...]:
+    """The parameters of APPLY_ROW for a pulled memory, as received (PROTOCOL §4):
+    synced_at = modified_at."""
+    return (
         memory.layer,
         memory.source,
         memory.privacy_level,
@@ -697,24 +742,22 @@ def apply_memory(conn: sqlite3.Connection, memory: MemoryPlaintext, *, new: bool
         memory.occurred_at,
         memory.modified_at,
         memory.modified_at,
+        memory.id,
     )
-    conn.execute(
-        "INSERT INTO engrams (layer, source, privacy_level, content, context, strength, valence,"
-        " retrievals, imagined, grounded, created_at, last_retrieved, project, tags,"
-        " content_hash, scope, content_type, occurred_at, modified_at, synced_at, id)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT (id) DO UPDATE SET layer = excluded.layer, source = excluded.source,"
-        " privacy_level = excluded.privacy_level, content = excluded.content,"
-        " context = excluded.context, strength = excluded.strength,"
-        " valence = excluded.valence, retrievals = excluded.retrievals,"
-        " imagined = excluded.imagined, grounded = excluded.grounded,"
-        " created_at = excluded.created_at, last_retrieved = excluded.last_retrieved,"
-        " project = excluded.project, tags = excluded.tags,"
-        " content_hash = excluded.content_hash, scope = excluded.scope,"
-        " content_type = excluded.content_type, occurred_at = excluded.occurred_at,"
-        " modified_at = excluded.modified_at, synced_at = excluded.synced_at",
-        (*values, memory.id),
-    )
+
+
+def apply_memory(conn: sqlite3.Connection, memory: MemoryPlaintext, *, new: bool = False) -> None:
+    """Write a winning remote memory as received (PROTOCOL §4): synced_at = modified_at.
+
+    `new`: the vault holds nothing of this memory (no row, no tombstone; `local_state`),
+    so there is no older version to clear: no tombstone, no full-text row (VAULT §3 keeps
+    them with the rows), no links or embedding (they cascade with the row). A first pull
+    of a large vault is all new memories, and skipping those deletes saves four of its
+    statements per memory.
+    """
+    if not new:
+        conn.execute("DELETE FROM tombstones WHERE id = ?", (memory.id,))
+    conn.execute(APPLY_ROW, row_values(memory))
     if not new:
         _fts_delete(conn, memory.id)
     _fts_insert(conn, memory.id)
