@@ -8,7 +8,7 @@
 import { deriveSyncKeys, vaultIdV2 } from "./kdf.js";
 import { Relay } from "./relay.js";
 import { SearchIndex } from "./search.js";
-import { WebVault } from "./vault.js";
+import { openDevice } from "./device.js";
 
 const IDLE_LOCK_MS = 15 * 60 * 1000;
 const $ = (id) => document.getElementById(id);
@@ -100,6 +100,7 @@ async function sync() {
     problem(`skipped ${s.memory_id} (device ${s.device_id}, clock ${s.vector_clock}): ${s.reason}`);
   }
   refresh();
+  vault.saveSet();
   status(`Unlocked: ${vault.memories.size} memories (vault ${vault.vaultId.slice(0, 16)}…,` +
     ` device ${vault.deviceId.slice(0, 8)}…)` + (report.skipped ? `, ${report.skipped} skipped` : ""));
 }
@@ -120,9 +121,8 @@ async function onUnlock(event) {
     $("passphrase").value = "";
     $("api-key").value = "";
     status("Pulling…");
-    vault = new WebVault({ keys, relay: new Relay(apiKey), vaultId,
-      relayName: location.origin, label: "web vault (browser)" });
-    await vault.register();
+    vault = await openDevice({ keys, relay: new Relay(apiKey), vaultId,
+      relayName: location.origin, label: "web vault (browser)", problem });
     $("unlock").hidden = true;
     $("vault").hidden = false;
     await sync();

@@ -2,6 +2,9 @@
 // UMD build defines self.hashwasm). The raw output never leaves this worker: it is imported as a
 // non-extractable CryptoKey, the bytes are zeroed, and only the CryptoKey is posted back. The
 // one exception is a derived vault id (public: it names the vault on the relay), posted as hex.
+// "aes-state" also derives the device-state key (ours, docs/web-vault.md "Device across
+// reloads"): HKDF-SHA256 of the enc key's Argon2id output, empty salt, info STATE_INFO, an
+// AES-256-GCM key separated from the vault's keys by its label; non-extractable as well.
 /* global hashwasm */
 "use strict";
 importScripts("../vendor/hash-wasm-argon2.umd.min.js");
@@ -24,6 +27,16 @@ async function argon2id(passphrase, tag, memoryKib) {
   });
 }
 
+const STATE_INFO = "engram-web-device-state-v1";
+
+async function stateKey(raw) {
+  const material = await crypto.subtle.importKey("raw", raw, "HKDF", false, ["deriveKey"]);
+  return crypto.subtle.deriveKey(
+    { name: "HKDF", hash: "SHA-256", salt: new Uint8Array(0),
+      info: new TextEncoder().encode(STATE_INFO) },
+    material, { name: "AES-GCM", length: 256 }, false, ["encrypt", "decrypt"]);
+}
+
 const IMPORT = {
   aes: (raw) => crypto.subtle.importKey("raw", raw, { name: "AES-GCM" }, false,
     ["encrypt", "decrypt"]),
@@ -36,7 +49,9 @@ self.onmessage = async (event) => {
   try {
     const raw = await argon2id(passphrase, tag, memoryKib);
     let result;
-    if (use === "hex") {
+    if (use === "aes-state") {
+      result = { enc: await IMPORT.aes(raw), state: await stateKey(raw) };
+    } else if (use === "hex") {
       result = Array.from(raw, (b) => b.toString(16).padStart(2, "0")).join("");
     } else {
       result = await IMPORT[use](raw);
