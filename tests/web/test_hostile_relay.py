@@ -19,7 +19,7 @@ from engram_sync.client._web.bundle import bundle_dir
 from tests.e2e.conftest import PASSPHRASE
 from tests.e2e.hostile.conftest import proxy as proxy  # a lying proxy per test
 from tests.e2e.hostile.conftest import relay_process as relay_process  # the real relay
-from tests.e2e.hostile.proxy import HostileProxy, rewrite_json
+from tests.e2e.hostile.proxy import HostileProxy, event_stream, rewrite_json
 from tests.relay.conftest import ADMIN_KEY
 from tests.web.conftest import BrowserThread, ServedApp, open_bundle
 
@@ -86,3 +86,32 @@ def test_a_blob_changed_on_the_way_is_skipped_and_reported(
     assert len(seen["problems"]) == 1
     assert "HMAC mismatch" in seen["problems"][0]
     assert "someone-else" in seen["problems"][0]
+
+
+def _forged_events(page: Any, url: str) -> dict[str, Any]:
+    seen = _unlock(page, url)
+    page.wait_for_function("() => document.querySelectorAll('#problem-list li').length >= 2")
+    return {**seen, "problems": page.locator("#problem-list li").all_inner_texts(),
+            "after": page.locator("#memories li").all_inner_texts()}  # fmt: skip
+
+
+def test_forged_live_events_are_refused_and_reported(
+    browser: BrowserThread, proxy: HostileProxy, web_url: str
+) -> None:
+    # PROTOCOL §15: a change event is a hint; one whose cursor is not an integer, or goes
+    # back on the stream, is refused and reported, never acted on
+    stream = event_stream(
+        b"retry: 2000\n\n",
+        (0.05, b'event: change\ndata: {"cursor": "2; DROP"}\n\n'),
+        (0.05, b'event: change\ndata: {"cursor": 2}\n\n'),
+        (0.05, b'event: change\ndata: {"cursor": 1}\n\n'),
+        hold=3,
+    )
+    proxy.on("GET", r"/events$", lambda _: stream, forward=False)
+    seen = browser.run(lambda page: _forged_events(page, web_url))
+    assert seen["status"].startswith("Unlocked: 2 memories")
+    assert seen["problems"] == [
+        'refused a live event from the relay: cursor "2; DROP" is not an integer 0..2^53-1',
+        "refused a live event from the relay: cursor 1 goes back from 2",
+    ]
+    assert len(seen["after"]) == 2

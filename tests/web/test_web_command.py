@@ -111,13 +111,14 @@ def test_the_page_lists_searches_adds_locks_when_idle_and_the_python_device_sync
 ) -> None:
     browser.run(lambda page: _list_search_add(page, web_url))
     # PROTOCOL §12: the page named itself on its pulls, so the relay recorded how far it
-    # pulled (2, before its own push): compaction does not wait 30 days for it
     (row,) = relay.sql(
         "SELECT pulled_cursor FROM devices WHERE vault_id = $1 AND label = $2",
         VAULT_ID,
         "web vault (browser)",
     )
-    assert row["pulled_cursor"] == 2
+    # pulled (2 before its own push; 3 once the live feed brought that push back):
+    # compaction does not wait 30 days for it
+    assert row["pulled_cursor"] in (2, 3)
     report = device.sync()
     assert report.applied == 1
     assert report.invalid == 0

@@ -9,12 +9,17 @@ import { deriveSyncKeys, vaultIdV2 } from "./kdf.js";
 import { Relay } from "./relay.js";
 import { SearchIndex } from "./search.js";
 import { openDevice } from "./device.js";
+import { renderConflicts, wireDeviceUi } from "./device-ui.js";
+import { LiveFeed } from "./live.js";
 
 const IDLE_LOCK_MS = 15 * 60 * 1000;
 const $ = (id) => document.getElementById(id);
 let vault = null;
 let index = null;
 let idleTimer = null;
+let live = null;
+let syncing = null;
+let again = false;
 
 function status(text, error = false) {
   $("status").textContent = text;
@@ -29,6 +34,7 @@ function problem(text) {
 }
 
 function lock() {
+  live?.stop();
   vault = null;
   index = null;
   location.reload();
@@ -92,7 +98,7 @@ function refresh() {
   }
 }
 
-async function sync() {
+async function pullOnce() {
   const report = await vault.pull();
   performance.mark("engram:pulled");
   changed();
@@ -100,9 +106,35 @@ async function sync() {
     problem(`skipped ${s.memory_id} (device ${s.device_id}, clock ${s.vector_clock}): ${s.reason}`);
   }
   refresh();
+  if (report.applied) performance.mark("engram:live-applied");
+  await vault.pushPending();
+  renderConflicts(ui);
   vault.saveSet();
+  // a live pull that brought nothing new leaves the status line as the last action set it
+  if (report.applied === 0 && report.skipped === 0 && vault.synced) return;
+  vault.synced = true;
   status(`Unlocked: ${vault.memories.size} memories (vault ${vault.vaultId.slice(0, 16)}…,` +
     ` device ${vault.deviceId.slice(0, 8)}…)` + (report.skipped ? `, ${report.skipped} skipped` : ""));
+}
+
+/** One pull at a time (the cursor is the vault's); a call during one makes it pull again. */
+function sync() {
+  if (syncing) {
+    again = true;
+    return syncing;
+  }
+  syncing = (async () => {
+    do {
+      again = false;
+      await pullOnce();
+    } while (again);
+  })().finally(() => { syncing = null; });
+  return syncing;
+}
+
+function startLive() {
+  live = new LiveFeed({ vault, problem, wake: () => guarded(sync, false),
+    mode: (name) => { $("live-mode").textContent = `live updates: ${name}`; } }).start();
 }
 
 async function onUnlock(event) {
@@ -128,6 +160,7 @@ async function onUnlock(event) {
     await sync();
     performance.mark("engram:listed");
     touch();
+    startLive();
   } catch (e) {
     vault = null;
     status(`Unlock failed: ${e.message}`, true);
@@ -136,8 +169,8 @@ async function onUnlock(event) {
   }
 }
 
-async function guarded(action) {
-  touch();
+async function guarded(action, input = true) {
+  if (input) touch();
   try {
     await action();
   } catch (e) {
@@ -145,6 +178,8 @@ async function guarded(action) {
     problem(e.message);
   }
 }
+
+const ui = { vault: () => vault, guarded, changed, refresh, show, status };
 
 function onAdd(event) {
   event.preventDefault();
@@ -192,6 +227,7 @@ $("search").addEventListener("input", () => { touch(); refresh(); });
 $("sync-button").addEventListener("click", () => guarded(sync));
 $("lock-button").addEventListener("click", lock);
 $("delete-button").addEventListener("click", onDelete);
+wireDeviceUi(ui);
 for (const kind of ["keydown", "pointerdown"]) document.addEventListener(kind, touch);
 prefill();
 document.body.dataset.ready = "1";
