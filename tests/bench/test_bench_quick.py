@@ -89,7 +89,11 @@ TARGETS = {
     "agent_search_page_ms",  # issue 36 (bench.agent_reads)
     "agent_list_json_ms",
     "agent_search_all_json_ms",
-} | ({"web_unlock", "web_pull_10k", "web_search_10k"} if CHROMIUM.exists() else set())
+} | (
+    {"web_unlock", "web_pull_10k", "web_search_10k", "web_live_to_cli", "web_live_from_cli"}
+    if CHROMIUM.exists()
+    else set()
+)
 
 
 def _is_number(value: Any) -> bool:

@@ -18,7 +18,7 @@ def test_the_web_vault_rows_at_a_small_size(
     browser: BrowserThread, fresh_database_url: str, tmp_path: Path
 ) -> None:
     key = "bench-" + secrets.token_urlsafe(24)
-    size = web_vault.Size(unlock_memories=20, memories=300, searches=3)
+    size = web_vault.Size(unlock_memories=20, memories=300, searches=3, live=2)
     with RelayProcess(fresh_database_url, key, tmp_path / "relay.log") as relay:
         result = web_vault.measure(relay.url, relay.key, size, lambda _: None, browser)
 
@@ -28,7 +28,12 @@ def test_the_web_vault_rows_at_a_small_size(
     assert 0 < pull["pulled_s"] <= pull["pull_s"]
     assert 0 <= search["median_ms"] <= search["max_ms"]
     targets = {t.name: t.as_json() for t in web_vault_targets(result)}
-    assert set(targets) == {"web_unlock", "web_pull_10k", "web_search_10k"}
+    assert set(targets) == {
+        "web_unlock", "web_pull_10k", "web_search_10k", "web_live_to_cli", "web_live_from_cli",
+    }  # fmt: skip
+    assert result["live"]["samples"] == 2
+    assert 0 < result["live"]["to_cli_p50_ms"] <= result["live"]["to_cli_max_ms"]
+    assert 0 < result["live"]["from_cli_p50_ms"] <= result["live"]["from_cli_max_ms"]
     assert all(t["verdict"] in ("PASS", "FAIL") for t in targets.values())
 
 
