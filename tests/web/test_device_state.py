@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tests.e2e.conftest import VAULT_ID, DeviceHandle
-from tests.relay.conftest import Relay
+from tests.relay.conftest import ADMIN_KEY, Relay
 from tests.web.conftest import BrowserThread
 from tests.web.test_web_command import device as device  # a vault with 2 memories
 from tests.web.test_web_command import relay as relay  # the real relay
@@ -124,3 +124,49 @@ def test_a_tampered_device_record_is_ignored_reported_and_a_new_device_registers
     assert device_of[0] != device_of[1]  # not trusted: a new device
     rows = relay.sql("SELECT 1 FROM devices WHERE vault_id = $1 AND label = $2", VAULT_ID, LABEL)
     assert len(rows) == 2
+
+
+def _revoked(page: Any, url: str, relay: Relay) -> dict[str, Any]:
+    import httpx
+
+    registered: list[str] = []
+    page.on(
+        "request",
+        lambda r: (
+            registered.append(json.loads(r.post_data)["device_id"])
+            if r.url.endswith("/devices/register")
+            else None
+        ),
+    )
+    unlock(page, url)
+    page.wait_for_function(LISTED_TWO)
+    row = {"device_id": registered[0]}
+    answer = httpx.delete(
+        f"{relay.url}/v1/vaults/{VAULT_ID}/devices/{row['device_id']}",
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        timeout=5,
+    )
+    assert answer.status_code == 200
+    page.fill("#add-content", "after the revocation")
+    page.click("#add-button")
+    page.wait_for_function(
+        "() => document.getElementById('status').textContent.includes('revoked')"
+    )
+    refused = page.inner_text("#status")
+    _unlocked_again(page, url)
+    return {"revoked": row["device_id"], "refused": refused, "second": page.inner_text("#status")}
+
+
+def test_a_revoked_device_is_not_kept_for_the_next_unlock(
+    browser: BrowserThread, web_url: str, device: DeviceHandle, relay: Relay
+) -> None:
+    seen = browser.run(lambda page: _revoked(page, web_url, relay))
+    assert "was revoked" in seen["refused"]
+    assert seen["revoked"][:8] not in seen["second"]  # the next unlock: a new device
+    rows = relay.sql(
+        "SELECT revoked_at IS NOT NULL AS revoked FROM devices WHERE vault_id = $1"
+        " AND label = $2 ORDER BY revoked_at NULLS LAST",
+        VAULT_ID,
+        LABEL,
+    )
+    assert [r["revoked"] for r in rows] == [True, False]

@@ -135,6 +135,18 @@ export class DeviceStore {
     return out;
   }
 
+  /** Delete both records (a revoked device: the next unlock registers a new one). */
+  forget() {
+    const job = this.writing.then(async () => {
+      for (const kind of ["device", "set"]) {
+        const id = await this.id(kind);
+        await idbDo("readwrite", (store) => store.delete(id));
+      }
+    });
+    this.writing = job.catch(() => {});
+    return job;
+  }
+
   /** Seal and write one record; writes are queued so they land in order. */
   save(kind, value) {
     const job = this.writing.then(async () => {

@@ -18,6 +18,7 @@ export async function openDevice({ keys, relay, vaultId, relayName, label, probl
     device: (v) => store.save("device", v.deviceRecord()),
     set: (v) => store.save("set", v.setRecord()).catch((e) =>
       problem(`the device state could not be kept: ${e?.message ?? e}`)),
+    forget: () => store.forget().catch(() => {}),
   };
   const vault = new WebVault({ keys, relay, vaultId, relayName,
     label: stored.device?.label ?? label, deviceId: stored.device?.device_id,

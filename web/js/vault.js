@@ -237,6 +237,7 @@ export class WebVault {
     const answer = await this.relay.push(this.vaultId, [blob]);
     if (Array.isArray(answer.revoked_devices) && answer.revoked_devices.includes(this.deviceId)) {
       this.revoked = true;
+      await this.persist?.forget(); // a revoked id is never kept for the next unlock
       throw new PushRefused("the relay says this browser device was revoked for the vault: " +
         "unlock again to sync as a new device, or ask an admin");
     }
