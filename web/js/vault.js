@@ -55,7 +55,7 @@ export class WebVault {
     this.cursor = 0;
     this.memories = new Map();
     this.known = new Map();
-    this.pending = new Map(); // memory_id -> {plaintext, modified_at}: not taken by the relay
+    this.pending = new Map(); // memory_id -> {plaintext, modified_at, rejected}: not taken yet
     this.conflicts = []; // as sync_conflicts rows, oldest first
     this.skipped = []; // {memory_id, device_id, vector_clock, reason}
     this.refused = []; // messages of refused pages
@@ -74,7 +74,7 @@ export class WebVault {
       cursor: this.cursor,
       memories: [...this.memories.values()].map(encodeMemory),
       known: [...this.known].map(([id, k]) => [id, k.vector_clock, k.device_id, k.created_at]),
-      pending: [...this.pending].map(([id, p]) => [id, p.plaintext, p.modified_at]),
+      pending: [...this.pending].map(([id, p]) => [id, p.plaintext, p.modified_at, p.rejected]),
       conflicts: this.conflicts,
     };
   }
@@ -90,8 +90,8 @@ export class WebVault {
     for (const [id, vector_clock, device_id, created_at] of set.known) {
       this.known.set(id, { vector_clock, device_id, created_at });
     }
-    for (const [id, plaintext, modified_at] of set.pending) {
-      this.pending.set(id, { plaintext, modified_at });
+    for (const [id, plaintext, modified_at, rejected] of set.pending) {
+      this.pending.set(id, { plaintext, modified_at, rejected: rejected === true });
     }
     this.conflicts = set.conflicts;
     this.cursor = set.cursor;
@@ -228,7 +228,7 @@ export class WebVault {
    * the relay takes it, the version stays pending (a rejected one is met by the next pull). */
   async pushOne(memoryId, plaintext, deleted, modifiedAt) {
     if (this.revoked) throw new PushRefused("this browser device was revoked: nothing is pushed");
-    this.pending.set(memoryId, { plaintext, modified_at: modifiedAt });
+    this.pending.set(memoryId, { plaintext, modified_at: modifiedAt, rejected: false });
     const clock = ++this.clock;
     if (this.persist) await this.persist.device(this); // §8: kept before it is sent
     const blob = await seal(this.keys, padPlaintext(plaintext), { vault_id: this.vaultId,
@@ -242,6 +242,7 @@ export class WebVault {
         "unlock again to sync as a new device, or ask an admin");
     }
     if (Array.isArray(answer.rejected) && answer.rejected.includes(memoryId)) {
+      this.pending.get(memoryId).rejected = true; // never pushed again over an unseen version
       this.saveSet();
       throw new PushRefused(`the relay holds a newer version of ${memoryId}: it is kept here ` +
         "and Sync pulls the newer one (a different one keeps yours as a conflict copy)");
@@ -278,9 +279,11 @@ export class WebVault {
     await this.pushOne(memoryId, tombstonePlaintext(memoryId), true, nowRfc3339());
   }
 
-  /** Push again what is still pending after a pull (a push that never got an answer). */
+  /** Push again what is still pending after a pull and was never rejected (a push that got no
+   * answer); a rejected one waits for the pull that brings the newer version (PROTOCOL §8). */
   async pushPending() {
     for (const [id, p] of [...this.pending]) {
+      if (p.rejected) continue;
       const decoded = decodePlaintext(p.plaintext, id);
       await this.pushOne(id, p.plaintext, decoded.tombstone === true, p.modified_at);
     }
