@@ -1,4 +1,5 @@
-// The web vault's page: unlock, pull, list, search, view, add, delete. Plain DOM (no inline
+// The web vault's page: unlock, pull, list, search, view, add, edit, delete, conflicts, export,
+// live updates (device.js, device-ui.js, live.js). Plain DOM (no inline
 // script, no eval: the CSP of `engram-sync web` allows 'self' and 'wasm-unsafe-eval' only).
 // Keys live in memory as non-extractable CryptoKeys; a reload, the Lock button or 15 minutes
 // without input lock the page (everything is dropped with the page's state). Phases leave
@@ -106,7 +107,6 @@ async function pullOnce() {
     problem(`skipped ${s.memory_id} (device ${s.device_id}, clock ${s.vector_clock}): ${s.reason}`);
   }
   refresh();
-  if (report.applied) performance.mark("engram:live-applied");
   await vault.pushPending();
   renderConflicts(ui);
   vault.saveSet();
