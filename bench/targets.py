@@ -685,6 +685,7 @@ WEB_UNLOCK_LIMIT_S: Final = 2.0  # issue 34: passphrase unlock to the memories s
 WEB_PULL_LIMIT_S: Final = 3.0  # issue 34: 10,000 memories pulled, verified, decrypted, listed
 WEB_SEARCH_LIMIT_MS: Final = 50.0  # issue 34: a search over them
 WEB_PASSKEY_LIMIT_S: Final = 0.3  # issue 34: passkey unlock after the gesture
+WEB_LIVE_LIMIT_MS: Final = 200.0  # issue 34: a memory added on one side shown on the other
 
 
 def web_vault_targets(d: dict[str, Any]) -> list[Target]:
@@ -724,6 +725,32 @@ def web_vault_targets(d: dict[str, Any]) -> list[Target]:
             f"max {search['max_ms']:.1f} ms",
         ),
         *web_passkey_targets(d),
+        *(web_live_targets(d["live"]) if "live" in d else []),
+    ]
+
+
+def web_live_targets(live: dict[str, Any]) -> list[Target]:
+    """Issue 34: a memory added in the page on a CLI device running watch, and the reverse
+    (bench.web_live), p50 of `samples` adds each way."""
+    return [
+        Target(
+            "web_live_to_cli",
+            "milliseconds from a memory added in the page to it in a CLI device's vault "
+            f"(Vault.watch on the relay's event stream), p50 of {live['samples']}",
+            live["to_cli_p50_ms"],
+            WEB_LIVE_LIMIT_MS,
+            "<=",
+            detail=f"max {live['to_cli_max_ms']:.0f} ms",
+        ),
+        Target(
+            "web_live_from_cli",
+            "milliseconds from a memory added on a CLI device (Vault.watch pushing) to it "
+            f"listed in the open page (fetch event stream), p50 of {live['samples']}",
+            live["from_cli_p50_ms"],
+            WEB_LIVE_LIMIT_MS,
+            "<=",
+            detail=f"max {live['from_cli_max_ms']:.0f} ms",
+        ),
     ]
 
 

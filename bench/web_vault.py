@@ -1,4 +1,4 @@
-"""The web vault's figures (issue 34 "Figures"; docs/web-vault.md), in Debian's Chromium, three
+"""The web vault's figures (issue 34 "Figures"; docs/web-vault.md), in Debian's Chromium, five
 rows of one run, each with its PASS/FAIL (bench.targets.web_vault_targets judges the same):
 
 1. `web_unlock`: seconds from the Unlock click to the vault's memories listed, on a vault of
@@ -10,6 +10,8 @@ rows of one run, each with its PASS/FAIL (bench.targets.web_vault_targets judges
 3. `web_search_10k`: a search over those N memories typed into the page (the `engram:search`
    measure: the search and its results rendered); the median of S queries. The first query
    after a pull also builds the index, reported apart. Target <= 50 ms.
+4-5. `web_live_to_cli`, `web_live_from_cli`: a memory added in the page seen on a CLI device
+   running `Vault.watch`, and the reverse, p50 <= 200 ms each (bench.web_live).
 
 The page's own performance marks (web/js/app.js) time the phases, so no figure includes
 Playwright's round trips. The vaults are sealed by shared_format (bench.corpus's memories) and
@@ -36,6 +38,7 @@ from typing import Any, Final
 from bench import web_passkey
 from bench.browser import CHROMIUM, BrowserThread, ServedApp, open_bundle
 from bench.corpus import memory_plaintext, new_memory_id
+from bench.web_live import measure_live
 from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.padding import pad_plaintext
@@ -57,10 +60,11 @@ class Size:
     unlock_memories: int = 100
     memories: int = 10_000
     searches: int = len(QUERIES)
+    live: int = 20  # adds each way of the live rows (bench.web_live)
 
     @classmethod
     def of(cls, *, quick: bool) -> Size:
-        return cls(100, 1_000, 5) if quick else cls()
+        return cls(100, 1_000, 5, 5) if quick else cls()
 
 
 def seed(
@@ -150,6 +154,8 @@ def measure(
                                                        size.unlock_memories)  # fmt: skip
             passkey = browser.run(lambda p: web_passkey.passkey_marks(
                 p, web.url, email, vault_id, size.unlock_memories), timeout=120)  # fmt: skip
+        log(f"web vault: live, {size.live} adds each way between the page and a CLI watch")
+        live = measure_live(relay_url, key, size.live, browser) if size.live else None
     finally:
         if own:
             browser.close()
@@ -175,6 +181,7 @@ def measure(
             "max_ms": max(searches),
         },
         "passkey": web_passkey.section(passkey, size.unlock_memories),
+        **({"live": live} if live else {}),
         "chromium": str(CHROMIUM),
         "load_average": os.getloadavg(),
     }
@@ -191,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     size = Size.of(quick=args.quick)
     if args.memories:
-        size = Size(size.unlock_memories, args.memories, size.searches)
+        size = Size(size.unlock_memories, args.memories, size.searches, size.live)
     return run_alone(lambda scratch, url, key, log: measure(url, key, size, log), web_vault_targets)
 
 

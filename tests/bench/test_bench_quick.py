@@ -92,7 +92,10 @@ TARGETS = {
     "web_vault_served_vs_health",  # issue 34 slice 3 (bench.web_serve)
     "web_verify_s",
 } | (
-    {"web_unlock", "web_pull_10k", "web_search_10k", "web_vault_page_ms", "web_passkey_unlock"}
+    {
+        "web_unlock", "web_pull_10k", "web_search_10k", "web_vault_page_ms",
+        "web_passkey_unlock", "web_live_to_cli", "web_live_from_cli",
+    }  # fmt: skip
     if CHROMIUM.exists()
     else set()
 )

@@ -6,6 +6,7 @@
 // imported as the non-extractable enc and hmac keys, then are zeroed.
 
 import { b64decode, Base64Error } from "./b64.js";
+import { STATE_INFO } from "./device-state.js";
 import { derive } from "./kdf.js";
 import { Relay } from "./relay.js";
 
@@ -94,15 +95,31 @@ export async function openVaultKeyBytes(key, wrappedK, vaultId, what = "account 
 }
 
 /** {enc, mac}: the sync keys of K as non-extractable CryptoKeys; K's bytes are zeroed. */
+/** The device-state key (device-state.js) from K's enc half: the key the passphrase path
+ * derives in kdf-worker.js (HKDF-SHA256 of the enc key's bytes, empty salt, info STATE_INFO),
+ * so a vault opened by passphrase, account or passkey is the same device in this browser. */
+async function deviceStateKey(raw) {
+  try {
+    const material = await crypto.subtle.importKey("raw", raw, "HKDF", false, ["deriveKey"]);
+    return await crypto.subtle.deriveKey(
+      { name: "HKDF", hash: "SHA-256", salt: new Uint8Array(0),
+        info: new TextEncoder().encode(STATE_INFO) },
+      material, { name: "AES-GCM", length: 256 }, false, ["encrypt", "decrypt"]);
+  } finally {
+    raw.fill(0);
+  }
+}
+
 export async function importVaultKey(k) {
   try {
-    const [enc, mac] = await Promise.all([
+    const [enc, mac, state] = await Promise.all([
       crypto.subtle.importKey("raw", k.slice(0, HALF), { name: "AES-GCM" }, false,
         ["encrypt", "decrypt"]),
       crypto.subtle.importKey("raw", k.slice(HALF, 2 * HALF), { name: "HMAC", hash: "SHA-256" },
         false, ["sign", "verify"]),
+      deviceStateKey(k.slice(0, HALF)),
     ]);
-    return { enc, mac };
+    return { enc, mac, state };
   } finally {
     k.fill(0);
   }

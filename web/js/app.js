@@ -1,4 +1,5 @@
-// The web vault's page: unlock, pull, list, search, view, add, delete. Plain DOM (no inline
+// The web vault's page: unlock, pull, list, search, view, add, edit, delete, conflicts, export,
+// live updates (device.js, device-ui.js, live.js). Plain DOM (no inline
 // script, no eval: the CSP of `engram-sync web` allows 'self' and 'wasm-unsafe-eval' only).
 // Keys live in memory as non-extractable CryptoKeys; a reload, the Lock button or 15 minutes
 // without input lock the page (everything is dropped with the page's state). Phases leave
@@ -8,14 +9,19 @@
 import { deriveSyncKeys, vaultIdV2 } from "./kdf.js";
 import { Relay } from "./relay.js";
 import { SearchIndex } from "./search.js";
+import { openDevice } from "./device.js";
+import { renderConflicts, wireDeviceUi } from "./device-ui.js";
+import { LiveFeed } from "./live.js";
 import { wireAccountUnlock } from "./unlock-account.js";
-import { WebVault } from "./vault.js";
 
 const IDLE_LOCK_MS = 15 * 60 * 1000;
 const $ = (id) => document.getElementById(id);
 let vault = null;
 let index = null;
 let idleTimer = null;
+let live = null;
+let syncing = null;
+let again = false;
 
 function status(text, error = false) {
   $("status").textContent = text;
@@ -30,6 +36,7 @@ function problem(text) {
 }
 
 function lock() {
+  live?.stop();
   vault = null;
   index = null;
   location.reload();
@@ -93,7 +100,7 @@ function refresh() {
   }
 }
 
-async function sync() {
+async function pullOnce() {
   const report = await vault.pull();
   performance.mark("engram:pulled");
   changed();
@@ -101,23 +108,52 @@ async function sync() {
     problem(`skipped ${s.memory_id} (device ${s.device_id}, clock ${s.vector_clock}): ${s.reason}`);
   }
   refresh();
+  await vault.pushPending();
+  renderConflicts(ui);
+  vault.saveSet();
+  // a live pull that brought nothing new leaves the status line as the last action set it
+  if (report.applied === 0 && report.skipped === 0 && vault.synced) return;
+  vault.synced = true;
   status(`Unlocked: ${vault.memories.size} memories (vault ${vault.vaultId.slice(0, 16)}…,` +
     ` device ${vault.deviceId.slice(0, 8)}…)` + (report.skipped ? `, ${report.skipped} skipped` : ""));
 }
 
-/** Open the vault with `keys` (the passphrase's, or K's from an account or a passkey) as a new
- * device; `apiKey` is a key, or a function of the device id that mints one (unlock-account.js). */
+/** One pull at a time (the cursor is the vault's); a call during one makes it pull again. */
+function sync() {
+  if (syncing) {
+    again = true;
+    return syncing;
+  }
+  syncing = (async () => {
+    do {
+      again = false;
+      await pullOnce();
+    } while (again);
+  })().finally(() => { syncing = null; });
+  return syncing;
+}
+
+function startLive() {
+  live = new LiveFeed({ vault, problem, wake: () => guarded(sync, false),
+    mode: (name) => { $("live-mode").textContent = `live updates: ${name}`; } }).start();
+}
+
+/** Open the vault with `keys` (the passphrase's, or K's from an account or a passkey) as this
+ * browser's device for it (device.js: the one kept across reloads, else a new one); `apiKey` is
+ * a key, or a function of the device id that mints one (unlock-account.js). */
 async function start(keys, vaultId, apiKey) {
   status("Pulling…");
-  vault = new WebVault({ keys, relay: null, vaultId, relayName: location.origin,
-    label: "web vault (browser)" });
-  vault.relay = new Relay(typeof apiKey === "function" ? await apiKey(vault.deviceId) : apiKey);
-  await vault.register();
+  const relay = typeof apiKey === "function"
+    ? async (deviceId) => new Relay(await apiKey(deviceId))
+    : new Relay(apiKey);
+  vault = await openDevice({ keys, relay, vaultId, relayName: location.origin,
+    label: "web vault (browser)", problem });
   for (const form of document.querySelectorAll(".locked-only")) form.hidden = true;
   $("vault").hidden = false;
   await sync();
   performance.mark("engram:listed");
   touch();
+  startLive();
 }
 
 function failed(e, button) {
@@ -148,8 +184,8 @@ async function onUnlock(event) {
   }
 }
 
-async function guarded(action) {
-  touch();
+async function guarded(action, input = true) {
+  if (input) touch();
   try {
     await action();
   } catch (e) {
@@ -157,6 +193,8 @@ async function guarded(action) {
     problem(e.message);
   }
 }
+
+const ui = { vault: () => vault, guarded, changed, refresh, show, status };
 
 function onAdd(event) {
   event.preventDefault();
@@ -205,6 +243,7 @@ $("search").addEventListener("input", () => { touch(); refresh(); });
 $("sync-button").addEventListener("click", () => guarded(sync));
 $("lock-button").addEventListener("click", lock);
 $("delete-button").addEventListener("click", onDelete);
+wireDeviceUi(ui);
 for (const kind of ["keydown", "pointerdown"]) document.addEventListener(kind, touch);
 wireAccountUnlock({ start, status, failed });
 prefill();

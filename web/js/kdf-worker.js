@@ -3,6 +3,9 @@
 // non-extractable CryptoKey, the bytes are zeroed, and only the CryptoKey is posted back. The
 // one exception is a derived vault id (public: it names the vault on the relay), posted as hex,
 // and the §13 login secret (account-kdf.js: what the relay gets instead of the password).
+// "aes-state" also derives the device-state key (ours, docs/web-vault.md "Device across
+// reloads"): HKDF-SHA256 of the enc key's Argon2id output, empty salt, info STATE_INFO, an
+// AES-256-GCM key separated from the vault's keys by its label; non-extractable as well.
 /* global hashwasm */
 "use strict";
 importScripts("../vendor/hash-wasm-argon2.umd.min.js");
@@ -25,6 +28,16 @@ async function argon2id(passphrase, salt, memoryKib, iterations, parallelism) {
   });
 }
 
+const STATE_INFO = "engram-web-device-state-v1";
+
+async function stateKey(raw) {
+  const material = await crypto.subtle.importKey("raw", raw, "HKDF", false, ["deriveKey"]);
+  return crypto.subtle.deriveKey(
+    { name: "HKDF", hash: "SHA-256", salt: new Uint8Array(0),
+      info: new TextEncoder().encode(STATE_INFO) },
+    material, { name: "AES-GCM", length: 256 }, false, ["encrypt", "decrypt"]);
+}
+
 const IMPORT = {
   aes: (raw) => crypto.subtle.importKey("raw", raw, { name: "AES-GCM" }, false,
     ["encrypt", "decrypt"]),
@@ -45,7 +58,9 @@ self.onmessage = async (event) => {
     const raw = await argon2id(passphrase, salt ?? await domainSalt(tag), memoryKib, iterations,
       parallelism);
     let result;
-    if (use === "hex") {
+    if (use === "aes-state") {
+      result = { enc: await IMPORT.aes(raw), state: await stateKey(raw) };
+    } else if (use === "hex") {
       result = Array.from(raw, (b) => b.toString(16).padStart(2, "0")).join("");
     } else if (use === "b64url") {
       result = b64url(raw);

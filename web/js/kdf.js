@@ -32,13 +32,14 @@ export function derive(passphrase, tag, memoryKib, use, extra = {}) {
   });
 }
 
-/** {enc, mac}: AES-256-GCM and HMAC-SHA256 CryptoKeys, extractable: false. */
+/** {enc, mac, state}: AES-256-GCM and HMAC-SHA256 CryptoKeys, and the device-state key
+ * (AES-256-GCM, HKDF of the enc derivation: device-state.js), all extractable: false. */
 export async function deriveSyncKeys(passphrase) {
-  const [enc, mac] = await Promise.all([
-    derive(passphrase, ENC_TAG, KEY_MEMORY_KIB, "aes"),
+  const [{ enc, state }, mac] = await Promise.all([
+    derive(passphrase, ENC_TAG, KEY_MEMORY_KIB, "aes-state"),
     derive(passphrase, HMAC_TAG, KEY_MEMORY_KIB, "hmac"),
   ]);
-  return { enc, mac };
+  return { enc, mac, state };
 }
 
 export function vaultIdV2(passphrase) {

@@ -17,9 +17,9 @@ export class Relay {
     this.headers = { Authorization: `Bearer ${apiKey}` };
   }
 
-  async request(method, path, body, extraHeaders = {}) {
+  async request(method, path, body, extraHeaders = {}, signal = undefined) {
     const init = { method, headers: { ...this.headers, ...extraHeaders }, cache: "no-store",
-      credentials: "omit", referrerPolicy: "no-referrer" };
+      credentials: "omit", referrerPolicy: "no-referrer", signal };
     if (body !== undefined) {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
@@ -42,12 +42,28 @@ export class Relay {
   }
 
   /** A cursor pull (§9); `deviceId` names the puller (X-Engram-Device, §12), so the relay
-   * records how far this device pulled and compaction need not wait for it. */
-  pull(vaultId, cursor, limit = PAGE_LIMIT, deviceId = null) {
+   * records how far this device pulled and compaction need not wait for it. `wait` > 0:
+   * the long-poll of PROTOCOL §15 (the relay holds it until a commit or `wait` seconds). */
+  pull(vaultId, cursor, limit = PAGE_LIMIT, deviceId = null, { wait = 0, signal } = {}) {
     const v = encodeURIComponent(vaultId);
     const extra = deviceId ? { "X-Engram-Device": deviceId } : {};
-    return this.request("GET", `/v1/vaults/${v}/pull?cursor=${cursor}&limit=${limit}`,
-      undefined, extra);
+    const held = wait > 0 ? `&wait=${wait}` : "";
+    return this.request("GET", `/v1/vaults/${v}/pull?cursor=${cursor}&limit=${limit}${held}`,
+      undefined, extra, signal);
+  }
+
+  /** /v1/info (PROTOCOL §11): its `features` say which live feed the relay offers. */
+  info(signal) {
+    return this.request("GET", "/v1/info", undefined, {}, signal);
+  }
+
+  /** The event stream of PROTOCOL §15 through fetch, so the Authorization header is sent
+   * (EventSource cannot send it); the Response, its body read by live.js. */
+  events(vaultId, cursor, signal) {
+    const v = encodeURIComponent(vaultId);
+    return fetch(`${this.base}/v1/vaults/${v}/events?cursor=${cursor}`, { method: "GET",
+      headers: { ...this.headers, Accept: "text/event-stream" }, cache: "no-store",
+      credentials: "omit", referrerPolicy: "no-referrer", signal });
   }
 
   push(vaultId, blobs) {

@@ -19,3 +19,19 @@ export function instantMicros(text) {
   const frac = BigInt((m[3] || "").slice(0, 6).padEnd(6, "0"));
   return BigInt(ms) * 1000n + frac;
 }
+
+function fromMicros(micros) {
+  const iso = new Date(Number(micros / 1000n)).toISOString();
+  return `${iso.slice(0, 19)}.${String(micros % 1000000n).padStart(6, "0")}+00:00`;
+}
+
+/** Now, but strictly after every previous stamp (client/_vault/store.py next_modified_at). */
+export function nextModifiedAt(...previous) {
+  const stamp = nowRfc3339();
+  let floor = null;
+  for (const text of previous) {
+    const at = instantMicros(text);
+    if (at !== null && (floor === null || at > floor)) floor = at;
+  }
+  return floor !== null && instantMicros(stamp) <= floor ? fromMicros(floor + 1n) : stamp;
+}

@@ -1,15 +1,17 @@
 // The page as a device (PROTOCOL §1, §8, §9): a device id, label and vector clock of its own
-// (in memory in this slice: a reload is a new device), a cursor, the decrypted set, and the
-// known version of each memory for LWW. A page failing its checks is refused whole and
-// reported; a blob failing verify/decrypt/decode is skipped, counted and reported, never
-// applied and never raising the clock.
+// (kept across reloads, sealed: device-state.js), a cursor, the decrypted set, and the known
+// version of each memory for LWW. A page failing its checks is refused whole and reported; a
+// blob failing verify/decrypt/decode is skipped, counted and reported, never applied and never
+// raising the clock. A local version the relay did not take (rejected: it holds a newer one)
+// stays pending; when a remote version beats it, it is kept as a conflict copy as the CLI keeps
+// it in `sync_conflicts` (PROTOCOL §8: nothing is lost silently).
 
 import { open, seal } from "./blob.js";
 import { checkPage, checkShape, PageRefused } from "./page-check.js";
 import { decodePlaintext, encodeMemory, newMemory, tombstonePlaintext } from "./plaintext.js";
 import { padPlaintext } from "./padding.js";
 import { PAGE_LIMIT, RelayError } from "./relay.js";
-import { instantMicros, nowRfc3339 } from "./timestamps.js";
+import { instantMicros, nextModifiedAt, nowRfc3339 } from "./timestamps.js";
 
 const MAX_CLOCK_STEP = 2 ** 32; // docs/when-the-relay-lies.md "Clock bound"
 const MAX_ID_CHARS = 256; // PROTOCOL §6 step 1
@@ -41,20 +43,62 @@ export function newMemoryId() {
 export class PushRefused extends Error {}
 
 export class WebVault {
-  constructor({ keys, relay, vaultId, relayName, label }) {
+  constructor({ keys, relay, vaultId, relayName, label, deviceId = null, clock = 0,
+    persist = null }) {
     this.keys = keys;
     this.relay = relay;
     this.vaultId = vaultId;
     this.relayName = relayName;
     this.label = label;
-    this.deviceId = crypto.randomUUID();
-    this.clock = 0;
+    this.deviceId = deviceId ?? crypto.randomUUID();
+    this.clock = clock;
     this.cursor = 0;
     this.memories = new Map();
     this.known = new Map();
+    this.pending = new Map(); // memory_id -> {plaintext, modified_at, rejected}: not taken yet
+    this.conflicts = []; // as sync_conflicts rows, oldest first
     this.skipped = []; // {memory_id, device_id, vector_clock, reason}
     this.refused = []; // messages of refused pages
     this.revoked = false;
+    this.persist = persist; // {device(vault), set(vault)}: device-state.js, or null
+  }
+
+  /** The device record (device-state.js). */
+  deviceRecord() {
+    return { device_id: this.deviceId, label: this.label, clock: this.clock };
+  }
+
+  /** The set record: what a reload needs to resume from the cursor. */
+  setRecord() {
+    return {
+      cursor: this.cursor,
+      memories: [...this.memories.values()].map(encodeMemory),
+      known: [...this.known].map(([id, k]) => [id, k.vector_clock, k.device_id, k.created_at]),
+      pending: [...this.pending].map(([id, p]) => [id, p.plaintext, p.modified_at, p.rejected]),
+      conflicts: this.conflicts,
+    };
+  }
+
+  /** Take a checked set record back (device-state.js checkSet); a plaintext that does not
+   * decode throws, and the caller pulls from cursor 0 instead. */
+  restoreSet(set) {
+    for (const text of set.memories) {
+      const m = decodePlaintext(text);
+      if (m.tombstone) throw new Error("a stored memory is a tombstone");
+      this.memories.set(m.id, m);
+    }
+    for (const [id, vector_clock, device_id, created_at] of set.known) {
+      this.known.set(id, { vector_clock, device_id, created_at });
+    }
+    for (const [id, plaintext, modified_at, rejected] of set.pending) {
+      this.pending.set(id, { plaintext, modified_at, rejected: rejected === true });
+    }
+    this.conflicts = set.conflicts;
+    this.cursor = set.cursor;
+  }
+
+  saveSet() {
+    return this.persist ? this.persist.set(this) : Promise.resolve();
   }
 
   async register() {
@@ -62,13 +106,14 @@ export class WebVault {
   }
 
   /** Pull every page after the cursor; returns {applied, skipped}. Throws PageRefused. */
-  async pull() {
-    const report = { applied: 0, skipped: 0, pages: 0 };
+  async pull({ wait = 0, signal } = {}) {
+    const report = { applied: 0, skipped: 0, pages: 0, conflicts: 0 };
     let resynced = false;
     for (;;) {
       let page;
       try {
-        page = await this.relay.pull(this.vaultId, this.cursor, PAGE_LIMIT, this.deviceId);
+        page = await this.relay.pull(this.vaultId, this.cursor, PAGE_LIMIT, this.deviceId,
+          { wait: report.pages === 0 ? wait : 0, signal });
       } catch (e) {
         // PROTOCOL §9, §12: a full re-pull from 0, reconciled by LWW; once per pull, so a
         // relay answering resync_required to cursor 0 too cannot keep the page pulling
@@ -125,45 +170,123 @@ export class WebVault {
     const remote = { vector_clock: blob.vector_clock, device_id: blob.device_id,
       created_at: blob.created_at };
     if (!remoteWins(remote, this.known.get(blob.memory_id))) return true;
-    if (blob.deleted || decoded.tombstone) this.memories.delete(blob.memory_id);
+    const deleted = blob.deleted || decoded.tombstone === true;
+    this.keepLosingLocal(blob, deleted ? tombstonePlaintext(blob.memory_id)
+      : encodeMemory(decoded), deleted, report);
+    if (deleted) this.memories.delete(blob.memory_id);
     else this.memories.set(blob.memory_id, decoded);
     this.known.set(blob.memory_id, remote);
     report.applied++;
     return true;
   }
 
-  /** Seal one plaintext with ++clock and push it (PROTOCOL §8); throws PushRefused. */
-  async pushOne(memoryId, plaintext, deleted) {
+  /** PROTOCOL §8 "Nothing is lost silently", as engine._apply_blob: a pending local version
+   * beaten by a different remote one is kept as a conflict copy (our own push coming back
+   * is not a conflict: it was taken after all). */
+  keepLosingLocal(blob, incoming, deleted, report) {
+    const local = this.pending.get(blob.memory_id);
+    if (!local) return;
+    this.pending.delete(blob.memory_id);
+    if (blob.device_id === this.deviceId || local.plaintext === incoming) return;
+    const last = this.conflicts.at(-1);
+    this.conflicts.push({ id: (last?.id ?? 0) + 1, memory_id: blob.memory_id,
+      local_plaintext: local.plaintext, local_modified_at: local.modified_at,
+      remote_device_id: blob.device_id, remote_vector_clock: blob.vector_clock,
+      remote_deleted: deleted, detected_at: nowRfc3339(), restored_at: null });
+    report.conflicts++;
+  }
+
+  /** Open conflicts, newest first, as `engram-sync conflicts --json` lists them. */
+  openConflicts() {
+    return this.conflicts.filter((c) => c.restored_at === null).reverse().map((c) => {
+      const kept = decodePlaintext(c.local_plaintext);
+      return { id: c.id, memory_id: c.memory_id,
+        local_content: kept.tombstone ? null : kept.content, local_deleted: !!kept.tombstone,
+        local_modified_at: c.local_modified_at, remote_device_id: c.remote_device_id,
+        remote_vector_clock: c.remote_vector_clock, remote_deleted: c.remote_deleted,
+        detected_at: c.detected_at };
+    });
+  }
+
+  /** `conflicts restore ID`: the kept version comes back as an ordinary new local edit. */
+  async restoreConflict(conflictId) {
+    const c = this.conflicts.find((x) => x.id === conflictId && x.restored_at === null);
+    if (!c) throw new PushRefused(`no open conflict #${conflictId}`);
+    const kept = decodePlaintext(c.local_plaintext, c.memory_id);
+    c.restored_at = nowRfc3339();
+    if (kept.tombstone) {
+      await this.remove(c.memory_id);
+    } else {
+      const current = this.memories.get(c.memory_id);
+      await this.write({ ...kept, modified_at: nextModifiedAt(kept.modified_at,
+        current?.modified_at) });
+    }
+    return c.memory_id;
+  }
+
+  /** Seal one plaintext with ++clock and push it (PROTOCOL §8); throws PushRefused. Until
+   * the relay takes it, the version stays pending (a rejected one is met by the next pull). */
+  async pushOne(memoryId, plaintext, deleted, modifiedAt) {
     if (this.revoked) throw new PushRefused("this browser device was revoked: nothing is pushed");
+    this.pending.set(memoryId, { plaintext, modified_at: modifiedAt, rejected: false });
     const clock = ++this.clock;
+    if (this.persist) await this.persist.device(this); // §8: kept before it is sent
     const blob = await seal(this.keys, padPlaintext(plaintext), { vault_id: this.vaultId,
       memory_id: memoryId, device_id: this.deviceId, vector_clock: clock, deleted,
       created_at: nowRfc3339() });
     const answer = await this.relay.push(this.vaultId, [blob]);
     if (Array.isArray(answer.revoked_devices) && answer.revoked_devices.includes(this.deviceId)) {
       this.revoked = true;
+      await this.persist?.forget(); // a revoked id is never kept for the next unlock
       throw new PushRefused("the relay says this browser device was revoked for the vault: " +
         "unlock again to sync as a new device, or ask an admin");
     }
     if (Array.isArray(answer.rejected) && answer.rejected.includes(memoryId)) {
-      throw new PushRefused(`the relay holds a newer version of ${memoryId}: pull, then retry`);
+      this.pending.get(memoryId).rejected = true; // never pushed again over an unseen version
+      this.saveSet();
+      throw new PushRefused(`the relay holds a newer version of ${memoryId}: it is kept here ` +
+        "and Sync pulls the newer one (a different one keeps yours as a conflict copy)");
     }
+    this.pending.delete(memoryId);
     this.known.set(memoryId, { vector_clock: clock, device_id: this.deviceId,
       created_at: blob.created_at });
+    this.saveSet();
     return blob;
+  }
+
+  /** Show a memory version at once and push it. */
+  async write(memory) {
+    this.memories.set(memory.id, memory);
+    await this.pushOne(memory.id, encodeMemory(memory), false, memory.modified_at);
+    return memory;
   }
 
   async add(content, options = {}) {
     if (!content.trim()) throw new PushRefused("a memory's content must not be empty");
-    const memory = newMemory(newMemoryId(), content, { ...options, now: nowRfc3339() });
-    await this.pushOne(memory.id, encodeMemory(memory), false);
-    this.memories.set(memory.id, memory);
-    return memory;
+    return this.write(newMemory(newMemoryId(), content, { ...options, now: nowRfc3339() }));
+  }
+
+  /** A new version with the content replaced (client/_vault/store.py edit_memory). */
+  async edit(memoryId, content) {
+    const current = this.memories.get(memoryId);
+    if (!current) throw new PushRefused(`no memory ${memoryId}`);
+    if (!content.trim()) throw new PushRefused("a memory's content must not be empty");
+    return this.write({ ...current, content, modified_at: nextModifiedAt(current.modified_at) });
   }
 
   async remove(memoryId) {
-    await this.pushOne(memoryId, tombstonePlaintext(memoryId), true);
     this.memories.delete(memoryId);
+    await this.pushOne(memoryId, tombstonePlaintext(memoryId), true, nowRfc3339());
+  }
+
+  /** Push again what is still pending after a pull and was never rejected (a push that got no
+   * answer); a rejected one waits for the pull that brings the newer version (PROTOCOL §8). */
+  async pushPending() {
+    for (const [id, p] of [...this.pending]) {
+      if (p.rejected) continue;
+      const decoded = decodePlaintext(p.plaintext, id);
+      await this.pushOne(id, p.plaintext, decoded.tombstone === true, p.modified_at);
+    }
   }
 
   /** Every memory, oldest first (as `engram-sync list`). */
