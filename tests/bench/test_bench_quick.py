@@ -93,9 +93,14 @@ TARGETS = {
     "web_verify_s",
 } | (
     {
-        "web_unlock", "web_pull_10k", "web_search_10k", "web_vault_page_ms",
-        "web_passkey_unlock", "web_live_to_cli", "web_live_from_cli",
-    }  # fmt: skip
+        "web_unlock",
+        "web_pull_10k",
+        "web_search_10k",
+        "web_vault_page_ms",
+        "web_passkey_unlock",
+        "web_live_to_cli",
+        "web_live_from_cli",
+    }
     if CHROMIUM.exists()
     else set()
 )
