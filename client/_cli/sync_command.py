@@ -65,22 +65,8 @@ def sync(json_out: Annotated[bool, typer.Option("--json", help="JSON output.")] 
     if report.oversized:
         parts.append(f"{len(report.oversized)} memory(ies) too large to sync")
     out.print(", ".join(parts), markup=False)
-    for refused in report.unpushable[:SHOWN_UNPUSHABLE]:
-        err.print(
-            f"not pushed: memory {shown_id(refused.memory_id)}: {refused.reason}; it stays in "
-            "this vault only (add its content again with `engram-sync add`, then delete it)",
-            markup=False,
-        )
-    if len(report.unpushable) > SHOWN_UNPUSHABLE:
-        err.print(f"  ... and {len(report.unpushable) - SHOWN_UNPUSHABLE} more not pushed")
-    for memory_id in report.oversized[:SHOWN_UNPUSHABLE]:
-        err.print(
-            f"not pushed: memory {shown_id(memory_id)}: larger than the relay takes; it stays "
-            "in this vault only (shorten it with `engram-sync edit`, or split it)",
-            markup=False,
-        )
-    if len(report.oversized) > SHOWN_UNPUSHABLE:
-        err.print(f"  ... and {len(report.oversized) - SHOWN_UNPUSHABLE} more too large")
+    for line in kept_local_lines(report):
+        err.print(line, markup=False)
     _exit_if_kept_local(report)
 
 
@@ -89,6 +75,28 @@ SHOWN_UNPUSHABLE: Final = 20
 #: the exit status of a sync that ran but kept memories local the relay refuses (issue 31)
 #: or that are larger than it takes: in both, something the user wrote is on no other device
 EXIT_UNPUSHABLE: Final = 3
+
+
+def kept_local_lines(report: SyncReport) -> list[str]:
+    """One line a memory the sync kept local (refused by the relay, or larger than it takes),
+    at most SHOWN_UNPUSHABLE of each kind named, the rest counted (issue 31)."""
+    refused = [
+        (shown_id(u.memory_id), u.reason, "add its content again with `engram-sync add`, then "
+         "delete it") for u in report.unpushable
+    ]  # fmt: skip
+    too_large = [
+        (shown_id(m), "larger than the relay takes", "shorten it with `engram-sync edit`, or "
+         "split it") for m in report.oversized
+    ]  # fmt: skip
+    lines: list[str] = []
+    for kind, named in (("not pushed", refused), ("too large", too_large)):
+        lines += [
+            f"not pushed: memory {memory}: {why}; it stays in this vault only ({what_to_do})"
+            for memory, why, what_to_do in named[:SHOWN_UNPUSHABLE]
+        ]
+        if len(named) > SHOWN_UNPUSHABLE:
+            lines.append(f"  ... and {len(named) - SHOWN_UNPUSHABLE} more {kind}")
+    return lines
 
 
 def _exit_if_kept_local(report: SyncReport) -> None:
