@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from bench.web_passkey import AUTHENTICATOR  # the same virtual authenticator as the bench
 from tests.e2e.conftest import DeviceHandle
 from tests.e2e.conftest import relay as relay  # the e2e relay fixture (a real relay)
 from tests.relay.conftest import Relay
@@ -16,17 +17,6 @@ from tests.web.conftest import BrowserThread
 from tests.web.test_account_unlock import PASSWORD, account_unlock
 from tests.web.test_account_unlock import device as device  # Python-made account and vault
 from tests.web.test_web_command import web_url as web_url  # `engram-sync web --no-open`
-
-AUTHENTICATOR = {
-    "protocol": "ctap2",
-    "ctap2Version": "ctap2_1",
-    "transport": "internal",
-    "hasResidentKey": True,
-    "hasUserVerification": True,
-    "isUserVerified": True,
-    "automaticPresenceSimulation": True,
-    "hasPrf": True,
-}
 
 
 def virtual_authenticator(page: Any) -> Any:
