@@ -769,6 +769,26 @@ def web_passkey_targets(d: dict[str, Any]) -> list[Target]:
             WEB_PASSKEY_LIMIT_S,
             "<=",
             detail=f"with the virtual authenticator's gesture {passkey['with_gesture_s']:.3f} s",
+        ),
+        *web_passkey_vault_targets(d),
+    ]
+
+
+def web_passkey_vault_targets(d: dict[str, Any]) -> list[Target]:
+    """Issue 34: passkey unlock of a passphrase vault after the gesture (bench.web_passkey)."""
+    if "passkey_vault" not in d:
+        return []
+    passkey = d["passkey_vault"]
+    return [
+        Target(
+            "web_passkey_vault_unlock",
+            f"seconds from the passkey's PRF output to the {passkey['memories']} memories of a "
+            "passphrase vault listed (HKDF, the sealed API key opened, the vault's passkey wrap "
+            "fetched and opened, register, pull, verify, decrypt, list)",
+            passkey["after_gesture_s"],
+            WEB_PASSKEY_LIMIT_S,
+            "<=",
+            detail=f"with the virtual authenticator's gesture {passkey['with_gesture_s']:.3f} s",
         )
     ]
 

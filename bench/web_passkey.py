@@ -8,6 +8,12 @@ the device registered, the pull, verify, decrypt and list. The vault holds one p
 memories). The gesture is Chromium's virtual authenticator (CDP, PRF on, presence simulated),
 so the figure holds no human time.
 
+`web_passkey_vault_unlock`: the same for a passphrase vault (no account: web/js/
+passkey-vault.js): from the PRF output to the memories listed: HKDF, the API key opened from its
+seal, the vault's passkey wrap fetched and opened, the device registered, pull, verify, decrypt
+and list. Set-up, not timed: the page unlocks with API key, vault id and passphrase, adds a
+passkey (the passphrase asked again), reloads.
+
 Set-up, not timed: an account made over HTTP as the Python client makes one (login secret, A
 wrapped under the password, K wrapped under A), its vault seeded through a key it minted; the
 page unlocks with the account, adds a passkey, reloads.
@@ -96,6 +102,35 @@ def passkey_marks(page: Any, url: str, email: str, vault_id: str, count: int) ->
     page.click("#account-unlock-button")
     _wait_status(page, "Unlocked")
     page.fill("#passkey-password", PASSWORD)
+    page.click("#passkey-add-button")
+    _wait_status(page, "Passkey added")
+    page.reload()
+    page.wait_for_selector("body[data-ready='1']", state="attached")
+    page.click("#passkey-unlock-button")
+    _wait_status(page, "Unlocked")
+    listed = page.locator("#memories li").count()
+    if listed != count:
+        raise RuntimeError(f"the page listed {listed} of {count} after the passkey unlock")
+    marks: dict[str, float] = page.evaluate(MARKS)
+    return marks
+
+
+def vault_passkey_marks(
+    page: Any, url: str, key: str, vault_id: str, passphrase: str, count: int
+) -> dict[str, float]:
+    """The page's marks of one passkey unlock of a passphrase vault (after a passphrase unlock
+    and a passkey added with the passphrase asked again)."""
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("WebAuthn.enable", {"enableUI": False})
+    cdp.send("WebAuthn.addVirtualAuthenticator", {"options": AUTHENTICATOR})
+    page.goto(url.replace("127.0.0.1", "localhost"))  # a WebAuthn RP id is a name
+    page.wait_for_selector("body[data-ready='1']", state="attached")
+    page.fill("#api-key", key)
+    page.fill("#vault-id", vault_id)
+    page.fill("#passphrase", passphrase)
+    page.click("#unlock-button")
+    _wait_status(page, "Unlocked")
+    page.fill("#passkey-password", passphrase)
     page.click("#passkey-add-button")
     _wait_status(page, "Passkey added")
     page.reload()

@@ -477,6 +477,15 @@ class PasskeyWrapWrite(Struct, frozen=True):
     password: str
 
 
+class VaultPasskeyWrapWrite(Struct, frozen=True):
+    """`PUT /v1/vaults/{vault_id}/passkeys/{credential_id}` (docs/web-vault.md "Passkey
+    unlock", passphrase vaults; our addition to §13): K wrapped under a passkey's PRF-derived
+    key and the PRF salt (public), under a vault key's auth (no password: no account)."""
+
+    wrapped_k: str
+    prf_salt: str
+
+
 class PasskeyWrap(Struct, frozen=True):
     """One passkey wrap of a vault key as stored."""
 

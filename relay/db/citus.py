@@ -55,6 +55,7 @@ DISTRIBUTED_TABLES: tuple[str, ...] = (
     "handoff_requests",
     "vault_owners",
     "vault_grants",
+    "vault_passkey_wraps",  # 0019 (docs/web-vault.md): keyed by vault, under a vault key
 )
 #: Copied to every node: looked up without a vault id (or by account), small, rarely
 #: written. Referenced tables before the tables whose foreign keys point at them.

@@ -35,6 +35,7 @@ from engram_sync.relay.http.routes import (
     retire_undo,
     sync,
     system,
+    vault_passkeys,
     web_vault,
 )
 from engram_sync.relay.http.routes.digest import digest as digest_route
@@ -297,6 +298,7 @@ def _routes(config: RelayConfig) -> list[Any]:
         system.metrics,
         *accounts.ROUTES,  # PROTOCOL §13
         *passkeys.ROUTES,  # §13 passkey wraps (docs/web-vault.md)
+        *vault_passkeys.ROUTES,  # the same for passphrase vaults, under a vault key
         *pairing.ROUTES,
         *handoff.ROUTES,  # PROTOCOL §14
         *grants.ROUTES,  # PROTOCOL §13 vault ownership

@@ -186,6 +186,7 @@ _ERASE = [
     "DELETE FROM devices WHERE vault_id = $1 AND revoked_at IS NULL",
     "DELETE FROM handoff_requests WHERE vault_id = $1",
     "DELETE FROM pairing_codes WHERE vault_id = $1",
+    "DELETE FROM vault_passkey_wraps WHERE vault_id = $1",  # K-wraps go with the vault
     "UPDATE vaults SET live_blobs = 0, tombstones = 0, bytes_used = 0,"
     " digest = decode(repeat('00', 32), 'hex'), bucket_prefixes = decode(repeat('00', 2048),"
     " 'hex'), bucket_counts = decode(repeat('00', 1024), 'hex') WHERE vault_id = $1",

@@ -98,6 +98,7 @@ TARGETS = {
         "web_search_10k",
         "web_vault_page_ms",
         "web_passkey_unlock",
+        "web_passkey_vault_unlock",
         "web_live_to_cli",
         "web_live_from_cli",
     }

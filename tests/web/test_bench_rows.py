@@ -30,11 +30,14 @@ def test_the_web_vault_rows_at_a_small_size(
     targets = {t.name: t.as_json() for t in web_vault_targets(result)}
     assert set(targets) == {
         "web_unlock", "web_pull_10k", "web_search_10k", "web_passkey_unlock",
-        "web_live_to_cli", "web_live_from_cli",
+        "web_passkey_vault_unlock", "web_live_to_cli", "web_live_from_cli",
     }  # fmt: skip
     passkey = result["passkey"]
     assert passkey["memories"] == 20
     assert 0 < passkey["after_gesture_s"] < passkey["with_gesture_s"]
+    by_vault = result["passkey_vault"]
+    assert by_vault["memories"] == 20
+    assert 0 < by_vault["after_gesture_s"] < by_vault["with_gesture_s"]
     assert result["live"]["samples"] == 1
     assert 0 < result["live"]["to_cli_p50_ms"] <= result["live"]["to_cli_max_ms"]
     assert 0 < result["live"]["from_cli_p50_ms"] <= result["live"]["from_cli_max_ms"]

@@ -22,6 +22,7 @@ let idleTimer = null;
 let live = null;
 let syncing = null;
 let again = false;
+let passkeys = null; // the passkey form (passkey.js): offered after a passphrase unlock too
 
 function status(text, error = false) {
   $("status").textContent = text;
@@ -179,6 +180,8 @@ async function onUnlock(event) {
     $("passphrase").value = "";
     $("api-key").value = "";
     await start(keys, vaultId, apiKey);
+    // "Add a passkey" (passkey-vault.js): the key is sealed under the passkey, never stored bare
+    passkeys.offer({ kind: "vault", relay: new Relay(apiKey), apiKey, keys, vaultId });
   } catch (e) {
     failed(e, $("unlock-button"));
   }
@@ -245,6 +248,6 @@ $("lock-button").addEventListener("click", lock);
 $("delete-button").addEventListener("click", onDelete);
 wireDeviceUi(ui);
 for (const kind of ["keydown", "pointerdown"]) document.addEventListener(kind, touch);
-wireAccountUnlock({ start, status, failed });
+passkeys = wireAccountUnlock({ start, status, failed });
 prefill();
 document.body.dataset.ready = "1";

@@ -6,6 +6,10 @@
 // "aes-state" also derives the device-state key (ours, docs/web-vault.md "Device across
 // reloads"): HKDF-SHA256 of the enc key's Argon2id output, empty salt, info STATE_INFO, an
 // AES-256-GCM key separated from the vault's keys by its label; non-extractable as well.
+// "wrap-k" (passkey unlock of a passphrase vault, passkey-vault.js): both §2 derivations, K =
+// enc ‖ hmac ‖ UTF-8(vault_id) (PROTOCOL §13's layout) sealed under the passkey's wrap key
+// (a non-extractable CryptoKey posted in) and zeroed here; only the envelope and an HMAC of
+// the page's challenge (the passphrase check) are posted back, never K.
 /* global hashwasm */
 "use strict";
 importScripts("../vendor/hash-wasm-argon2.umd.min.js");
@@ -52,9 +56,46 @@ function b64url(raw) {
   return text.replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
 }
 
+function b64std(raw) {
+  let text = "";
+  for (const byte of raw) text += String.fromCharCode(byte);
+  return btoa(text);
+}
+
+async function wrapK({ passphrase, tags, memoryKib, vaultId, wrapKey, challenge }) {
+  const halves = [];
+  let k = null;
+  try {
+    for (const tag of tags) {
+      halves.push(await argon2id(passphrase, await domainSalt(tag), memoryKib, 3, 4));
+    }
+    const name = new TextEncoder().encode(vaultId);
+    k = new Uint8Array(64 + name.length);
+    k.set(halves[0]);
+    k.set(halves[1], 32);
+    k.set(name, 64);
+    const nonce = crypto.getRandomValues(new Uint8Array(12)); // §13 envelope: nonce ‖ AES-GCM
+    const sealed = new Uint8Array(await crypto.subtle.encrypt({ name: "AES-GCM", iv: nonce },
+      wrapKey, k));
+    const envelope = new Uint8Array(12 + sealed.length);
+    envelope.set(nonce);
+    envelope.set(sealed, 12);
+    const mac = await IMPORT.hmac(halves[1]);
+    const check = new Uint8Array(await crypto.subtle.sign("HMAC", mac, challenge));
+    return { wrapped: b64std(envelope), check };
+  } finally {
+    k?.fill(0);
+    for (const half of halves) half.fill(0);
+  }
+}
+
 self.onmessage = async (event) => {
   const { id, passphrase, tag, memoryKib, use, salt, iterations = 3, parallelism = 4 } = event.data;
   try {
+    if (use === "wrap-k") {
+      self.postMessage({ id, result: await wrapK(event.data) });
+      return;
+    }
     const raw = await argon2id(passphrase, salt ?? await domainSalt(tag), memoryKib, iterations,
       parallelism);
     let result;

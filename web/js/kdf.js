@@ -49,3 +49,12 @@ export function vaultIdV2(passphrase) {
 export function vaultIdV1(passphrase) {
   return derive(passphrase, VAULT_ID_V1_TAG, VAULT_ID_V1_MEMORY_KIB, "hex");
 }
+
+/** For "Add a passkey" on a passphrase vault (passkey-vault.js): K = enc ‖ hmac ‖
+ * UTF-8(vault_id) (PROTOCOL §13's layout, the two §2 derivations) rebuilt, sealed under
+ * `wrapKey` (the §13 envelope) and zeroed, all inside the worker: {wrapped (base64), check
+ * (HMAC-SHA256 of `challenge` under the hmac half, proving the passphrase is the vault's)}. */
+export function wrapSyncKeyBytes(passphrase, vaultId, wrapKey, challenge) {
+  return derive(passphrase, null, KEY_MEMORY_KIB, "wrap-k",
+    { tags: [ENC_TAG, HMAC_TAG], vaultId, wrapKey, challenge });
+}

@@ -4,14 +4,16 @@
 // account password's login secret in the body as for every §13 wrap). The page keeps in
 // localStorage only public values and ciphertext: email, vault id, credential id, prf_salt and
 // the session token sealed under the passkey. A later unlock is the gesture alone; removing the
-// passkey deletes its wrap, after which it opens nothing.
+// passkey deletes its wrap, after which it opens nothing. A passphrase vault (no account) does
+// the same through passkey-vault.js: its entry holds the API key sealed instead of a session.
 
 import { AccountRelay, importVaultKey, loginSecret, openVaultKeyBytes, WrapRefused } from
   "./account.js";
 import { b64decode, b64encode } from "./b64.js";
 import { RelayError } from "./relay.js";
-import { b64url, fromB64url, openBytes, passkeyKeys, PRF_SALT_LEN, sealBytes } from
-  "./passkey-crypto.js";
+import { openBytes, passkeyKeys, sealBytes } from "./passkey-crypto.js";
+import { addVaultPasskey, removeVaultPasskey, vaultPasskeyUnlock } from "./passkey-vault.js";
+import { prfOutput, register } from "./passkey-webauthn.js";
 
 const $ = (id) => document.getElementById(id);
 const STORE = "engram-passkey"; // localStorage: one entry, public values and ciphertext only
@@ -24,48 +26,11 @@ function passkeyPath(vaultId, credentialId) {
 export function savedEntry() {
   try {
     const entry = JSON.parse(localStorage.getItem(STORE) ?? "null");
-    return entry && typeof entry.credential_id === "string" ? entry : null;
+    return entry && typeof entry.credential_id === "string" && typeof entry.vault_id === "string"
+      ? entry : null;
   } catch {
     return null;
   }
-}
-
-function rpId() {
-  const host = location.hostname;
-  if (/^[0-9.]+$/.test(host) || host.includes(":")) {
-    throw new WrapRefused(`passkeys need a name, not an address: open http://localhost:` +
-      `${location.port}/ instead of ${host}`);
-  }
-  return host;
-}
-
-/** The PRF output of `credentialId` for `prfSalt` (the gesture). */
-async function prfOutput(credentialId, prfSalt) {
-  const assertion = await navigator.credentials.get({ publicKey: {
-    challenge: crypto.getRandomValues(new Uint8Array(32)), rpId: rpId(),
-    allowCredentials: [{ type: "public-key", id: fromB64url(credentialId) }],
-    userVerification: "required", extensions: { prf: { eval: { first: prfSalt } } } } });
-  const first = assertion?.getClientExtensionResults().prf?.results?.first;
-  if (!first) throw new WrapRefused("the passkey gave no PRF output: this authenticator cannot");
-  return first;
-}
-
-async function register(email) {
-  const prfSalt = crypto.getRandomValues(new Uint8Array(PRF_SALT_LEN));
-  const credential = await navigator.credentials.create({ publicKey: {
-    rp: { name: "Engram web vault", id: rpId() },
-    user: { id: crypto.getRandomValues(new Uint8Array(16)), name: email, displayName: email },
-    challenge: crypto.getRandomValues(new Uint8Array(32)),
-    pubKeyCredParams: [{ type: "public-key", alg: -7 }, { type: "public-key", alg: -257 }],
-    authenticatorSelection: { residentKey: "preferred", userVerification: "required" },
-    extensions: { prf: { eval: { first: prfSalt } } } } });
-  const prf = credential.getClientExtensionResults().prf;
-  if (!prf?.enabled && !prf?.results) {
-    throw new WrapRefused("this authenticator has no PRF extension: it cannot unlock a vault");
-  }
-  const credentialId = b64url(new Uint8Array(credential.rawId));
-  const output = prf.results?.first ?? await prfOutput(credentialId, prfSalt);
-  return { credentialId, prfSalt, keys: await passkeyKeys(output, prfSalt) };
 }
 
 /** Add a passkey for the unlocked vault: its wrap of K on the relay, the entry here. */
@@ -124,13 +89,31 @@ export async function passkeyUnlock(entry) {
   return { relay, keys: await importVaultKey(k) };
 }
 
-/** Wire the passkey unlock button and the add/remove form; returns {offer(ctx)}. */
+/** The entry's unlock: {keys, apiKey (a key, or a minter of one per device id), ctx}. */
+async function unlockWith(entry) {
+  if (typeof entry.sealed_api_key === "string") { // a passphrase vault (passkey-vault.js)
+    const opened = await vaultPasskeyUnlock(entry);
+    return { keys: opened.keys, apiKey: opened.apiKey, ctx: { kind: "vault",
+      relay: opened.relay, apiKey: opened.apiKey, keys: opened.keys, vaultId: entry.vault_id,
+      credentialId: entry.credential_id } };
+  }
+  const opened = await passkeyUnlock(entry);
+  return { keys: opened.keys,
+    apiKey: async (deviceId) => (await opened.relay.mintKey(entry.vault_id, deviceId, LABEL)).key,
+    ctx: { kind: "account", relay: opened.relay, email: entry.email, vaultId: entry.vault_id,
+      credentialId: entry.credential_id } };
+}
+
+/** Wire the passkey unlock button and the add/remove form; returns {offer(ctx)}: ctx of an
+ * account unlock {kind: "account", relay, session, accountKey, wrappedK, email, vaultId} or of
+ * a passphrase one {kind: "vault", relay, apiKey, keys, vaultId}. */
 export function wirePasskeys({ start, status, failed }) {
   let ctx = null;
   const entry = savedEntry();
   if (entry) {
     $("passkey-unlock").hidden = false;
-    $("passkey-unlock-who").textContent = `${entry.email} · vault ${entry.vault_id}`;
+    $("passkey-unlock-who").textContent = entry.email ? `${entry.email} · vault ${entry.vault_id}`
+      : `vault ${entry.vault_id}`;
   }
   $("passkey-unlock").addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -140,34 +123,41 @@ export function wirePasskeys({ start, status, failed }) {
     performance.mark("engram:unlock");
     try {
       status("Waiting for the passkey…");
-      const opened = await passkeyUnlock(entry);
+      const opened = await unlockWith(entry);
       performance.mark("engram:keys");
-      await start(opened.keys, entry.vault_id, async (deviceId) =>
-        (await opened.relay.mintKey(entry.vault_id, deviceId, LABEL)).key);
-      offer({ relay: opened.relay, email: entry.email, vaultId: entry.vault_id,
-        credentialId: entry.credential_id });
+      await start(opened.keys, entry.vault_id, opened.apiKey);
+      offer(opened.ctx);
     } catch (e) {
       failed(e, button);
     }
   });
   function offer(unlocked) {
     ctx = unlocked;
+    const vault = ctx.kind === "vault";
     $("passkey").hidden = false;
-    $("passkey-add-button").hidden = !ctx.accountKey;
+    $("passkey-password-what").textContent = vault ? "Vault passphrase (to add a passkey)"
+      : "Account password (to add or remove a passkey)";
+    $("passkey-add-button").hidden = vault ? !ctx.keys : !ctx.accountKey;
     $("passkey-remove-button").hidden = !ctx.credentialId;
   }
   async function act(what) {
     const password = $("passkey-password").value;
     $("passkey-password").value = "";
+    const vault = ctx.kind === "vault";
     try {
-      if (what === "add") {
+      if (what === "add" && vault) {
+        const added = await addVaultPasskey(ctx, password);
+        localStorage.setItem(STORE, JSON.stringify(added.entry));
+        ctx.credentialId = added.credentialId;
+      } else if (what === "add") {
         ctx.credentialId = await addPasskey(ctx, password);
-        status("Passkey added: a reload unlocks with it alone");
       } else {
-        await removePasskey(ctx, password);
+        await (vault ? removeVaultPasskey(ctx) : removePasskey(ctx, password));
+        localStorage.removeItem(STORE);
         ctx.credentialId = null;
-        status("Passkey removed: it unlocks nothing now");
       }
+      status(what === "add" ? "Passkey added: a reload unlocks with it alone"
+        : "Passkey removed: it unlocks nothing now");
       offer(ctx);
     } catch (e) {
       status(`Passkey: ${e.message}`, true);

@@ -9,7 +9,8 @@ import { wirePasskeys } from "./passkey.js";
 const $ = (id) => document.getElementById(id);
 const LABEL = "web vault (browser)";
 
-/** `start(keys, vaultId, apiKey)` opens the vault (app.js); `failed(e, button)` reports. */
+/** `start(keys, vaultId, apiKey)` opens the vault (app.js); `failed(e, button)` reports.
+ * Returns the passkey form's {offer(ctx)} (passkey.js), for the passphrase unlock too. */
 export function wireAccountUnlock({ start, status, failed }) {
   const passkeys = wirePasskeys({ start, status, failed });
   $("account-unlock").addEventListener("submit", async (event) => {
@@ -28,9 +29,10 @@ export function wireAccountUnlock({ start, status, failed }) {
       performance.mark("engram:keys");
       await start(opened.keys, vaultId, async (deviceId) =>
         (await opened.relay.mintKey(vaultId, deviceId, LABEL)).key);
-      passkeys.offer({ ...opened, email, vaultId });
+      passkeys.offer({ ...opened, kind: "account", email, vaultId });
     } catch (e) {
       failed(e, button);
     }
   });
+  return passkeys;
 }

@@ -66,7 +66,8 @@ def credential_problem(credential_id: str) -> str | None:
     return None
 
 
-def _credential(credential_id: str) -> str:
+def checked_credential(credential_id: str) -> str:
+    """`credential_id` if canonical; 400 naming the field otherwise."""
     problem = credential_problem(credential_id)
     if problem:
         raise bad_request(problem, code="invalid_request", field="credential_id")
@@ -80,7 +81,7 @@ async def put_passkey_wrap(
     """Store K wrapped under a passkey (current `password` required); never claims a vault."""
     session = await authenticate_session(request)
     require_id(vault_id, "vault_id")
-    _credential(credential_id)
+    checked_credential(credential_id)
     data = await decode_body(request, PasskeyWrapWrite)
     wrapped_k = wrap_b64(data.wrapped_k, "wrapped_k")  # PROTOCOL §13: 512 bytes per wrap
     prf_salt = salt_b64(data.prf_salt, "prf_salt")  # PROTOCOL §13: 64 bytes per salt
@@ -110,7 +111,7 @@ async def get_passkey_wrap(
     """One passkey wrap of the account; 404 `no_wrap` if none (removed, or never stored)."""
     session = await authenticate_session(request)
     require_id(vault_id, "vault_id")
-    _credential(credential_id)
+    checked_credential(credential_id)
     found = await store.get(
         relay_state(request).require_pool(), session.account_id, vault_id, credential_id
     )
@@ -145,7 +146,7 @@ async def delete_passkey_wrap(
     """Forget a passkey wrap (current `password` required; idempotent): it unlocks nothing."""
     session = await authenticate_session(request)
     require_id(vault_id, "vault_id")
-    _credential(credential_id)
+    checked_credential(credential_id)
     data = await decode_body(request, PasswordConfirmation)
     await confirm_password(request, session, data.password)
     deleted = await store.delete(

@@ -163,7 +163,7 @@ def indexdefs(url: str, table: str) -> dict[str, str]:
 
 def test_head_is_the_generation_revision() -> None:
     assert (alembic_dir() / "env.py").is_file()
-    assert head_revision() == "0018_passkey_wraps"
+    assert head_revision() == "0019_vault_passkey_wraps"
 
 
 def test_generation_is_one_random_row(fresh_database_url: str) -> None:

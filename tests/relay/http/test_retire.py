@@ -326,6 +326,8 @@ def test_after_the_grace_period_the_blobs_are_erased_and_pull_is_410(
     old, new, live = new_vault_id("erased"), new_vault_id("succ"), new_vault_id("live")
     push_ok(http, old, Sealer(old).blobs(4))
     push_ok(http, live, Sealer(live).blobs(2))
+    wrap = {"wrapped_k": "A" * 124, "prf_salt": "A" * 44}  # a passkey wrap (docs/web-vault.md)
+    assert http.put(f"/v1/vaults/{old}/passkeys/AAAA", json=wrap).status_code == 200
     retire_ok(http, old, new)
     for method, path, body in VAULT_READS:  # within the grace period: they all answer
         answer = http.request(method, path.format(v=old), json=body)
@@ -342,6 +344,8 @@ def test_after_the_grace_period_the_blobs_are_erased_and_pull_is_410(
     erased = run_db(relay.database_url, run_sweep)
     assert erased["retired_vaults"] >= 1
     assert relay.sql("SELECT count(*) AS n FROM blobs WHERE vault_id = $1", old)[0]["n"] == 0
+    wraps = relay.sql("SELECT count(*) AS n FROM vault_passkey_wraps WHERE vault_id = $1", old)
+    assert wraps[0]["n"] == 0  # K's passkey wraps go with the vault
     row = relay.sql(
         "SELECT live_blobs, tombstones, bytes_used, successor FROM vaults WHERE vault_id = $1", old
     )[0]
@@ -367,6 +371,7 @@ VAULT_READS: list[tuple[str, str, Any]] = [
     ("GET", "/v1/vaults/{v}/devices", None),
     ("GET", "/v1/vaults/{v}/digest", None),
     ("POST", "/v1/vaults/{v}/fetch", {"memory_ids": ["mem-0"]}),
+    ("GET", "/v1/vaults/{v}/passkeys", None),  # docs/web-vault.md "Passkey unlock"
 ]
 
 
