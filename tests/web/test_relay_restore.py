@@ -203,3 +203,56 @@ def test_a_generation_flipping_on_every_answer_is_bounded_and_deletes_nothing(
     assert len(seen["listed"]) == 2
     rows = relay_process.sql("SELECT deleted FROM blobs WHERE vault_id = $1", vault_id)
     assert [r["deleted"] for r in rows] == [False, False]
+
+
+def _push_shows(page: Any, url: str, relay: Relay, proxy: HostileProxy,
+                vault_id: str) -> dict[str, Any]:  # fmt: skip
+    _unlock(page, url)
+    _sql(relay, "DELETE FROM blobs WHERE vault_id = $1", vault_id)
+
+    def new_generation(value: dict[str, Any]) -> None:
+        value["generation"] = "d" * 32
+
+    proxy.on("POST", r"/push$", rewrite_json(new_generation), times=1)  # a push answer only
+    _add(page, "written after the restore")
+    _wait_restored(page)
+    return {"problems": _problems(page), "listed": page.evaluate(IDS)}
+
+
+def test_a_push_answer_of_another_generation_makes_the_page_repair_at_once(
+    browser: BrowserThread, proxy: HostileProxy, relay_process: Relay, web_url: str,
+    vault_id: str,
+) -> None:  # fmt: skip
+    seen = browser.run(lambda page: _push_shows(page, web_url, relay_process, proxy, vault_id))
+    restored = [p for p in seen["problems"] if p.startswith(RESTORED)]
+    assert len(restored) == 1
+    assert restored[0].startswith("the relay was restored: 2 versions pushed back")
+    assert len(seen["listed"]) == 3
+    rows = relay_process.sql("SELECT deleted FROM blobs WHERE vault_id = $1", vault_id)
+    assert [r["deleted"] for r in rows] == [False] * 3
+
+
+def _head_back(page: Any, url: str, proxy: HostileProxy) -> dict[str, Any]:
+    _unlock(page, url)
+
+    def head_went_back(value: dict[str, Any]) -> None:
+        value["head"] = 1
+        value["cursor"] = min(int(value["cursor"]), 1)
+        value.pop("generation", None)
+
+    proxy.on("GET", r"/pull$", rewrite_json(head_went_back), times=1)
+    page.click("#sync-button")
+    _wait_restored(page)
+    cursors = [e.query.get("cursor") for e in proxy.requests("GET", r"/pull$")]
+    return {"problems": _problems(page), "listed": page.evaluate(IDS), "cursors": cursors}
+
+
+def test_a_vault_sequence_below_the_cursor_is_a_restore(
+    browser: BrowserThread, proxy: HostileProxy, web_url: str
+) -> None:
+    seen = browser.run(lambda page: _head_back(page, web_url, proxy))
+    restored = [p for p in seen["problems"] if p.startswith(RESTORED)]
+    assert len(restored) == 1
+    assert restored[0].startswith("the relay was restored: 0 versions pushed back")
+    assert seen["cursors"][-2:] == ["2", "0"]  # the lying page, then the full re-pull
+    assert len(seen["listed"]) == 2
