@@ -8,12 +8,14 @@
 // pushes back every version the relay lacks. Missing is not deleted: only a verified
 // tombstone deletes.
 
-const isText = (v) => typeof v === "string";
+/** A generation the page keeps: text of 1..256 characters (the set record's bound); anything
+ * else a relay sends is treated as absent, so it cannot make the record unreadable. */
+export const isGeneration = (v) => typeof v === "string" && v.length > 0 && v.length <= 256;
 
 /** Another generation than the one stored with the cursor; a first contact (none stored)
  * or an answer without one is no change. */
 export function generationChanged(generation, known) {
-  return isText(generation) && isText(known) && generation !== known;
+  return isGeneration(generation) && isGeneration(known) && generation !== known;
 }
 
 /** A pull page (checked for shape) shows a restore: another generation, or a vault sequence

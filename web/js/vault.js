@@ -11,7 +11,7 @@ import { checkPage, checkShape, PageRefused } from "./page-check.js";
 import { decodePlaintext, encodeMemory, newMemory, tombstonePlaintext } from "./plaintext.js";
 import { padPlaintext } from "./padding.js";
 import { PAGE_LIMIT, RelayError } from "./relay.js";
-import { missingOnRelay, pullShowsRestore, pushShowsRestore } from "./restore.js";
+import { isGeneration, missingOnRelay, pullShowsRestore, pushShowsRestore } from "./restore.js";
 import { instantMicros, nextModifiedAt, nowRfc3339 } from "./timestamps.js";
 
 const MAX_CLOCK_STEP = 2 ** 32; // docs/when-the-relay-lies.md "Clock bound"
@@ -161,7 +161,7 @@ export class WebVault {
       last = page;
       if (!page.has_more) break;
     }
-    if (typeof last.generation === "string") this.generation = last.generation;
+    if (isGeneration(last.generation)) this.generation = last.generation; // §17
     if (seen !== null) report.repushed = await this.repushMissing(seen);
     return report;
   }
@@ -196,7 +196,9 @@ export class WebVault {
   async applyPage(blobs, report, seen = null) {
     let highest = 0;
     for (const blob of blobs) {
-      if (await this.applyBlob(blob, report, highest, seen)) highest = Math.max(highest, blob.vector_clock);
+      if (await this.applyBlob(blob, report, highest, seen)) {
+        highest = Math.max(highest, blob.vector_clock);
+      }
     }
     // PROTOCOL §1: after a pull the clock is at least the highest verified remote clock
     this.clock = Math.max(this.clock, highest);
