@@ -19,7 +19,7 @@ from engram_sync.client._session import VaultSession
 from tests.e2e.conftest import PASSPHRASE
 from tests.e2e.hostile.conftest import proxy as proxy  # a lying proxy per test
 from tests.e2e.hostile.conftest import relay_process as relay_process  # the real relay
-from tests.e2e.hostile.proxy import HostileProxy, rewrite_json
+from tests.e2e.hostile.proxy import Answer, HostileProxy, rewrite_json
 from tests.relay.conftest import ADMIN_KEY, Relay
 from tests.web.conftest import BrowserThread
 from tests.web.test_hostile_relay import _unlock
@@ -256,3 +256,34 @@ def test_a_vault_sequence_below_the_cursor_is_a_restore(
     assert restored[0].startswith("the relay was restored: 0 versions pushed back")
     assert seen["cursors"][-2:] == ["2", "0"]  # the lying page, then the full re-pull
     assert len(seen["listed"]) == 2
+
+
+def _live_after_restore(page: Any, url: str, relay: Relay, proxy: HostileProxy,
+                        vault_id: str, alpha: Path) -> dict[str, Any]:  # fmt: skip
+    _unlock(page, url)
+    page.wait_for_function(  # the proxy does not stream: the page long-polls (PROTOCOL §15)
+        "() => document.getElementById('live-mode').textContent === 'live updates: long-poll'"
+    )
+    _sql(relay, "DELETE FROM blobs WHERE vault_id = $1", vault_id)
+    _new_generation(proxy, "c" * 32)
+    with VaultSession.open(alpha, PASSPHRASE) as session:  # another device writes meanwhile
+        vault = Vault(session)
+        vault.add("written by alpha after the restore")
+        vault.sync()
+    _wait_restored(page)  # no Sync click: the live feed's hint made the page pull
+    page.wait_for_function("() => document.querySelectorAll('#memories li').length === 3")
+    return {"problems": _problems(page), "listed": page.evaluate(IDS)}
+
+
+def test_the_live_feed_pull_after_a_restore_repairs_without_a_click(
+    browser: BrowserThread, proxy: HostileProxy, relay_process: Relay, web_url: str,
+    vault_id: str, tmp_path: Path,
+) -> None:  # fmt: skip
+    gone = Answer(status=404, body={"error": "no streams here", "code": "not_found"})
+    proxy.on("GET", r"/events$", lambda _: gone, forward=False)
+    seen = browser.run(lambda page: _live_after_restore(page, web_url, relay_process, proxy,
+                                                        vault_id, tmp_path / "alpha"))  # fmt: skip
+    assert len([p for p in seen["problems"] if p.startswith(RESTORED)]) == 1
+    assert len(seen["listed"]) == 3
+    rows = relay_process.sql("SELECT deleted FROM blobs WHERE vault_id = $1", vault_id)
+    assert [r["deleted"] for r in rows] == [False] * 3  # alpha or the page pushed the 2 back
