@@ -74,7 +74,10 @@ class ServedApp:
 
         self.sock = listening_socket(0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        # a page's live feed holds a stream open through the app: without a bound on the
+        # graceful shutdown, stopping waited for `__exit__`'s 10 s join on every such test
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                                    timeout_graceful_shutdown=1))  # fmt: skip
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
         )

@@ -109,6 +109,11 @@ async function pullOnce() {
     problem(`skipped ${s.memory_id} (device ${s.device_id}, clock ${s.vector_clock}): ${s.reason}`);
   }
   refresh();
+  if (report.restored) {
+    // PROTOCOL §17, said once per restore: the next pull stores the new generation
+    problem(`the relay was restored: ${report.repushed} versions pushed back; nothing ` +
+      "deleted (its generation changed or its sequence went back: everything pulled again)");
+  }
   await vault.pushPending();
   renderConflicts(ui);
   vault.saveSet();
@@ -149,6 +154,7 @@ async function start(keys, vaultId, apiKey) {
     : new Relay(apiKey);
   vault = await openDevice({ keys, relay, vaultId, relayName: location.origin,
     label: "web vault (browser)", problem });
+  vault.onRestore = () => guarded(sync, false); // PROTOCOL §17: a push answer showed a restore
   for (const form of document.querySelectorAll(".locked-only")) form.hidden = true;
   $("vault").hidden = false;
   await sync();

@@ -4,7 +4,8 @@
 // "engram-web-device-state-v1", non-extractable; kdf-worker.js):
 //   device: {device_id, label, clock}  written before every push (PROTOCOL §8: the clock is
 //           kept before a blob carrying it is sent, so a reload never reuses a clock value)
-//   set:    {cursor, memories (§4 plaintexts), known, pending, conflicts}  after each change
+//   set:    {cursor, generation, full_pull (PROTOCOL §17), memories (§4 plaintexts), known,
+//           pending, conflicts}  after each change
 // A record's key is hex(HMAC-SHA256(keys.mac, "engram-web-device-state-v1\0" + kind + "\0" +
 // vault_id))[0:32] (no vault id in the clear); its value {v: 1, nonce, ciphertext} (base64),
 // with the record's key as the AES-GCM additional data, so a record moved to another key does
@@ -86,6 +87,13 @@ export function checkSet(s) {
   const lists = ["memories", "known", "pending", "conflicts"];
   if (!s || !isSafe(s.cursor) || !lists.every((n) => Array.isArray(s[n]))) {
     throw new StateError("the set record lacks a cursor or its lists");
+  }
+  // PROTOCOL §17: the generation the cursor belongs to (absent in records from before it)
+  if (s.generation !== undefined && s.generation !== null && !isText(s.generation)) {
+    throw new StateError("the set record's generation is not text");
+  }
+  if (s.full_pull !== undefined && typeof s.full_pull !== "boolean") {
+    throw new StateError("the set record's full_pull is not a bool");
   }
   if (!s.known.every((k) => Array.isArray(k) && k.length === 4 && isSafe(k[1]))) {
     throw new StateError("the set record's known versions are malformed");

@@ -30,7 +30,7 @@ export async function openDevice({ keys, relay, vaultId, relayName, label, probl
       vault.restoreSet(stored.set);
     } catch (e) {
       problem(`the stored set record was ignored: ${e.message}; pulling again`);
-      Object.assign(vault, { cursor: 0, memories: new Map(), known: new Map(),
+      Object.assign(vault, { cursor: 0, generation: null, fullPull: false, memories: new Map(), known: new Map(),
         pending: new Map(), conflicts: [] });
     }
   }

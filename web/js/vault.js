@@ -11,6 +11,7 @@ import { checkPage, checkShape, PageRefused } from "./page-check.js";
 import { decodePlaintext, encodeMemory, newMemory, tombstonePlaintext } from "./plaintext.js";
 import { padPlaintext } from "./padding.js";
 import { PAGE_LIMIT, RelayError } from "./relay.js";
+import { isGeneration, missingOnRelay, pullShowsRestore, pushShowsRestore } from "./restore.js";
 import { instantMicros, nextModifiedAt, nowRfc3339 } from "./timestamps.js";
 
 const MAX_CLOCK_STEP = 2 ** 32; // docs/when-the-relay-lies.md "Clock bound"
@@ -53,6 +54,8 @@ export class WebVault {
     this.deviceId = deviceId ?? crypto.randomUUID();
     this.clock = clock;
     this.cursor = 0;
+    this.generation = null; // PROTOCOL §17: the relay generation the cursor belongs to
+    this.fullPull = false; // §17: the next pull starts from 0 and pushes back what is missing
     this.memories = new Map();
     this.known = new Map();
     this.pending = new Map(); // memory_id -> {plaintext, modified_at, rejected}: not taken yet
@@ -60,6 +63,8 @@ export class WebVault {
     this.skipped = []; // {memory_id, device_id, vector_clock, reason}
     this.refused = []; // messages of refused pages
     this.revoked = false;
+    this.repairing = false; // pushing back what a restored relay lacks (PROTOCOL §17)
+    this.onRestore = null; // called when a push answer shows a restore: the page pulls
     this.persist = persist; // {device(vault), set(vault)}: device-state.js, or null
   }
 
@@ -72,6 +77,8 @@ export class WebVault {
   setRecord() {
     return {
       cursor: this.cursor,
+      generation: this.generation,
+      full_pull: this.fullPull,
       memories: [...this.memories.values()].map(encodeMemory),
       known: [...this.known].map(([id, k]) => [id, k.vector_clock, k.device_id, k.created_at]),
       pending: [...this.pending].map(([id, p]) => [id, p.plaintext, p.modified_at, p.rejected]),
@@ -95,6 +102,8 @@ export class WebVault {
     }
     this.conflicts = set.conflicts;
     this.cursor = set.cursor;
+    this.generation = set.generation ?? null; // a record from before §17: a first contact
+    this.fullPull = set.full_pull === true;
   }
 
   saveSet() {
@@ -105,10 +114,18 @@ export class WebVault {
     await this.relay.register(this.vaultId, this.deviceId, this.label);
   }
 
-  /** Pull every page after the cursor; returns {applied, skipped}. Throws PageRefused. */
+  /** Pull every page after the cursor; returns {applied, skipped, pages, conflicts, restored,
+   * repushed}. Throws PageRefused. PROTOCOL §17: a page of another generation, or whose
+   * vault sequence is below the cursor, starts a full re-pull from 0 (LWW as always), then
+   * every version the relay did not send is pushed back; nothing is deleted. A full re-pull
+   * (§9 resync_required or §17) happens at most once per pull, so a relay flipping its
+   * generation on every page cannot keep the page pulling. */
   async pull({ wait = 0, signal } = {}) {
-    const report = { applied: 0, skipped: 0, pages: 0, conflicts: 0 };
-    let resynced = false;
+    const report = { applied: 0, skipped: 0, pages: 0, conflicts: 0, restored: this.fullPull,
+      repushed: 0 };
+    let seen = this.fullPull ? new Map() : null; // memory id -> highest verified clock sent
+    if (seen) this.cursor = 0; // an interrupted repair starts again
+    let last = null;
     for (;;) {
       let page;
       try {
@@ -117,8 +134,8 @@ export class WebVault {
       } catch (e) {
         // PROTOCOL §9, §12: a full re-pull from 0, reconciled by LWW; once per pull, so a
         // relay answering resync_required to cursor 0 too cannot keep the page pulling
-        if (e instanceof RelayError && e.code === "resync_required" && !resynced) {
-          resynced = true;
+        if (e instanceof RelayError && e.code === "resync_required" && seen === null) {
+          seen = new Map();
           this.cursor = 0;
           continue;
         }
@@ -126,22 +143,62 @@ export class WebVault {
       }
       try {
         checkShape(page);
+        if (seen === null && pullShowsRestore(page, { known: this.generation,
+          asked: this.cursor })) {
+          seen = new Map(); // §17: checked against cursor 0 on the next round
+          report.restored = this.fullPull = true;
+          this.cursor = 0;
+          continue;
+        }
         checkPage(page, { asked: this.cursor, limit: PAGE_LIMIT, relay: this.relayName });
       } catch (e) {
         if (e instanceof PageRefused) this.refused.push(e.message);
         throw e;
       }
-      await this.applyPage(page.blobs, report);
+      await this.applyPage(page.blobs, report, seen);
       this.cursor = page.cursor;
       report.pages++;
-      if (!page.has_more) return report;
+      last = page;
+      if (!page.has_more) break;
     }
+    if (isGeneration(last.generation)) this.generation = last.generation; // §17
+    if (seen !== null) report.repushed = await this.repushMissing(seen);
+    return report;
   }
 
-  async applyPage(blobs, report) {
+  /** PROTOCOL §17 after a full re-pull: push back (sealed anew with this device's id and
+   * next clock, as the Python client re-pushes) every version the relay did not send;
+   * tombstones too. A version the relay refuses (it holds a newer one) stays pending. */
+  async repushMissing(seen) {
+    const missing = missingOnRelay({ seen, known: this.known, memories: this.memories,
+      pending: this.pending });
+    let pushed = 0;
+    this.repairing = true; // these answers are not checked for a restore: one per pull
+    try {
+      for (const { id, deleted } of missing) {
+        const memory = this.memories.get(id);
+        try {
+          if (deleted) await this.pushOne(id, tombstonePlaintext(id), true, nowRfc3339());
+          else await this.pushOne(id, encodeMemory(memory), false, memory.modified_at);
+          pushed++;
+        } catch (e) {
+          if (!(e instanceof PushRefused) || this.revoked) throw e;
+        }
+      }
+    } finally {
+      this.repairing = false;
+    }
+    this.fullPull = false;
+    this.saveSet();
+    return pushed;
+  }
+
+  async applyPage(blobs, report, seen = null) {
     let highest = 0;
     for (const blob of blobs) {
-      if (await this.applyBlob(blob, report, highest)) highest = Math.max(highest, blob.vector_clock);
+      if (await this.applyBlob(blob, report, highest, seen)) {
+        highest = Math.max(highest, blob.vector_clock);
+      }
     }
     // PROTOCOL §1: after a pull the clock is at least the highest verified remote clock
     this.clock = Math.max(this.clock, highest);
@@ -154,7 +211,7 @@ export class WebVault {
     return false;
   }
 
-  async applyBlob(blob, report, ceiling) {
+  async applyBlob(blob, report, ceiling, seen = null) {
     if (blob.vault_id !== this.vaultId) return this.skip(blob, "blob names another vault", report);
     const refusal = idRefusal(blob.memory_id);
     if (refusal !== null) return this.skip(blob, refusal, report);
@@ -169,6 +226,8 @@ export class WebVault {
     }
     const remote = { vector_clock: blob.vector_clock, device_id: blob.device_id,
       created_at: blob.created_at };
+    // §17: what the relay holds of this memory, verified (a full re-pull's reconcile)
+    seen?.set(blob.memory_id, Math.max(seen.get(blob.memory_id) ?? 0, blob.vector_clock));
     if (!remoteWins(remote, this.known.get(blob.memory_id))) return true;
     const deleted = blob.deleted || decoded.tombstone === true;
     this.keepLosingLocal(blob, deleted ? tombstonePlaintext(blob.memory_id)
@@ -235,6 +294,12 @@ export class WebVault {
       memory_id: memoryId, device_id: this.deviceId, vector_clock: clock, deleted,
       created_at: nowRfc3339() });
     const answer = await this.relay.push(this.vaultId, [blob]);
+    if (!this.repairing && !this.fullPull && pushShowsRestore(answer, {
+      known: this.generation, cursor: this.cursor })) {
+      this.fullPull = true; // PROTOCOL §17: the next pull re-pulls from 0 and repairs
+      this.saveSet();
+      this.onRestore?.();
+    }
     if (Array.isArray(answer.revoked_devices) && answer.revoked_devices.includes(this.deviceId)) {
       this.revoked = true;
       await this.persist?.forget(); // a revoked id is never kept for the next unlock
