@@ -390,7 +390,7 @@ def test_revisions_0013_and_0014_rebuild_the_key_of_a_distributed_database(
         pytest.param(
             "scrub",
             "_REPAIR",
-            ("vault-a", bytes(32), 1, 0, bytes(2048), bytes(1024)),
+            ("vault-a", bytes(32), 1, 0, bytes(2048), bytes(1024), 0),
             id="scrub-repair",
         ),
     ],
