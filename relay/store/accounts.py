@@ -342,6 +342,30 @@ async def insert_key(
     )
 
 
+async def replace_device_keys(conn: Conn, account_id: str, vault_id: str, device_id: str) -> int:
+    """Revoke the account's keys bound to `device_id` in `vault_id` (a key minted for that
+    device again replaces them: a browser unlocking as the same device each time leaves one
+    key, not one per unlock); returns how many. Their event streams end (PROTOCOL §15)."""
+    rows = await conn.fetch(
+        "UPDATE api_keys SET revoked_at = now() WHERE account_id = $1 AND vault_id = $2"
+        " AND device_id = $3 AND revoked_at IS NULL RETURNING id",
+        account_id,
+        vault_id,
+        device_id,
+    )
+    if rows:
+        await announce_revocation(conn, vault_id)
+    return len(rows)
+
+
+async def active_key_count(conn: Conn, account_id: str) -> int:
+    """The account's keys not revoked (the bound MAX_ACTIVE_KEYS holds)."""
+    count: int = await conn.fetchval(
+        "SELECT count(*) FROM api_keys WHERE account_id = $1 AND revoked_at IS NULL", account_id
+    )
+    return count
+
+
 async def device_revoked(conn: Conn, vault_id: str, device_id: str) -> bool:
     """True when the device was revoked in this vault."""
     found: bool = await conn.fetchval(

@@ -254,6 +254,11 @@ async def get_account(request: Request[Any, Any, Any]) -> AccountInfo:
     )
 
 
+#: keys an account may hold unrevoked, across its vaults (every resource has a bound per
+#: account); a device minting again replaces its own key, so re-unlocks do not count up
+MAX_ACTIVE_KEYS: Final = 200
+
+
 @post("/account/keys", status_code=200, tags=["accounts"], opt={BODY_OPT: MintAccountKeyRequest})
 async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
     """Mint a key for a vault the account owns or was granted; shown once.
@@ -263,8 +268,10 @@ async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
     out, an admin key (it may revoke devices and seal handoffs) for the owner and an admin
     grant, a member key for a member grant; `admin: true` with a member grant is 403
     `admin_not_granted` (relay.domain.grant_roles, "Grants carry a role"). Bound to
-    `device_id` if given (§10). With an `Idempotency-Key`, a repeat answers the key the
-    first request minted, and mints none (docs/retries.md).
+    `device_id` if given (§10); a key minted again for a device replaces (revokes) the
+    account's older keys of that device and vault. At most MAX_ACTIVE_KEYS unrevoked keys
+    an account: past it 409 `too_many_keys`. With an `Idempotency-Key`, a repeat answers the
+    key the first request minted, and mints none (docs/retries.md).
     """
     session = await authenticate_session(request)
     data = await decode_body(request, MintAccountKeyRequest)
@@ -281,6 +288,15 @@ async def mint_account_key(request: Request[Any, Any, Any]) -> MintedAccountKey:
         await retirement.refuse_if_retired(conn, vault_id)  # PROTOCOL §19: 410 vault_retired
         if device_id is not None and await store.device_revoked(conn, vault_id, device_id):
             raise forbidden(f"device {device_id} was revoked for this vault", code="device_revoked")
+        if device_id is not None:  # one key a device: a new one replaces the device's old ones
+            await store.replace_device_keys(conn, session.account_id, vault_id, device_id)
+        if await store.active_key_count(conn, session.account_id) >= MAX_ACTIVE_KEYS:
+            raise RelayError(
+                409,
+                "too_many_keys",
+                f"this account holds {MAX_ACTIVE_KEYS} keys not revoked, the most it may: "
+                "revoke the ones no device uses (DELETE /account/keys/{id})",
+            )
         key_id, key = await store.insert_key(
             conn,
             vault_id=vault_id,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from engram_sync.relay.http.routes import accounts as accounts_routes
 from tests.relay.accounts.helpers import PASSWORD, http, new_email, signin, signup
 from tests.relay.conftest import Relay
 from tests.relay.support import (
@@ -215,3 +216,45 @@ def test_signup_and_signin_are_rate_limited_per_ip(served: Relay) -> None:
         codes = [c.post("/auth/signin", json={}).status_code for _ in range(31)]
     assert codes[:30] == [400] * 30
     assert codes[30] == 429
+
+
+def test_a_key_minted_again_for_a_device_replaces_its_old_one(served: Relay) -> None:
+    # a browser unlocking as the same device mints each time: one key stays, not one per
+    # unlock (issue 34), and the old one no longer opens the vault
+    account = signup(served)
+    vault_id = own_vault(served, account.token)
+    device, other = new_device_id(), new_device_id()
+    with account.client(served) as c:
+        first = c.post("/account/keys", json={"vault_id": vault_id, "device_id": device}).json()
+        elsewhere = c.post("/account/keys", json={"vault_id": vault_id, "device_id": other})
+        second = c.post("/account/keys", json={"vault_id": vault_id, "device_id": device}).json()
+        revoked = {k["id"]: k["revoked"] for k in c.get("/account").json()["keys"]}
+    assert revoked == {first["id"]: True, elsewhere.json()["id"]: False, second["id"]: False}
+    with client(served, first["key"]) as vault:
+        assert_error(vault.get(f"/v1/vaults/{vault_id}/stats"), 401, "unauthorized")
+    for key in (second["key"], elsewhere.json()["key"]):  # the honest case: both still work
+        with client(served, key) as vault:
+            assert vault.get(f"/v1/vaults/{vault_id}/stats").status_code == 200
+
+
+def test_an_account_holds_a_bounded_number_of_keys(
+    served: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every resource has a bound per account: past MAX_ACTIVE_KEYS unrevoked keys a mint is
+    # 409 naming the bound and what to do; a device minting again still may (it replaces)
+    monkeypatch.setattr(accounts_routes, "MAX_ACTIVE_KEYS", 3)
+    account = signup(served)
+    vault_id = own_vault(served, account.token)  # a wrap, no key yet
+    device = new_device_id()
+    with account.client(served) as c:
+        body = {"vault_id": vault_id, "device_id": device}
+        assert c.post("/account/keys", json=body).status_code == 200  # 1 of 3
+        for _ in range(2):  # 2 and 3
+            assert c.post("/account/keys", json={"vault_id": vault_id}).status_code == 200
+        refused = c.post("/account/keys", json={"vault_id": vault_id})
+        assert_error(refused, 409, "too_many_keys")
+        assert "3 keys not revoked" in refused.json()["error"]
+        assert c.post("/account/keys", json=body).status_code == 200  # replaces its own
+        some = next(k for k in c.get("/account").json()["keys"] if not k["revoked"])
+        assert c.delete(f"/account/keys/{some['id']}").status_code == 200
+        assert c.post("/account/keys", json={"vault_id": vault_id}).status_code == 200
