@@ -91,28 +91,8 @@ def _wait_status(page: Any, prefix: str) -> None:
 
 def passkey_marks(page: Any, url: str, email: str, vault_id: str, count: int) -> dict[str, float]:
     """The page's marks of one passkey unlock (after an account unlock and a passkey added)."""
-    cdp = page.context.new_cdp_session(page)
-    cdp.send("WebAuthn.enable", {"enableUI": False})
-    cdp.send("WebAuthn.addVirtualAuthenticator", {"options": AUTHENTICATOR})
-    page.goto(url.replace("127.0.0.1", "localhost"))  # a WebAuthn RP id is a name
-    page.wait_for_selector("body[data-ready='1']", state="attached")
-    page.fill("#account-email", email)
-    page.fill("#account-password", PASSWORD)
-    page.fill("#account-vault-id", vault_id)
-    page.click("#account-unlock-button")
-    _wait_status(page, "Unlocked")
-    page.fill("#passkey-password", PASSWORD)
-    page.click("#passkey-add-button")
-    _wait_status(page, "Passkey added")
-    page.reload()
-    page.wait_for_selector("body[data-ready='1']", state="attached")
-    page.click("#passkey-unlock-button")
-    _wait_status(page, "Unlocked")
-    listed = page.locator("#memories li").count()
-    if listed != count:
-        raise RuntimeError(f"the page listed {listed} of {count} after the passkey unlock")
-    marks: dict[str, float] = page.evaluate(MARKS)
-    return marks
+    fields = {"#account-email": email, "#account-password": PASSWORD, "#account-vault-id": vault_id}
+    return _marks_after_passkey(page, url, fields, "#account-unlock-button", PASSWORD, count)
 
 
 def vault_passkey_marks(
@@ -120,17 +100,25 @@ def vault_passkey_marks(
 ) -> dict[str, float]:
     """The page's marks of one passkey unlock of a passphrase vault (after a passphrase unlock
     and a passkey added with the passphrase asked again)."""
+    fields = {"#api-key": key, "#vault-id": vault_id, "#passphrase": passphrase}
+    return _marks_after_passkey(page, url, fields, "#unlock-button", passphrase, count)
+
+
+def _marks_after_passkey(
+    page: Any, url: str, fields: dict[str, str], unlock_button: str, secret: str, count: int
+) -> dict[str, float]:
+    """Unlock with `fields`, add a passkey (`secret` asked again), reload, unlock with the
+    passkey alone: the page's marks of that last unlock, its `count` memories listed."""
     cdp = page.context.new_cdp_session(page)
     cdp.send("WebAuthn.enable", {"enableUI": False})
     cdp.send("WebAuthn.addVirtualAuthenticator", {"options": AUTHENTICATOR})
     page.goto(url.replace("127.0.0.1", "localhost"))  # a WebAuthn RP id is a name
     page.wait_for_selector("body[data-ready='1']", state="attached")
-    page.fill("#api-key", key)
-    page.fill("#vault-id", vault_id)
-    page.fill("#passphrase", passphrase)
-    page.click("#unlock-button")
+    for selector, value in fields.items():
+        page.fill(selector, value)
+    page.click(unlock_button)
     _wait_status(page, "Unlocked")
-    page.fill("#passkey-password", passphrase)
+    page.fill("#passkey-password", secret)
     page.click("#passkey-add-button")
     _wait_status(page, "Passkey added")
     page.reload()
