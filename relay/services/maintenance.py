@@ -4,13 +4,13 @@ Every `maintenance_interval_secs` (ENGRAM_RELAY_MAINTENANCE_INTERVAL_S, default 
 turns it off) each relay process tries PostgreSQL's advisory lock `MAINTENANCE_LOCK_KEY`
 (`pg_try_advisory_xact_lock`, never waiting). The one that gets it compacts tombstones
 (PROTOCOL §12, the same rule and code as `gc`) and erases expired handoff seals and
-requests, pairing codes and sessions (PROTOCOL §13, §14) and the blobs of retired vaults
-whose grace period is over (PROTOCOL §19, relay.store.retire), then scrubs at most
-ENGRAM_RELAY_SCRUB_PER_ROUND vaults not scrubbed within ENGRAM_RELAY_SCRUB_INTERVAL_S,
-least recently scrubbed first (PROTOCOL §18, relay.store.scrub: the stored digest made
-true from the rows, each under the scan timeout), then lets the lock go; every
-other replica or worker skips that round. A round that fails is logged and counted,
-never raised: the next one tries again.
+requests, pairing codes and sessions (PROTOCOL §13, §14), accounts' keys revoked over 30
+days ago and the blobs of retired vaults whose grace period is over (PROTOCOL §19,
+relay.store.retire), then scrubs at most ENGRAM_RELAY_SCRUB_PER_ROUND vaults not
+scrubbed within ENGRAM_RELAY_SCRUB_INTERVAL_S, least recently scrubbed first (PROTOCOL
+§18, relay.store.scrub: the stored digest made true from the rows, each under the scan
+timeout), then lets the lock go; every other replica or worker skips that round. A round
+that fails is logged and counted, never raised: the next one tries again.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from engram_sync.relay.store.accounts import purge_expired_sessions
 from engram_sync.relay.store.compaction import CompactionResult, compact_vaults
 from engram_sync.relay.store.handoff import purge_expired_requests
 from engram_sync.relay.store.idempotency import purge_expired_keys
+from engram_sync.relay.store.minted_keys import purge_revoked_keys
 from engram_sync.relay.store.pairing import purge_expired_codes
 from engram_sync.relay.store.retire import erase_expired
 from engram_sync.relay.store.scrub import ScrubResult, scrub_due
@@ -71,14 +72,16 @@ class Sweep:
 
 async def purge_expired(conn: asyncpg.Connection) -> dict[str, int]:
     """Everything that expired, over every vault: handoff seals and rows, pairing codes,
-    sessions (PROTOCOL §13, §14), and the blobs of retired vaults past their grace period
-    (PROTOCOL §19: `retired_vaults` counts vaults); rows touched by kind."""
+    sessions (PROTOCOL §13, §14), accounts' keys revoked more than 30 days ago
+    (relay.store.minted_keys.REVOKED_KEY_KEPT), and the blobs of retired vaults past their
+    grace period (PROTOCOL §19: `retired_vaults` counts vaults); rows touched by kind."""
     return {
         "handoff_requests": await purge_expired_requests(conn),
         "idempotency_keys": await purge_expired_keys(conn),
         "pairing_codes": await purge_expired_codes(conn),
         "sessions": await purge_expired_sessions(conn),
         "retired_vaults": await erase_expired(conn),
+        "revoked_keys": await purge_revoked_keys(conn),
     }
 
 

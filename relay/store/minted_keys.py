@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Final
 
 import asyncpg
 
@@ -154,6 +155,24 @@ async def revoke_key(conn: asyncpg.Connection | asyncpg.Pool, key_id: str) -> bo
         if row["vault_id"] is not None:
             await announce_revocation(conn, row["vault_id"])
     return bool(rows)
+
+
+#: how long an account's revoked key is kept (ours) for its owner's key list; a revoked key
+#: is refused like an unknown one (401) either way. An account's mint/revoke loop no longer
+#: grows the table for ever (maintenance, relay.services.maintenance). Operator keys stay:
+#: they are few, and `count_keys` must never fall back to 0 (a new first admin key)
+REVOKED_KEY_KEPT: Final = timedelta(days=30)
+
+
+async def purge_revoked_keys(
+    conn: asyncpg.Connection | asyncpg.Pool, kept: timedelta = REVOKED_KEY_KEPT
+) -> int:
+    """Delete the accounts' keys revoked more than `kept` ago; returns how many."""
+    status: str = await conn.execute(
+        "DELETE FROM api_keys WHERE account_id IS NOT NULL AND revoked_at < now() - $1::interval",
+        kept,
+    )
+    return int(status.split()[-1])
 
 
 async def count_keys(conn: asyncpg.Connection | asyncpg.Pool) -> int:

@@ -153,6 +153,72 @@ def test_a_serving_relay_compacts_and_erases_without_gc(relay: Relay) -> None:
     assert sample(text, "engram_relay_maintenance_rounds_total", outcome="failed") == 0
 
 
+def test_keys_revoked_long_ago_are_purged_and_recent_ones_kept(relay: Relay) -> None:
+    """A mint/revoke loop does not grow `api_keys` for ever: a round deletes keys revoked
+    more than REVOKED_KEY_KEPT ago and keeps one revoked lately (listed to its owner); both
+    are refused as before (401) and a live key keeps working. Operator keys stay (the
+    first admin key is minted only while the table is empty)."""
+    vault = new_vault_id()
+    old, recent, live = (relay.mint(vault, device_id=f"dev-{n}") for n in range(3))
+    relay.mint(vault, device_id="dev-operator")
+    account = account_of(relay, "key-looper@example.com")
+    relay.sql(
+        "UPDATE api_keys SET account_id = $2 WHERE vault_id = $1 AND device_id <> 'dev-operator'",
+        vault,
+        account,
+    )
+    with client(relay, old) as http:
+        pull_ok(http, vault)  # all three work before they are revoked
+    relay.sql(
+        "UPDATE api_keys SET revoked_at = now() - interval '31 days' WHERE device_id = 'dev-0'"
+        " AND vault_id = $1",
+        vault,
+    )
+    relay.sql(
+        "UPDATE api_keys SET revoked_at = now() - interval '29 days' WHERE device_id = 'dev-1'"
+        " AND vault_id = $1",
+        vault,
+    )
+    relay.sql(
+        "UPDATE api_keys SET revoked_at = now() - interval '400 days'"
+        " WHERE device_id = 'dev-operator' AND vault_id = $1",
+        vault,
+    )
+    wait_for(
+        lambda: keys_of(relay, vault) == ["dev-1", "dev-2", "dev-operator"],
+        "the account's old revoked key purged",
+    )
+    wait_for(
+        lambda: (
+            sample(relay.scrape(), "engram_relay_expired_erased_total", kind="revoked_keys") >= 1
+        ),
+        "the purge counted",
+    )
+    for refused in (recent, old):
+        with client(relay, refused) as http:
+            assert http.get(f"/v1/vaults/{vault}/pull", params={"cursor": 0}).status_code == 401
+    with client(relay, live) as http:
+        pull_ok(http, vault)
+
+
+def account_of(relay: Relay, email: str) -> str:
+    async def go() -> str:
+        conn = await asyncpg.connect(to_libpq_url(relay.database_url))
+        try:
+            account = await create_account(conn, email, "$argon2id$not-a-real-hash")
+            assert account is not None
+            return account.account_id
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+def keys_of(relay: Relay, vault: str) -> list[str]:
+    rows = relay.sql("SELECT device_id FROM api_keys WHERE vault_id = $1 ORDER BY 1", vault)
+    return [r["device_id"] for r in rows]
+
+
 def test_a_round_is_skipped_while_another_session_holds_the_lock(
     relay: Relay, held_lock: Callable[[], None]
 ) -> None:
