@@ -24,9 +24,13 @@ async def put(
     pool: asyncpg.Pool, vault_id: str, credential_id: str, wrapped_k: str, prf_salt: str
 ) -> datetime:
     """Store or replace a passkey wrap; TooManyPasskeysError past the cap (a replacement counts
-    once). The count and the write share a transaction under a lock of the vault's row."""
+    once). The count and the write share a transaction under the vault's advisory lock (a
+    vault nobody pushed to has no `vaults` row to lock)."""
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("SELECT 1 FROM vaults WHERE vault_id = $1 FOR UPDATE", vault_id)
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('engram-vault-passkeys:' || $1, 0))",
+            vault_id,
+        )
         others: int = await conn.fetchval(
             "SELECT count(*) FROM vault_passkey_wraps WHERE vault_id = $1 AND credential_id <> $2",
             vault_id,

@@ -6,13 +6,21 @@ cap of 10 per vault, and hostile bodies answered 4xx, never 500."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from datetime import datetime
 from typing import Any
 
+import asyncpg
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from engram_sync.relay.store.vault_passkey_wraps import MAX_PASSKEYS_PER_VAULT
+from engram_sync.relay.db.url import to_libpq_url
+from engram_sync.relay.store.vault_passkey_wraps import (
+    MAX_PASSKEYS_PER_VAULT,
+    TooManyPasskeysError,
+    put,
+)
 from engram_sync.shared_format.b64 import b64decode_std, b64encode_std, b64url_encode
 from engram_sync.shared_format.wraps import pack_vault_key, unpack_vault_key
 from tests.relay.accounts.helpers import http, signup
@@ -112,6 +120,35 @@ def test_caps_and_the_count_per_vault(served: Relay) -> None:
     other = new_vault_id("vpk")  # the cap is per vault
     with http(served, served.mint(other)) as c:
         assert c.put(path(other, credential()), json=body()).status_code == 200
+
+
+def test_concurrent_adds_to_a_vault_without_a_row_keep_the_cap(served: Relay) -> None:
+    """The cap holds when many adds race on a vault nobody has pushed to (no `vaults` row to
+    lock): each add counts and writes under the vault's own advisory lock."""
+    vault_id = new_vault_id("vpk")
+    assert not served.sql("SELECT 1 FROM vaults WHERE vault_id = $1", vault_id)
+    adds = MAX_PASSKEYS_PER_VAULT * 3
+
+    async def race() -> list[object]:
+        pool = await asyncpg.create_pool(to_libpq_url(served.database_url), min_size=adds,
+                                         max_size=adds)  # fmt: skip
+        try:
+            return await asyncio.gather(
+                *(
+                    put(pool, vault_id, b64url_encode(bytes([n]) * 16), "w", "s")
+                    for n in range(adds)
+                ),
+                return_exceptions=True,
+            )
+        finally:
+            await pool.close()
+
+    results = asyncio.run(race())
+    refused = [r for r in results if isinstance(r, TooManyPasskeysError)]
+    assert len(refused) == adds - MAX_PASSKEYS_PER_VAULT
+    assert all(isinstance(r, datetime) for r in results if r not in refused)
+    rows = served.sql("SELECT count(*) AS n FROM vault_passkey_wraps WHERE vault_id = $1", vault_id)
+    assert rows[0]["n"] == MAX_PASSKEYS_PER_VAULT
 
 
 @pytest.mark.parametrize("cred", ["AAAA=", "AB", "a+b/", "A" * 1366, "AAB", "%00", "AA%0A"])
