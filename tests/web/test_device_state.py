@@ -9,7 +9,7 @@ import json
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.e2e.conftest import VAULT_ID, DeviceHandle
+from tests.e2e.conftest import PASSPHRASE, VAULT_ID, DeviceHandle
 from tests.relay.conftest import ADMIN_KEY, Relay
 from tests.web.conftest import BrowserThread
 from tests.web.test_web_command import device as device  # a vault with 2 memories
@@ -170,3 +170,33 @@ def test_a_revoked_device_is_not_kept_for_the_next_unlock(
         LABEL,
     )
     assert [r["revoked"] for r in rows] == [True, False]
+
+
+def _two_tabs(page: Any, url: str) -> dict[str, Any]:
+    unlock(page, url)
+    page.wait_for_function(LISTED_TWO)
+    second = page.context.new_page()
+    second.goto(url)
+    second.wait_for_selector("body[data-ready='1']", state="attached")
+    second.fill("#api-key", ADMIN_KEY)
+    second.fill("#passphrase", PASSPHRASE)
+    second.click("#unlock-button")
+    second.wait_for_function("() => document.getElementById('status').classList.contains('error')")
+    refused = {"status": second.inner_text("#status"), "vault": second.is_visible("#vault")}
+    page.close()  # the first tab goes: its lock with it
+    second.reload()
+    unlock(second, url)
+    second.wait_for_function(LISTED_TWO)
+    return {"refused": refused, "after": second.inner_text("#status")}
+
+
+def test_a_second_tab_of_the_vault_is_refused_until_the_first_goes(
+    browser: BrowserThread, web_url: str, device: DeviceHandle
+) -> None:
+    """Two tabs would share the device's sealed records and clock (each overwriting the
+    other's set record): the second is refused in words while the first holds the vault, and
+    unlocks once it is closed."""
+    seen = browser.run(lambda page: _two_tabs(page, web_url))
+    assert "open in another tab" in seen["refused"]["status"]
+    assert seen["refused"]["vault"] is False
+    assert seen["after"].startswith("Unlocked")

@@ -5,8 +5,32 @@
 import { DeviceStore } from "./device-state.js";
 import { WebVault } from "./vault.js";
 
-/** `relay`: a Relay, or an async function of the device id giving one (a key minted for it). */
+export class DeviceBusy extends Error {}
+
+/** Hold this browser's lock on the vault's device until the page goes (Lock reloads it, a
+ * close ends it): two tabs of one vault would share the sealed records and the clock and
+ * overwrite each other's set record. Web Locks are per origin; a browser without them is
+ * not stopped. Resolves false when another tab holds the lock. */
+function holdDevice(vaultId) {
+  if (!navigator.locks || held.has(vaultId)) return Promise.resolve(true);
+  return new Promise((resolve, reject) => {
+    navigator.locks.request(`engram-web-device:${vaultId}`, { ifAvailable: true }, (lock) => {
+      if (lock !== null) held.add(vaultId); // a second unlock in this tab keeps it
+      resolve(lock !== null);
+      return lock === null ? undefined : new Promise(() => {}); // never released by us
+    }).catch(reject);
+  });
+}
+
+const held = new Set(); // vault ids whose device lock this page holds
+
+/** `relay`: a Relay, or an async function of the device id giving one (a key minted for it).
+ * Throws DeviceBusy while another tab of this browser has the vault open. */
 export async function openDevice({ keys, relay, vaultId, relayName, label, problem }) {
+  if (!(await holdDevice(vaultId))) {
+    throw new DeviceBusy("this vault is open in another tab of this browser: use that tab, " +
+      "or lock or close it and unlock here");
+  }
   const store = new DeviceStore(keys, vaultId);
   let stored = { device: null, set: null, problems: [] };
   try {
