@@ -15,6 +15,7 @@ from typing import IO, Any, Final
 import msgspec
 from rich.console import Console
 
+from ._vault.conflicts import Conflict
 from ._vault.search import SearchFilters, search_ids
 from ._vault.summaries import all_summaries, summaries_of
 
@@ -127,3 +128,12 @@ def render_search(
         mark = "  [strict_local]" if item["privacy_level"] == "strict_local" else ""
         line = f"{item['id']}  {item['modified_at'][:19]}  {first_line[:80]}{mark}"
         out.print(line, markup=False)
+
+
+def conflict_line(c: Conflict) -> str:
+    """One line of `engram-sync conflicts`: a local version that lost, or a pulled version
+    kept out of a memory this device keeps local (PROTOCOL §8 strict_local)."""
+    what = "deletion" if c.local_deleted else (c.local_content or "")[:70]
+    version = f"{c.remote_device_id}@{c.remote_vector_clock}"
+    how = f"{version} kept out (strict_local here)" if c.kept_out else f"lost to {version}"
+    return f"#{c.id}  {c.memory_id}  {how}  {c.detected_at[:19]}  {what}"

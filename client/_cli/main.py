@@ -32,7 +32,7 @@ from .._errors import (
     SyncError,
     VaultRetiredError,
 )
-from .._render import LAYERS, list_items, render_list
+from .._render import LAYERS, conflict_line, list_items, render_list
 from .._session import NotLinkedError, VaultSession
 from .._sync.config import DEFAULT_INTERVAL_SECS, load_sync_config
 from .._sync.device import ClockExhaustedError
@@ -607,9 +607,7 @@ def conflicts_list(
     if not items:
         out.print("no conflicts")
     for c in items:
-        what = "deletion" if c.local_deleted else (c.local_content or "")[:70]
-        out.print(f"#{c.id}  {c.memory_id}  lost to {c.remote_device_id}@{c.remote_vector_clock}"
-                  f"  {c.detected_at[:19]}  {what}", markup=False)  # fmt: skip
+        out.print(conflict_line(c), markup=False)
 
 
 @conflicts_app.command("restore")

@@ -57,7 +57,10 @@ def kept_out(
         mark_retracted(conn, memory_id, remote.vector_clock)
     elif remote.device_id != own_device:  # our own push coming back is no conflict
         assert isinstance(decoded, MemoryPlaintext)
-        record_conflict(conn, memory_id, encode_memory(decoded), decoded.modified_at, remote, False)
+        row = record_conflict(
+            conn, memory_id, encode_memory(decoded), decoded.modified_at, remote, False
+        )
+        conn.execute("INSERT INTO sync_kept_out (conflict_id) VALUES (?)", (row,))
         report.conflicts += 1
     remember_version(conn, memory_id, remote)
     report.stale += 1

@@ -21,7 +21,9 @@ from .store import (
 
 @dataclass(frozen=True)
 class Conflict:
-    """One kept local version that lost to a remote one."""
+    """One kept local version that lost to a remote one, or (`kept_out`) a pulled version
+    kept out of a memory this device keeps local (PROTOCOL §8 strict_local): then
+    `local_*` hold that pulled version, and `remote_*` name it."""
 
     id: int
     memory_id: str
@@ -32,6 +34,7 @@ class Conflict:
     remote_vector_clock: int
     remote_deleted: bool
     detected_at: str
+    kept_out: bool = False
 
 
 def list_conflicts(conn: sqlite3.Connection) -> list[Conflict]:
@@ -39,7 +42,8 @@ def list_conflicts(conn: sqlite3.Connection) -> list[Conflict]:
     rows = named_rows(
         conn,
         "SELECT id, memory_id, local_plaintext, local_modified_at, remote_device_id,"
-        " remote_vector_clock, remote_deleted, detected_at FROM sync_conflicts"
+        " remote_vector_clock, remote_deleted, detected_at, k.conflict_id IS NOT NULL AS kept_out"
+        " FROM sync_conflicts LEFT JOIN sync_kept_out k ON k.conflict_id = id"
         " WHERE restored_at IS NULL ORDER BY id DESC",
     ).fetchall()
     result = []
@@ -56,6 +60,7 @@ def list_conflicts(conn: sqlite3.Connection) -> list[Conflict]:
                 remote_vector_clock=r["remote_vector_clock"],
                 remote_deleted=bool(r["remote_deleted"]),
                 detected_at=r["detected_at"],
+                kept_out=bool(r["kept_out"]),
             )
         )
     return result

@@ -245,6 +245,15 @@ _MIGRATION_5: Final = (
     " WHERE (privacy_level <> 'strict_local' AND (synced_at IS NULL OR modified_at > synced_at))",
 )
 
+_MIGRATION_6: Final = (
+    # PROTOCOL §8 strict_local: a `sync_conflicts` row (Engram's table) that holds a pulled
+    # version kept out of a memory this device keeps local, not a local version that lost
+    # (client._sync.strict_local.kept_out); `conflicts` says which
+    """CREATE TABLE IF NOT EXISTS sync_kept_out (
+        conflict_id INTEGER PRIMARY KEY
+    )""",
+)
+
 # MIGRATIONS[n - 1] takes the sync schema from version n - 1 to n. Append only.
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_1,
@@ -252,6 +261,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _MIGRATION_3,
     _MIGRATION_4,
     _MIGRATION_5,
+    _MIGRATION_6,
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

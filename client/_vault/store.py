@@ -676,9 +676,10 @@ def record_conflict(
     local_modified_at: str | None,
     remote: KnownVersion,
     remote_deleted: bool,
-) -> None:
-    """Keep a losing local version in `sync_conflicts` (PROTOCOL §8: nothing lost silently)."""
-    conn.execute(
+) -> int:
+    """Keep a losing local version in `sync_conflicts` (PROTOCOL §8: nothing lost silently);
+    the row's id."""
+    cursor = conn.execute(
         "INSERT INTO sync_conflicts (memory_id, local_plaintext, local_modified_at,"
         " remote_device_id, remote_vector_clock, remote_deleted, detected_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -692,6 +693,7 @@ def record_conflict(
             utc_now_rfc3339(),
         ),
     )
+    return int(cursor.lastrowid or 0)
 
 
 def apply_tombstone(conn: sqlite3.Connection, memory_id: str) -> None:

@@ -62,6 +62,7 @@ def test_remote_delete_beats_unpushed_edit_and_the_edit_is_kept(
 
 
 def test_restore_brings_the_kept_version_back_everywhere(devices: list[DeviceHandle]) -> None:
+    from engram_sync.client._render import conflict_line
     from engram_sync.client._vault import conflicts as conflict_ops
 
     alpha, bravo, _ = devices
@@ -74,6 +75,8 @@ def test_restore_brings_the_kept_version_back_everywhere(devices: list[DeviceHan
     with bravo.open() as session, session.vault.transaction() as conn:
         (conflict,) = conflict_ops.list_conflicts(conn)
         assert conflict.local_content == "bravo v2"
+        assert not conflict.kept_out  # a local version that lost (strict_local: hostile/)
+        assert "lost to " in conflict_line(conflict)
         own = session.device.device_id
         conflict_ops.restore_conflict(conn, conflict.id, session.writer(), own)
         assert conflict_ops.list_conflicts(conn) == []

@@ -165,6 +165,7 @@ def test_an_old_vault_is_upgraded_and_keeps_its_rows(vault_dir: Path) -> None:
         # migration 5: a vault that holds versions has no kept digest until its next check
         assert after.pop("sync_digest") == []
         assert after.pop("sync_digest_dirty") == []
+        assert after.pop("sync_kept_out") == []  # migration 6 (strict_local's kept-out copies)
         assert after == before
         assert after["sync_known_clocks"] == [("mem_a", 7, "dev_1", "2026-01-01T00:00:00Z")]
         assert _engram_schema(conn) == engram_before

@@ -26,6 +26,8 @@ from typing import Any
 import msgspec
 
 from engram_sync.client import Vault
+from engram_sync.client._render import conflict_line
+from engram_sync.client._vault import conflicts as conflict_ops
 from engram_sync.client._vault import store
 from engram_sync.shared_format.blob import BlobCipher
 from engram_sync.shared_format.padding import pad_plaintext
@@ -249,6 +251,10 @@ def test_a_pulled_version_never_overwrites_a_strict_local_memory(scene: Scene) -
     (copy,) = conflicts(alpha)  # the other version, kept where the person can restore it
     assert copy[0] == kept
     assert "the relay's version" in copy[1]
+    with alpha.open() as session:  # and listed as what it is: not a local version that lost
+        (listed,) = conflict_ops.list_conflicts(session.vault.conn)
+    assert (listed.kept_out, listed.local_content) == (True, "the relay's version")
+    assert "kept out (strict_local here)" in conflict_line(listed)
     # the same blob again: known, not kept a second time
     scene.proxy.on("GET", r"/pull$", inject(forged), times=1)
     again = alpha.sync()
