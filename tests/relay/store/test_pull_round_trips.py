@@ -21,7 +21,7 @@ from engram_sync.relay.db.pool import create_pool
 from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.relay.store.sync import pull_by_cursor, record_progress_at_once
 from engram_sync.shared_format.wire import SyncBlob
-from tests.conftest import takes_backend
+from tests.conftest import backend_of, takes_backend
 from tests.relay.support import migrated_backend_database, new_vault_id
 
 pytestmark = pytest.mark.both_databases
@@ -181,11 +181,16 @@ CREATE OR REPLACE TRIGGER test_refuse_progress BEFORE INSERT OR UPDATE ON device
 
 
 @pytest.mark.parametrize("at_once", [True, False])
-def test_a_failed_progress_write_fails_the_page(database_url: str, at_once: bool) -> None:
+def test_a_failed_progress_write_fails_the_page(
+    request: pytest.FixtureRequest, database_url: str, at_once: bool
+) -> None:
     """Issue 36: the page's blobs are built while the progress is written
     (`relay.store.overlap.while_answered`); the write's failure (a trigger refusing one
     device's row) still fails the page, and the pooled connection is left usable, no
-    statement in flight and no transaction open."""
+    statement in flight and no transaction open. Both statement shapes, on plain
+    PostgreSQL: Citus has no triggers on distributed tables."""
+    if backend_of(request) != "postgres":
+        pytest.skip("the failure is a trigger's, and Citus refuses triggers on `devices`")
 
     async def work() -> int:
         pool = await create_pool(database_url, min_size=1, max_size=1)
