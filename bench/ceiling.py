@@ -75,24 +75,33 @@ def prepare(
     return Prepared(vault_id, batches, seq - 1, size)
 
 
-async def write(conn: asyncpg.Connection, prepared: Prepared) -> float:
-    """Upsert the prepared batches, each its own commit; returns the seconds they took.
+async def begin_vault(conn: asyncpg.Connection, prepared: Prepared) -> None:
+    """The vault row the blobs' foreign key needs."""
+    await conn.execute(
+        "INSERT INTO vaults (vault_id) VALUES ($1) ON CONFLICT DO NOTHING", prepared.vault_id
+    )
 
-    The vault row is created first (the foreign key needs it) and afterwards left with
-    `seq` and `bytes_used` matching the blobs, so the relay can continue the vault.
-    """
-    vault_id = prepared.vault_id
-    await conn.execute("INSERT INTO vaults (vault_id) VALUES ($1) ON CONFLICT DO NOTHING", vault_id)
+
+async def end_vault(conn: asyncpg.Connection, prepared: Prepared) -> None:
+    """The vault row's `seq` and `bytes_used` made to match the blobs written, so the relay
+    can continue the vault."""
+    await conn.execute(
+        "UPDATE vaults SET seq = $2, bytes_used = bytes_used + $3 WHERE vault_id = $1",
+        prepared.vault_id,
+        prepared.last_seq,
+        prepared.size_bytes,
+    )
+
+
+async def write(conn: asyncpg.Connection, prepared: Prepared) -> float:
+    """Upsert the prepared batches, each its own commit; returns the seconds they took
+    (`begin_vault` before the clock, `end_vault` after it)."""
+    await begin_vault(conn, prepared)
     started = time.perf_counter()
     for cols in prepared.batches:
         await conn.execute(BLOB_UPSERT, *cols)
     elapsed = time.perf_counter() - started
-    await conn.execute(
-        "UPDATE vaults SET seq = $2, bytes_used = bytes_used + $3 WHERE vault_id = $1",
-        vault_id,
-        prepared.last_seq,
-        prepared.size_bytes,
-    )
+    await end_vault(conn, prepared)
     return elapsed
 
 

@@ -34,7 +34,8 @@ def headers(key: str, device_id: str) -> dict[str, str]:
     }
 
 
-def _checked_push(response: httpx.Response, expected: int) -> PushResponse:
+def checked_push(response: httpx.Response, expected: int) -> PushResponse:
+    """The push's answer, refused unless it accepted all `expected` blobs."""
     if response.status_code != 200:
         raise BenchError(f"push answered {response.status_code}: {response.text[:300]}")
     answer = decode_json(response.content, PushResponse)
@@ -69,7 +70,7 @@ def push_all(client: httpx.Client, vault_id: str, bodies: list[tuple[int, bytes]
     path = f"/v1/vaults/{vault_id}/push"
     started = time.perf_counter()
     for size, body in bodies:
-        _checked_push(client.post(path, content=body), size)
+        checked_push(client.post(path, content=body), size)
     return time.perf_counter() - started
 
 

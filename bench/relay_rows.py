@@ -1,8 +1,9 @@
 """`python -m bench --relay`: the relay's rows of issue 36 in one run, each a ratio to what
 the database alone does in the same run where one exists, each with the machine's load.
 
-- push and pull against the raw ceiling: `Run.throughput`, interleaved repeats (>= 5 by
-  default here), the median of the per-repeat ratios (targets 0.7 and 0.6);
+- push and pull against the raw ceiling: `Run.throughput`, >= 5 repeats by default here,
+  each measured in lockstep (`bench.lockstep`: batch by batch and page by page
+  alternating), the median of the per-repeat ratios (targets 0.7 and 0.6);
 - p99 of a single-blob push at 32 devices (`Run.latency`) against the p99 of the raw
   upsert of one blob on 32 connections (`bench.ceiling.concurrent_single_upserts`),
   repeats interleaved with the relay's (target <= 3x);

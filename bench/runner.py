@@ -24,6 +24,7 @@ from bench import (
     live_feed,
     live_latency,
     live_throughput,
+    lockstep,
     pull_memory,
     web_serve,
     web_vault,
@@ -89,12 +90,14 @@ class Run:
     # -- 1-3: ceiling, relay push, relay pull ---------------------------------------------
 
     def throughput(self) -> dict[str, Any]:
-        """Ceiling write/read and relay push/pull of the same N blobs, repeats interleaved."""
+        """Ceiling write/read and relay push/pull of the same N blobs in lockstep
+        (bench.lockstep: batch by batch and page by page alternating, each vault read
+        READ_PASSES times after one untimed read), one figure of each per repeat."""
         n = self.s.n
         figures: dict[str, list[float]] = {k: [] for k in ("cw", "cr", "rp", "rl")}
         for r in range(self.s.repeats):
-            self.log(f"throughput repeat {r + 1}/{self.s.repeats}: {n} blobs")
-            cw, rp, rl, cr = self._one_size(f"r{r}", n, PUSH_BATCH, PULL_PAGE, phases=True)
+            self.log(f"throughput repeat {r + 1}/{self.s.repeats}: {n} blobs, in lockstep")
+            cw, rp, rl, cr = self._lockstep(f"r{r}", n)
             figures["cw"].append(cw)
             figures["rp"].append(rp)
             figures["cr"].append(cr)
@@ -105,16 +108,33 @@ class Run:
         pull = summary(figures["rl"], "blobs/s")
         paired_push = [p / w for p, w in zip(figures["rp"], figures["cw"], strict=True)]
         paired_pull = [p / r for p, r in zip(figures["rl"], figures["cr"], strict=True)]
+        method = {"lockstep": True, "read_passes": lockstep.READ_PASSES, "warm_reads": 1}
         return {
             "ceiling": {"blobs": n, "batch": PUSH_BATCH, "page": PULL_PAGE,
-                        "write_blobs_per_s": write, "read_blobs_per_s": read},
+                        "write_blobs_per_s": write, "read_blobs_per_s": read, **method},
             "relay_push": {"blobs": n, "batch": PUSH_BATCH, "blobs_per_s": push,
                            "ratio_to_ceiling": statistics.median(paired_push),
                            "ratios": summary(paired_push, "x")},
             "relay_pull": {"blobs": n, "page": PULL_PAGE, "blobs_per_s": pull,
                            "ratio_to_ceiling": statistics.median(paired_pull),
-                           "ratios": summary(paired_pull, "x")},
+                           "ratios": summary(paired_pull, "x"), **method},
         }  # fmt: skip
+
+    def _lockstep(self, tag: str, n: int) -> tuple[float, float, float, float]:
+        """(ceiling write, relay push, relay pull, ceiling read) in blobs/s, bench.lockstep."""
+        prepared = ceiling.prepare(self.corpus, f"ceiling-{tag}", count=n, batch=PUSH_BATCH)
+        bodies = push_bodies(self.corpus, f"push-{tag}", count=n, batch=PUSH_BATCH)
+        with self.monitor.phase("lockstep_write"):
+            wrote = lockstep.write(self.loop, self.conn, prepared, self.http, f"push-{tag}", bodies)
+        del prepared, bodies
+        _expect(wrote.relay_items, n, "relay push")
+        with self.monitor.phase("lockstep_read"):
+            read = lockstep.read(self.loop, self.conn, f"ceiling-{tag}", self.http, f"push-{tag}",
+                                 page=PULL_PAGE)  # fmt: skip
+        _expect(read.relay_items, n * lockstep.READ_PASSES, "relay pull")
+        cw, rp = wrote.rates()
+        cr, rl = read.rates()
+        return cw, rp, rl, cr
 
     def _one_size(
         self, tag: str, n: int, batch: int, page: int, *, phases: bool

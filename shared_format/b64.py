@@ -78,6 +78,9 @@ def _fast_decode_std(text: str) -> bytes | None:
 _ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _ZERO_LOW_2 = frozenset(c for i, c in enumerate(_ALPHABET) if i & 3 == 0)
 _ZERO_LOW_4 = frozenset(c for i, c in enumerate(_ALPHABET) if i & 15 == 0)
+_ALPHABET_BYTES = _ALPHABET.encode("ascii")
+_PADS = (b"", b"=", b"==")
+_PAD_TEXT = ("", "=", "==")
 
 
 def b64decoded_len_std(text: str) -> int:
@@ -86,11 +89,22 @@ def b64decoded_len_std(text: str) -> int:
     same Base64Error `b64decode_std` raises for text it refuses.
 
     Canonical padded base64 is a length that is a multiple of 4, the alphabet with at most
-    two '=' at the end (one regular expression, in C), and zero trailing bits in the last
+    two '=' at the end (one deletion table, in C), and zero trailing bits in the last
     data character; anything else is diagnosed by `b64decode_std` itself."""
-    if isinstance(text, str) and len(text) % 4 == 0 and _STD_RE.fullmatch(text):
-        pad = 2 if text.endswith("==") else 1 if text.endswith("=") else 0
-        if pad == 0 or text[-pad - 1] in (_ZERO_LOW_2 if pad == 1 else _ZERO_LOW_4):
+    if isinstance(text, str) and len(text) % 4 == 0 and text.isascii():
+        # What is left once the alphabet is deleted (bytes.translate, in C: under half of
+        # the regular expression's time, issue 36): nothing, or one or two '=' ending it.
+        rest = text.encode("ascii").translate(None, _ALPHABET_BYTES)
+        pad = len(rest)
+        if pad == 0:
+            return len(text) // 4 * 3
+        zero_low = _ZERO_LOW_2 if pad == 1 else _ZERO_LOW_4  # the last data character's
+        if (
+            pad <= 2
+            and text[-pad:] == _PAD_TEXT[pad]
+            and rest == _PADS[pad]
+            and (text[-pad - 1] in zero_low)
+        ):
             return len(text) // 4 * 3 - pad
     return len(b64decode_std(text))
 

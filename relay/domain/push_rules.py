@@ -39,12 +39,18 @@ class _Problem(NamedTuple):
     reason: str
 
 
-def _structure_problem(blob: SyncBlob) -> _Problem | datetime:
-    """The first structural problem of the blob, else its created_at instant."""
+def _structure_problem(blob: SyncBlob, valid_ids: set[str]) -> _Problem | datetime:
+    """The first structural problem of the blob, else its created_at instant. `valid_ids`:
+    ids already found valid in this request (an id's validity is the id's alone; a batch's
+    vault and device ids repeat in every blob: issue 36), to which this blob's are added."""
     for name in ("vault_id", "memory_id", "device_id"):
-        problem = check_id(getattr(blob, name), name)
+        value = getattr(blob, name)
+        if value in valid_ids:
+            continue
+        problem = check_id(value, name)
         if problem:
             return _Problem(name, problem)
+        valid_ids.add(value)
     # Lengths without decoding (issue 36): the relay never decrypts, it only checks.
     try:
         size = b64decoded_len_std(blob.ciphertext)
@@ -75,8 +81,9 @@ def check_structure(blobs: list[SyncBlob], max_blobs: int) -> list[CheckedBlob]:
     if len(blobs) > max_blobs:
         raise BatchTooLargeError(len(blobs), max_blobs)
     checked: list[CheckedBlob] = []
+    valid_ids: set[str] = set()
     for index, blob in enumerate(blobs):
-        found = _structure_problem(blob)
+        found = _structure_problem(blob, valid_ids)
         if isinstance(found, _Problem):
             raise InvalidBlobError(index, found.field, found.reason)
         checked.append(CheckedBlob(index, blob, found, len(blob.ciphertext)))

@@ -5,7 +5,8 @@ the buckets and version hashes of the pushed blobs while the stored versions are
 (`relay.store.push._hashes`), the fold (the replaced versions' SHA-256, the XORs and the
 bucket prefixes, `_fold_digests`) while the blobs are written. On one connection asyncio
 would otherwise leave the relay idle while it waits for the answer, and the hashing
-would lengthen every push by its full time (docs/digest.md, figure 12)."""
+would lengthen every push by its full time (docs/digest.md, figure 12). A cursor pull's
+page is built the same way while its progress is written (`relay.store.sync`, issue 36)."""
 
 from __future__ import annotations
 

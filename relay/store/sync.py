@@ -11,6 +11,7 @@ from msgspec import UNSET
 
 from engram_sync.relay.domain.domain_errors import ResyncRequiredError
 from engram_sync.relay.store.begun import begun, hex_text
+from engram_sync.relay.store.overlap import while_answered
 from engram_sync.relay.store.retire import Retirement, retirement
 from engram_sync.shared_format.wire import SyncBlob
 
@@ -272,9 +273,13 @@ async def pull_by_cursor(
             # device has seen everything through the head. A cursor below the horizon
             # would earn it `resync_required` at its next pull, and so on forever.
             new_cursor = head
-        await _progress(conn, vault_id, device_id, new_cursor, named=named, at_once=at_once)
+        # The page's blobs built while the database writes the progress (issue 36).
+        _, blobs = await while_answered(
+            _progress(conn, vault_id, device_id, new_cursor, named=named, at_once=at_once),
+            lambda: _blobs_with_seq(rows),
+        )
         lag = max(0, head - new_cursor)
-        return Page(_blobs_with_seq(rows), has_more, new_cursor, head, lag, retired)
+        return Page(blobs, has_more, new_cursor, head, lag, retired)
 
 
 async def _progress(

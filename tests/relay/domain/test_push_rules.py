@@ -264,3 +264,14 @@ def test_rejected_keeps_batch_order() -> None:
         stored={"m": StoredVersion(1, 1)},
     )
     assert rejected == ["z", "a", "m"]
+
+
+@pytest.mark.parametrize("field", ["vault_id", "memory_id", "device_id"])
+def test_every_blob_s_ids_are_checked_when_the_batch_repeats_them(field: str) -> None:
+    """Issue 36: ids found valid once in a request are not checked again (a batch repeats its
+    vault and device ids), and a later blob's invalid id is still refused at its index."""
+    good = [blob(f"m{i}") for i in range(3)]
+    bad = msgspec.structs.replace(good[2], **{field: "bad\x00id"})
+    error = structure_error(good[0], good[1], bad)
+    assert (error.index, error.field) == (2, field)
+    assert "control characters" in error.reason

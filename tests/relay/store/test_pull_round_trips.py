@@ -21,7 +21,7 @@ from engram_sync.relay.db.pool import create_pool
 from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.relay.store.sync import pull_by_cursor, record_progress_at_once
 from engram_sync.shared_format.wire import SyncBlob
-from tests.conftest import takes_backend
+from tests.conftest import backend_of, takes_backend
 from tests.relay.support import migrated_backend_database, new_vault_id
 
 pytestmark = pytest.mark.both_databases
@@ -167,3 +167,46 @@ def test_a_page_holds_each_blob_as_stored(database_url: str) -> None:
         deleted=False, seq=3,
     )  # fmt: skip
     assert blob.vault_id.startswith("fields")
+
+
+_FAILING_DEVICE = """
+CREATE OR REPLACE FUNCTION test_refuse_progress() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.device_id = 'refused-dev' THEN RAISE EXCEPTION 'progress refused'; END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER test_refuse_progress BEFORE INSERT OR UPDATE ON devices
+    FOR EACH ROW EXECUTE FUNCTION test_refuse_progress();
+"""
+
+
+@pytest.mark.parametrize("at_once", [True, False])
+def test_a_failed_progress_write_fails_the_page(
+    request: pytest.FixtureRequest, database_url: str, at_once: bool
+) -> None:
+    """Issue 36: the page's blobs are built while the progress is written
+    (`relay.store.overlap.while_answered`); the write's failure (a trigger refusing one
+    device's row) still fails the page, and the pooled connection is left usable, no
+    statement in flight and no transaction open. Both statement shapes, on plain
+    PostgreSQL: Citus has no triggers on distributed tables."""
+    if backend_of(request) != "postgres":
+        pytest.skip("the failure is a trigger's, and Citus refuses triggers on `devices`")
+
+    async def work() -> int:
+        pool = await create_pool(database_url, min_size=1, max_size=1)
+        try:
+            vault = new_vault_id("failprog")
+            async with pool.acquire() as conn:
+                await conn.execute(_FAILING_DEVICE)
+                await _vault_with_blobs(conn, vault)
+            with pytest.raises(asyncpg.RaiseError, match="progress refused"):
+                await pull_by_cursor(pool, vault, 0, 10, "refused-dev", max_bytes=1 << 20,
+                                     at_once=at_once)  # fmt: skip
+            async with pool.acquire() as conn:
+                assert not conn.is_in_transaction()
+                value: int = await conn.fetchval("SELECT 1")
+                return value
+        finally:
+            await pool.close()
+
+    assert asyncio.run(work()) == 1
