@@ -9,9 +9,10 @@ another pull and push, a bounded number of times.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from msgspec import UnsetType
@@ -73,11 +74,13 @@ from .._vault.vault_key_store import (
     keys_refused_message,
 )
 from .anti_entropy import DIGEST_FEATURE, AntiEntropy
+from .ask_ahead import AskAhead, PullAsk
 from .device import Device
 from .feed_page_bound import feed_page_gap
 from .lock import DEFAULT_WAIT_SECS as DEFAULT_LOCK_WAIT_SECS
 from .lock import sync_lock
 from .own_pushes import OwnSkip, own_commit_end, refuted_start
+from .page_group import GroupBound, PageGroup
 from .push_pipeline import DEFAULT_DEPTH as DEFAULT_PUSH_DEPTH
 from .push_pipeline import Item, PushPipeline, Sent
 from .reports import DigestReport, ProgressCallback, SyncReport
@@ -100,6 +103,12 @@ MAX_ROUNDS: Final = 3
 MAX_CLOCK_STEP: Final = 2**32
 CLOCK_JUMP_REASON: Final = "vector clock jumps more than 2^32 above this device's clock"
 MAX_CURSOR: Final = 2**63 - 1
+
+
+def _origin(origin: int, cursor: int) -> int | None:
+    """A pull that began at 0 tells the relay so: it has seen every blob that survived
+    compaction below its cursor (docs/pull-origin.md)."""
+    return 0 if origin == 0 and cursor > 0 else None
 
 
 def _ciphertext_chars(plaintext_bytes: int) -> int:
@@ -197,6 +206,7 @@ class Syncer:
         check_digest: bool = True,
         digest_when_behind: bool = True,
         push_depth: int = DEFAULT_PUSH_DEPTH,
+        group_bound: GroupBound | None = None,
     ) -> None:
         self.vault = vault
         self.keys = keys
@@ -209,6 +219,7 @@ class Syncer:
         self.push_batch = push_batch
         self.push_depth = push_depth  # batches outstanding at once (client._sync.push_pipeline)
         self.pull_page = pull_page
+        self.group_bound = group_bound or GroupBound()  # pages per transaction (page_group)
         self.lock_wait = lock_wait
         self.page_budget = page_budget
         self._max_blob_bytes: int | None = None
@@ -354,17 +365,41 @@ class Syncer:
         relay lacks and deletes nothing (missing is not deleted). An interrupted full
         re-pull starts again from 0 at the next sync (`state.full_pull`).
         """
+        # several pages a transaction, the cursor moved only after their COMMIT (page_group),
+        # and the next page asked for while one is applied (ask_ahead)
+        group = PageGroup(self.vault, self._committed, bound=self.group_bound)
+        ahead = AskAhead(self._fetch)
+        try:
+            with group.held():
+                ended = self._pull_pages(report, dict(feed_pages or {}), group, ahead)
+        finally:
+            ahead.close()
+        if ended is not None:
+            page, seen, retired = ended
+            self._end_pull(page, report, seen, retired=retired)
+
+    def _pull_pages(  # long: the pull's cases in the order they are met, one loop
+        self,
+        report: SyncReport,
+        fed: dict[int, PullResponse],
+        group: PageGroup,
+        ahead: AskAhead,
+    ) -> tuple[PullResponse, dict[str, int] | None, bool] | None:
+        """`pull`'s loop over pages: the last page, the memories a full re-pull saw and
+        whether a page said the vault is retired; None when the vault is past its grace
+        period (PROTOCOL §19). Every step that writes the sync state commits the group of
+        pages first."""
         seen = self._pull_start(report)
         cursor = origin = 0 if seen is not None else self.state.cursor
         limit = self.pull_page
         retired = False  # PROTOCOL §19: whether a page of this pull said the vault is retired
-        fed = dict(feed_pages or {})
         while True:
             try:
-                page, from_feed = self._next_page(fed, cursor, limit, origin, report, seen)
+                page, from_feed = self._next_page(fed, cursor, limit, origin, report, seen, ahead)
             except ResyncRequiredError:
                 if seen is not None:
                     raise
+                group.commit()
                 seen, report.resynced = self._start_full_pull(), True  # PROTOCOL §9
                 cursor = origin = 0
                 continue
@@ -374,23 +409,30 @@ class Syncer:
                 limit = max(1, limit // 2)  # an honest page of large blobs: ask for fewer
                 continue
             except VaultRetiredError as exc:  # PROTOCOL §19: past the grace period
+                group.commit()
                 self._note_retired(exc.successor, None, "pull", exc)
-                return
+                return None
             if seen is None and self._relay_restored(page, cursor):
+                group.commit()
                 seen, report.resynced, report.restored = self._start_full_pull(), True, True
                 cursor = origin = 0
                 continue
             if not from_feed:  # a feed page was checked by `_feed_page`, against its own bound
                 check_page(page, asked=cursor, limit=limit, relay_url=self.relay.base_url)
-            if seen is None and (start := self._refuted_skip(page.blobs, cursor)) is not None:
+            start = None if seen is not None else self._refuted_skip(page.blobs, cursor, group)
+            if start is not None:
                 report.own_skip_refuted = True
                 cursor = origin = start
                 continue
-            retired = self._take_page(page, cursor, report, seen) or retired
-            cursor = self.state.cursor
+            assert isinstance(page.cursor, int)  # check_page
+            following = None
+            if page.has_more and (seen is not None or page.cursor not in fed):
+                ask = PullAsk(page.cursor, limit, _origin(origin, page.cursor))
+                following = functools.partial(ahead.start, ask)
+            retired = self._take_page(page, cursor, report, seen, group, following) or retired
+            cursor = page.cursor
             if not page.has_more:
-                break
-        self._end_pull(page, report, seen, retired=retired)
+                return page, seen, retired
 
     def _pull_start(self, report: SyncReport) -> dict[str, int] | None:
         """The memories seen by a full re-pull ({} to collect them), or None for a pull
@@ -414,6 +456,7 @@ class Syncer:
         origin: int,
         report: SyncReport,
         seen: dict[str, int] | None,
+        ahead: AskAhead,
     ) -> tuple[PullResponse, bool]:
         """The page after `cursor`: the one the live feed carried (not in a full re-pull),
         else the relay's answer; and whether it came from the feed."""
@@ -421,40 +464,62 @@ class Syncer:
         if page is not None:
             report.feed_pages += 1
             return page, True
-        answer = self.relay.pull(
+        ask = PullAsk(cursor, limit, _origin(origin, cursor))
+        answer = ahead.take(ask)  # the same request, sent while the last page was applied
+        return (answer if answer is not None else self._fetch(ask)), False
+
+    def _fetch(self, ask: PullAsk) -> PullResponse:
+        return self.relay.pull(
             self.vault_id,
-            cursor=cursor,
-            limit=limit,
+            cursor=ask.cursor,
+            limit=ask.limit,
             max_bytes=self.page_budget,
-            # a pull that began at 0 tells the relay so: it has seen every blob
-            # that survived compaction below its cursor (docs/pull-origin.md)
-            origin=0 if origin == 0 and cursor > 0 else None,
+            origin=ask.origin,
         )
-        return answer, False
 
     def _take_page(
-        self, page: PullResponse, cursor: int, report: SyncReport, seen: dict[str, int] | None
+        self,
+        page: PullResponse,
+        cursor: int,
+        report: SyncReport,
+        seen: dict[str, int] | None,
+        group: PageGroup,
+        following: Callable[[], None] | None,
     ) -> bool:
-        """Apply a checked page and move the cursor past it (saved after the page is applied,
-        PROTOCOL §9); whether the page said the vault is retired (§19)."""
+        """Apply a checked page in the pull's group of pages; the cursor moves past it once
+        the group commits (`_committed`, PROTOCOL §9). `following` sends the next page's
+        request ahead, once this page's keys are known to open the vault (ask_ahead). Whether
+        the page said the vault is retired (§19)."""
         retired = not isinstance(page.retired, UnsetType)
         if not isinstance(page.retired, UnsetType):
             retirement = page.retired
             self._note_retired(retirement.successor, retirement.erase_after, "pull", retirement)
         if cursor == 0:
             self._check_keys_open(page.blobs)
-        highest = self._apply_page(page.blobs, report, seen)
+        if following is not None:
+            following()
+        highest = self._apply_page(page.blobs, report, seen, group)
         self.device.observe(highest)
         assert isinstance(page.cursor, int)  # check_page
-        self.state.cursor = report.cursor = page.cursor
-        if page.has_more or not self._saves_at_end:
+        report.cursor = page.cursor
+        group.applied(
+            cursor=page.cursor,
+            has_more=page.has_more,
+            blobs=len(page.blobs),
+            ciphertext=sum(len(blob.ciphertext) for blob in page.blobs),
+        )
+        self.progress("pull", report)
+        return retired
+
+    def _committed(self, cursor: int, has_more: bool) -> None:
+        """The pages up to `cursor` are committed: the cursor moves there (PROTOCOL §9)."""
+        self.state.cursor = cursor
+        if has_more or not self._saves_at_end:
             # the last page's cursor is written by the sync's own save, moments later: a
             # crash in between leaves the cursor behind rows already committed, never past
             # them, and the next pull takes that page again as known versions (PROTOCOL §9;
             # issue 36: two fsyncs fewer for a sync that pulls one page)
             self.state.save()
-        self.progress("pull", report)
-        return retired
 
     def _end_pull(
         self, page: PullResponse, report: SyncReport, seen: dict[str, int] | None, *, retired: bool
@@ -474,7 +539,7 @@ class Syncer:
         if not self._saves_at_end:
             self.state.save()
 
-    def _refuted_skip(self, blobs: list[SyncBlob], asked: int) -> int | None:
+    def _refuted_skip(self, blobs: list[SyncBlob], asked: int, group: PageGroup) -> int | None:
         """The cursor to pull again from when this page shows that a move past our own
         pushes stepped over more than them (client._sync.own_pushes); the moves inside the
         range pulled again are forgotten, so each refutation happens once."""
@@ -482,6 +547,7 @@ class Syncer:
         start = refuted_start(skips, blobs, self.device.device_id, asked)
         if start is None:
             return None
+        group.commit()  # the pages applied so far, and their cursor, before it moves back
         log.warning(
             "the relay at %s sent one of this device's own blobs above the cursor its push "
             "answer gave; pulling again from cursor %d (issue 15, docs/live-sync.md)",
@@ -550,13 +616,18 @@ class Syncer:
             raise KeysDoNotOpenVaultError(keys_refused_message(self.vault_id, source))
 
     def _apply_page(
-        self, blobs: list[SyncBlob], report: SyncReport, seen: dict[str, int] | None
+        self,
+        blobs: list[SyncBlob],
+        report: SyncReport,
+        seen: dict[str, int] | None,
+        group: PageGroup,
     ) -> int:
-        """Apply one page in one transaction; returns the highest verified clock. Memories
-        the vault holds nothing of are written in bulk (client._vault.fresh_apply), the
-        others one by one, in the page's order (a batch is flushed before each of them)."""
+        """Apply one page in the group's transaction (a savepoint of its own); returns the
+        highest verified clock. Memories the vault holds nothing of are written in bulk
+        (client._vault.fresh_apply), the others one by one, in the page's order (a batch
+        is flushed before each of them)."""
         highest = 0
-        with self.vault.transaction() as conn:
+        with group.page() as conn:
             keeper = PageKeeper(conn, [blob.memory_id for blob in blobs], self.device.device_id)
             fresh = fresh_ids(conn, [blob.memory_id for blob in blobs])
             batch = FreshBatch()
@@ -577,7 +648,6 @@ class Syncer:
                 self._apply_opened(conn, blob, decoded, remote, report, keeper)
             batch.flush(conn)
             keeper.flush()  # the page's history rows, in its transaction
-            fold_changes(conn)  # the kept digest, in the same transaction (issue 36)
         return highest
 
     def _skip(self, blob: SyncBlob, reason: str, report: SyncReport) -> bool:
