@@ -150,6 +150,8 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
         " vaults])\n",
         1,
     ),
+    # the digest carried in the push answer (relay.store.carried_digest)
+    ("    return carried_in(results, jobs, decision.vaults)\n", "    return results\n", 1),
 ]
 # The before database: without the vault columns of revisions 0008 and 0012.
 _BEFORE_SCHEMA: Final = (
