@@ -20,6 +20,7 @@ from engram_sync.shared_format.wire import SyncBlob
 from tests.relay.conftest import Relay
 from tests.relay.support import (
     Sealer,
+    assert_error,
     client,
     module_relay_fixture,
     new_vault_id,
@@ -148,3 +149,16 @@ def test_no_digest_unless_asked_nor_for_a_legacy_pull_or_an_unknown_vault(
     assert "vault_digest" not in _pull(http, vault, digest=1)  # the `since` mode: §5 only
     assert "vault_digest" not in _pull(http, new_vault_id(), cursor=0)
     assert base64.b64decode(_pull(http, vault, cursor=0)["vault_digest"]["digest"]) != bytes(32)
+
+
+@pytest.mark.parametrize("route", ["push", "pull"])
+def test_a_bad_digest_parameter_is_a_400_naming_it(http: httpx.Client, route: str) -> None:
+    vault = new_vault_id()
+    if route == "push":
+        response = push(http, vault, [Sealer(vault).blob("m0", 1)], params={"digest": "maybe"})
+    else:
+        response = http.get(f"/v1/vaults/{vault}/pull", params={"cursor": 0, "digest": "maybe"})
+    body = assert_error(response, 400)
+    assert body["field"] == "digest"
+    assert "digest" in body["error"]
+    assert http.get(f"/v1/vaults/{vault}/pull?cursor=0").json()["blobs"] == []  # none written
