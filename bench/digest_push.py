@@ -164,12 +164,18 @@ def before_source() -> str:
     from engram_sync.relay.store import push
 
     source = inspect.getsource(push)
-    # and the fold itself, which nothing calls any more
+    # and the fold itself and the carried digest's helpers, which nothing calls any more
     without = [
         *_WITHOUT_DIGEST,
         *(
             (inspect.getsource(f), "", 1)
-            for f in (push._hashes, push._bucket_and_hash, push._fold_digests)
+            for f in (
+                push._hashes,
+                push._bucket_and_hash,
+                push._fold_digests,
+                push.carried_in,  # the digest carried in the answer (ours, issue 36)
+                push._with_carried,
+            )
         ),
     ]
     for old, new, times in without:
