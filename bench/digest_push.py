@@ -150,6 +150,8 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
         " vaults])\n",
         1,
     ),
+    # the digest carried in the push answer (relay.store.carried_digest)
+    ("    return carried_in(results, jobs, decision.vaults)\n", "    return results\n", 1),
 ]
 # The before database: without the vault columns of revisions 0008 and 0012.
 _BEFORE_SCHEMA: Final = (
@@ -162,12 +164,18 @@ def before_source() -> str:
     from engram_sync.relay.store import push
 
     source = inspect.getsource(push)
-    # and the fold itself, which nothing calls any more
+    # and the fold itself and the carried digest's helpers, which nothing calls any more
     without = [
         *_WITHOUT_DIGEST,
         *(
             (inspect.getsource(f), "", 1)
-            for f in (push._hashes, push._bucket_and_hash, push._fold_digests)
+            for f in (
+                push._hashes,
+                push._bucket_and_hash,
+                push._fold_digests,
+                push.carried_in,  # the digest carried in the answer (ours, issue 36)
+                push._with_carried,
+            )
         ),
     ]
     for old, new, times in without:

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
+
 
 @contextmanager
 def atomic_text_file(path: Path, mode: int = 0o600) -> Iterator[IO[str]]:
@@ -41,9 +43,15 @@ def atomic_text_file(path: Path, mode: int = 0o600) -> Iterator[IO[str]]:
 
 
 def write_json_atomic(path: Path, payload: Any, mode: int = 0o600) -> None:
-    """Replace `path` with `payload` as JSON so a crash leaves the old or the new file."""
+    """Replace `path` with `payload` as JSON so a crash leaves the old or the new file.
+
+    Keys sorted, indented by 2, UTF-8 unescaped: for strings, integers, booleans, null,
+    lists and dicts the bytes `json.dump(indent=2, sort_keys=True, ensure_ascii=False)`
+    wrote, made by msgspec in a tenth of its time (issue 36: sync_state.json is written
+    at the end of every sync; tests/client/test_atomic.py compares the two)."""
+    text = msgspec.json.format(msgspec.json.encode(payload, order="sorted"), indent=2)
     with atomic_text_file(path, mode) as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True, ensure_ascii=False)
+        handle.write(text.decode("utf-8"))
         handle.write("\n")
 
 

@@ -50,14 +50,26 @@ class PushRequest(Struct, frozen=True):
     blobs: list[SyncBlob]
 
 
+class VaultDigest(Struct, frozen=True):
+    """Ours (docs/digest.md "Carried in push and pull answers"): the vault's §18 digest and
+    count at the sequence `cursor`, as `GET /digest` would answer them there. A hint the
+    device checks like that answer, never trusted more (client._sync.anti_entropy)."""
+
+    cursor: Cursor
+    count: Annotated[int, Meta(ge=0)]
+    digest: str
+
+
 class PushResponse(Struct, frozen=True):
-    """Answer to a push (PROTOCOL §5); `cursor` (§9) and `generation` (§17) are ours."""
+    """Answer to a push (PROTOCOL §5); `cursor` (§9) and `generation` (§17) are ours, and
+    so is `vault_digest` (§18 after the commit, additive: docs/digest.md)."""
 
     accepted: int
     rejected: list[str] = msgspec.field(default_factory=list)
     revoked_devices: list[str] = msgspec.field(default_factory=list)
     cursor: Cursor | UnsetType = UNSET
     generation: str | UnsetType = UNSET
+    vault_digest: VaultDigest | UnsetType = UNSET
 
 
 class PullRequest(Struct, frozen=True):
@@ -91,6 +103,8 @@ class PullResponse(Struct, frozen=True):
     `head` (cursor mode only) is the vault's sequence when the page was read (0 for a
     vault nobody pushed to); a head below the device's cursor means a restored relay.
     `retired` (§19) is sent only for a retired vault, absent on a live one.
+    `vault_digest` (ours, additive: docs/digest.md) only on a cursor page with `has_more`
+    false whose last blob is the vault's head: §18 at `head`, read with the page.
     """
 
     blobs: list[SyncBlob]
@@ -99,6 +113,7 @@ class PullResponse(Struct, frozen=True):
     generation: str | UnsetType = UNSET
     head: Cursor | UnsetType = UNSET
     retired: VaultRetirement | UnsetType = UNSET
+    vault_digest: VaultDigest | UnsetType = UNSET
 
 
 class ChangeEvent(Struct, frozen=True):

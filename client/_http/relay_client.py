@@ -87,6 +87,7 @@ MAX_ANSWER_BYTES: Final = 4 * 1024 * 1024
 # honest relay can make large (1000 x 1 MiB); the syncer asks for fewer blobs when a page
 # passes this cap (see Syncer.pull), and a single blob always fits.
 PULL_PAGE_BUDGET_BYTES: Final = 32 * 1024 * 1024
+_DIGEST_ASKED: Final[Mapping[str, str | int]] = {"digest": 1}  # `ask_digest`
 # The whole answer must arrive within this many request timeouts: the per-read timeout
 # alone lets a relay trickle a byte every few seconds forever.
 ANSWER_DEADLINE_TIMEOUTS: Final = 4
@@ -239,6 +240,9 @@ class RelayClient:
         # /v1/info, asked once per client and shared with its `with_retries` copies (issue
         # 36: once per vault session, client._session.VaultSession.shared_relay)
         self._facts = _RelayFacts()
+        # ours (feature `digest-carried`, docs/digest.md): pushes and cursor pulls ask for
+        # the vault's §18 digest in their answers (`?digest=1`); set by the syncer
+        self.ask_digest = False
         self._key_bytes = api_key.encode("utf-8") if api_key else None
         self._key_prefix = api_key[:KEY_PREFIX_CHARS] if api_key else None
         self._sleep = sleep
@@ -332,7 +336,8 @@ class RelayClient:
         """
         body = encode_json(PushRequest(blobs=blobs))
         path = f"{_vault(vault_id)}/push"
-        return self._call("POST", path, PushResponse, retry=Retry.SAFE, content=body)
+        params = _DIGEST_ASKED if self.ask_digest else None  # `vault_digest` after the commit
+        return self._call("POST", path, PushResponse, retry=Retry.SAFE, params=params, content=body)
 
     def pull(
         self,
@@ -360,6 +365,8 @@ class RelayClient:
             params["origin"] = origin  # the cursor this pull began at (docs/pull-origin.md)
         if wait is not None:
             params["wait"] = wait  # PROTOCOL §15 long-poll: held up to `wait` seconds
+        if self.ask_digest and cursor is not None:
+            params.update(_DIGEST_ASKED)  # a last page at the head: `vault_digest`
         path = f"{_vault(vault_id)}/pull"
         return self._call(
             "GET", path, PullResponse, retry=Retry.SAFE, params=params, max_bytes=max_bytes

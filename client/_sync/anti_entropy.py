@@ -20,6 +20,13 @@ without it: the bucket's whole version list). From the lists:
 - anything else (the relay claims a tombstone at the very version the device holds live,
   or two devices' versions with one clock): reported as unresolved, nothing changed.
 
+The relay's digest as a push answer or a cursor pull's last page carried it (`vault_digest`,
+ours: docs/digest.md "Carried in push and pull answers") stands in for the first
+`GET /digest` when it is of the state the sync ends at (`carried_answer`: its sequence is
+the device's cursor). Only a match ends the check on it; on a mismatch the check asks
+`GET /digest` and goes on exactly as without it, so a carried value that lies costs a
+request and decides nothing.
+
 The relay is untrusted: its digests and lists only ever make the device fetch (blobs that
 must verify, applied by the ordinary rules, so only a verified tombstone with a winning
 clock deletes), push again, or leave a tombstone out of its own digest. Missing is not
@@ -31,6 +38,8 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Final
+
+from msgspec import UnsetType
 
 from engram_sync.shared_format.b64 import Base64Error, b64decode_std, b64encode_std
 from engram_sync.shared_format.digest import (
@@ -49,7 +58,7 @@ from engram_sync.shared_format.digest import (
 )
 from engram_sync.shared_format.errors import FormatError
 from engram_sync.shared_format.plaintext import MemoryPlaintext, decode_plaintext
-from engram_sync.shared_format.wire import SyncBlob, encode_json
+from engram_sync.shared_format.wire import SyncBlob, VaultDigest, encode_json
 
 from .._errors import (
     ProtocolError,
@@ -79,9 +88,26 @@ log = logging.getLogger(__name__)
 DIGEST_FEATURE: Final = "digest"
 NARROW_FEATURE: Final = "digest-narrow"  # POST .../digest/narrow (ours, docs/digest.md)
 DEEP_FEATURE: Final = "digest-deep"  # ?deep=1: the digest from the relay's rows (ours)
+# `?digest=1` on push and pull: the vault's digest carried in their answers (ours)
+CARRIED_FEATURE: Final = "digest-carried"
 MAX_LIST_PAGES: Final = 1000  # per bucket: 2,000,000 versions in one bucket at most
 MAX_FETCH_ROUNDS: Final = 64  # per batch of at most 1000 ids (answers cut by bytes)
 MAX_UNRESOLVED_SHOWN: Final = 20
+
+
+def carried_of(field: VaultDigest | UnsetType) -> VaultDigest | None:
+    """An answer's `vault_digest`, or None when it has none (an older relay)."""
+    return field if isinstance(field, VaultDigest) else None
+
+
+def carried_answer(carried: VaultDigest | None, *, cursor: int) -> DigestAnswer | None:
+    """The carried digest as the vault answer of `GET /digest`, when it describes the state
+    the sync ends at: its sequence is the device's cursor, so every commit it counts is
+    one the device pulled or pushed (anything else, someone's push in between or a page
+    short of the head, was carried at another sequence: None, the check asks)."""
+    if carried is None or carried.cursor != cursor:
+        return None
+    return DigestAnswer(cursor=carried.cursor, count=carried.count, digest=carried.digest)
 
 
 class AntiEntropy:
@@ -94,6 +120,7 @@ class AntiEntropy:
         *,
         deep: bool = False,
         when_behind: bool = True,
+        carried: DigestAnswer | None = None,
     ) -> None:
         self.syncer = syncer
         self.sync_report = report
@@ -106,6 +133,8 @@ class AntiEntropy:
         # cursor (others pushed since its pull) is not narrowed (`behind`): it is what
         # those commits make, and the sync their change hint brings checks again
         self.when_behind = when_behind
+        # the vault answer an answer of the sync carried (`carried_answer`), used once
+        self.carried = carried
 
     # -- asking ------------------------------------------------------------------------
 
@@ -192,8 +221,14 @@ class AntiEntropy:
         """`locate` with the kept digest: the held versions are read only on a mismatch
         (and a kept value found wrong then is put right and compared again)."""
         self.result.checked = True
-        top = self._ask()
-        if self._matches(top, kept_digest(self.syncer.vault)):
+        kept = kept_digest(self.syncer.vault)
+        if self.carried is not None:
+            self.result.carried = True
+            if self._matches(self.carried, kept):
+                self.result.round_trips += 1  # the one answer it rests on (no request)
+                return None
+        top = self._ask()  # none carried, or a mismatch: asked, and on as without it
+        if self._matches(top, kept):
             return None
         if self._behind(top):
             return None

@@ -18,6 +18,7 @@ from typing import Final
 from msgspec import UnsetType
 
 from engram_sync.shared_format.blob import NONCE_LEN, TAG_LEN, BlobCipher
+from engram_sync.shared_format.digest import DigestAnswer
 from engram_sync.shared_format.errors import FormatError
 from engram_sync.shared_format.padding import pad_plaintext, padded_size
 from engram_sync.shared_format.plaintext import (
@@ -30,7 +31,13 @@ from engram_sync.shared_format.plaintext import (
 from engram_sync.shared_format.sync_keys import SyncKeys
 from engram_sync.shared_format.timestamps import utc_now_rfc3339
 from engram_sync.shared_format.vault import Vault
-from engram_sync.shared_format.wire import MAX_PULL_LIMIT, PullResponse, PushResponse, SyncBlob
+from engram_sync.shared_format.wire import (
+    MAX_PULL_LIMIT,
+    PullResponse,
+    PushResponse,
+    SyncBlob,
+    VaultDigest,
+)
 
 from .._errors import (
     AnswerTooLargeError,
@@ -73,7 +80,13 @@ from .._vault.vault_key_store import (
     keys_open_blobs,
     keys_refused_message,
 )
-from .anti_entropy import DIGEST_FEATURE, AntiEntropy
+from .anti_entropy import (
+    CARRIED_FEATURE,
+    DIGEST_FEATURE,
+    AntiEntropy,
+    carried_answer,
+    carried_of,
+)
 from .ask_ahead import AskAhead, PullAsk
 from .device import Device
 from .feed_page_bound import feed_page_gap
@@ -229,6 +242,9 @@ class Syncer:
         # digest counts commits this sync did not pull; their change hint brings the next
         # sync, which pulls them and checks again (docs/digest.md "While others push")
         self.digest_when_behind = digest_when_behind
+        # ours (docs/digest.md "Carried in push and pull answers"): the vault's §18 digest as
+        # the last pull page or push answer of this sync carried it, for its end check
+        self.carried: VaultDigest | None = None
 
     # -- the whole cycle --------------------------------------------------------------------
 
@@ -252,6 +268,9 @@ class Syncer:
 
     def _sync_locked(self, feed_pages: Mapping[int, PullResponse]) -> SyncReport:
         report = SyncReport()
+        self.carried = None
+        # this sync's pushes and pulls ask for the vault's digest in their answers (ours)
+        self.relay.ask_digest = self.check_digest and self.relay.offers(CARRIED_FEATURE)
         try:
             for round_ in range(MAX_ROUNDS):
                 self.pull(report, feed_pages if round_ == 0 else None)
@@ -268,7 +287,10 @@ class Syncer:
             if self.state.retired is not None:
                 raise self._retired_error()
             if self.check_digest and self.relay.offers(DIGEST_FEATURE):
-                report.digest = self.anti_entropy(report, repair=True)
+                # a digest this sync's last answer carried, when it is of the state the
+                # sync ends at, spares the check its `GET /digest` (ours, docs/digest.md)
+                carried = carried_answer(self.carried, cursor=self.state.cursor)
+                report.digest = self.anti_entropy(report, repair=True, carried=carried)
             self.state.last_error = None
             self.state.last_sync_at = utc_now_rfc3339()
         except DeviceRevokedError:
@@ -289,11 +311,16 @@ class Syncer:
         error = self._revoked_error()
         return DeviceRevokedError(error.status, error.code, f"{error.message} ({why})")
 
-    def anti_entropy(self, report: SyncReport, *, repair: bool) -> DigestReport:
+    def anti_entropy(
+        self, report: SyncReport, *, repair: bool, carried: DigestAnswer | None = None
+    ) -> DigestReport:
         """PROTOCOL §18: compare this device's digest with the relay's; on a mismatch
         narrow it down by bucket and, with `repair`, fetch what the device lacks and push
-        what the relay lacks (client._sync.anti_entropy; docs/digest.md)."""
-        return AntiEntropy(self, report, when_behind=self.digest_when_behind).run(repair=repair)
+        what the relay lacks (client._sync.anti_entropy; docs/digest.md). `carried`: the
+        relay's digest as an answer of this sync carried it (`carried_answer`), compared
+        first in place of a `GET /digest`."""
+        checker = AntiEntropy(self, report, when_behind=self.digest_when_behind, carried=carried)
+        return checker.run(repair=repair)
 
     def retired_by_relay(self) -> None:
         """The live feed said the vault was retired (`event: retired`, PROTOCOL §19): only a
@@ -531,6 +558,7 @@ class Syncer:
             self.state.full_pull = self.state.link_pull = False
         if isinstance(page.generation, str):
             self.state.generation = page.generation
+        self.carried = carried_of(page.vault_digest)  # the last page's (ours: §18 at its head)
         if not retired and self.state.retired is not None:
             # a whole pull without `retired`: the vault is live after all (a relay that said
             # otherwise lied, or was restored); pushing resumes, nothing was lost meanwhile
@@ -992,6 +1020,7 @@ class Syncer:
             raise self._revoked_error()
         rejected = set(response.rejected)
         self._skip_own_commit(response, [m for m, _, _ in items], clocks, report)
+        self.carried = carried_of(response.vault_digest)  # ours: §18 after the commit
         accepted = [(item, blob) for item, blob in zip(items, blobs, strict=True)
                     if item[0] not in rejected]  # fmt: skip
         with self.vault.transaction() as conn:

@@ -28,6 +28,8 @@ class DigestReport:
     requeued: int = 0  # versions queued to push again
     compacted: int = 0  # tombstones the relay compacted, left out of the digest
     unresolved: list[str] = field(default_factory=list)  # memory ids
+    # digest requests, plus 1 when the digest a push or pull answer carried (`carried`)
+    # settled the check: the one small answer it rests on
     round_trips: int = 0
     answer_bytes: int = 0  # JSON bytes of the digest answers (as re-encoded)
     request_bytes: int = 0  # JSON bytes of the digest requests' bodies (narrow)
@@ -36,6 +38,9 @@ class DigestReport:
     # the device's kept digest disagreed with its rows and was recomputed (issue 36; seen
     # by `verify --deep` and by a check that narrows)
     kept_repaired: bool = False
+    # the check began with the relay's digest as a push answer or the last pull page
+    # carried it (ours, docs/digest.md "Carried in push and pull answers")
+    carried: bool = False
 
 
 @dataclass

@@ -7,9 +7,11 @@ vault at another relay or vault id starts from cursor 0.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
+
+import msgspec
 
 from .._atomic import read_json, write_json_atomic
 from .own_pushes import MAX_OWN_SKIPS, OwnSkip
@@ -188,6 +190,13 @@ class SyncState:
         self._on_disk = payload
 
     def _payload(self) -> dict[str, Any]:
-        payload = asdict(self)
-        payload.pop("path")
+        """The file's content: every field but `path`, nested dataclasses as dicts (what
+        `dataclasses.asdict` gives, in 1% of its time: with 64 `own_skips` its deep copy
+        took about 0.4 ms of each save and each refresh, issue 36)."""
+        payload: dict[str, Any] = msgspec.to_builtins(
+            {f.name: getattr(self, f.name) for f in _FIELDS if f.name != "path"}
+        )
         return payload
+
+
+_FIELDS: Final = fields(SyncState)

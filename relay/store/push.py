@@ -37,6 +37,7 @@ from engram_sync.relay.domain.domain_errors import (
 from engram_sync.relay.domain.push_rules import CheckedBlob, PushPlan, StoredVersion, plan_push
 from engram_sync.relay.store.begun import Begun, begun, hex_bytea, hex_text
 from engram_sync.relay.store.bucket_prefixes import PREFIX_SHIFT, apply_changes
+from engram_sync.relay.store.carried_digest import CarriedDigest
 from engram_sync.relay.store.feed_notify import INLINE_MAX_BLOBS, Commit, announce, encode_blobs
 from engram_sync.relay.store.overlap import while_answered
 from engram_sync.shared_format.digest import (
@@ -88,6 +89,9 @@ class PushOutcome:
 
     plan: PushPlan
     cursor: int
+    # ours: the vault's §18 digest and count as the committed group left them
+    # (relay.store.carried_digest; `carried_in`)
+    carried: CarriedDigest | None = None
 
 
 # A refusal is a value here (one push of a group); relay.services.push_groups raises it.
@@ -560,7 +564,25 @@ async def _decide_and_write(
         changed = sorted({w.vault_id for w in writes})
         vaults = [decision.vaults[v] for v in changed]
         await _write(conn, writes, vaults, sorted(seen), transaction)
-    return results
+    return carried_in(results, jobs, decision.vaults)
+
+
+def carried_in(
+    results: list[PushResult], jobs: list[PushJob], vaults: Mapping[str, LockedVault]
+) -> list[PushResult]:
+    """Each push's result with its vault's digest, count and sequence as the group leaves
+    them (ours, relay.store.carried_digest): folded by `_write`, written with `seq` by the
+    statement that commits, so they describe the vault at that sequence. A later push of
+    the same group makes it a sequence past the push's own `cursor`."""
+    return [
+        r if isinstance(r, PushRefusedError) else _with_carried(r, vaults[job.vault_id])
+        for job, r in zip(jobs, results, strict=True)
+    ]
+
+
+def _with_carried(outcome: PushOutcome, v: LockedVault) -> PushOutcome:
+    carried = CarriedDigest(v.seq, v.live_blobs + v.tombstones, digest_bytes(v.digest))
+    return PushOutcome(outcome.plan, outcome.cursor, carried)
 
 
 async def _decide(

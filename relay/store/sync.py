@@ -11,6 +11,7 @@ from msgspec import UNSET
 
 from engram_sync.relay.domain.domain_errors import ResyncRequiredError
 from engram_sync.relay.store.begun import begun, hex_text
+from engram_sync.relay.store.carried_digest import PULL_COLUMNS, CarriedDigest, carried_by_page
 from engram_sync.relay.store.overlap import while_answered
 from engram_sync.relay.store.retire import Retirement, retirement
 from engram_sync.shared_format.wire import SyncBlob
@@ -74,12 +75,13 @@ _SINCE_ROWS = (
 # 10): the vault's sequence and compaction horizon are read with the page, so a compaction
 # or a push committing meanwhile is wholly before the page or wholly after it. A vault
 # row and no blob beyond the cursor give one row of NULL blob columns; an unknown vault
-# none. PROTOCOL §19: the vault's retirement comes with it (NULLs on a live vault). Public:
+# none. PROTOCOL §19: the vault's retirement comes with it (NULLs on a live vault); §18's
+# digest and count on the row at the head (relay.store.carried_digest). Public:
 # the benchmark's raw-database ceiling runs this very statement (bench/ceiling.py).
 PULL_PAGE = f"""
 SELECT v.seq AS head, v.compacted_through AS horizon, v.retired_at, v.successor,
        v.erase_after, v.erase_after <= now() AS erased, v.successor_statement,
-       v.successor_stated_at, p.*
+       v.successor_stated_at, {PULL_COLUMNS}, p.*
 FROM vaults v LEFT JOIN ({_byte_capped(_CURSOR_ROWS, "seq", within=True)}) p ON true
 WHERE v.vault_id = $1
 ORDER BY p.seq
@@ -93,7 +95,7 @@ ORDER BY created_at_ts, seq
 # `PULL_PAGE`'s first column of the blob (`p.*`): from there on a row holds `SyncBlob`'s
 # fields in their order (`_byte_capped`), so a blob is built positionally (issue 36: the
 # nine lookups by name per blob were most of a page's Python).
-_FIRST_BLOB_COLUMN = 8
+_FIRST_BLOB_COLUMN = 10
 
 
 def _blobs_with_seq(rows: list[asyncpg.Record]) -> list[SyncBlob]:
@@ -211,6 +213,7 @@ class Page:
     head: int = 0  # the vault's sequence (PROTOCOL §17: a restored relay's is lower)
     lag: int = 0  # blobs of the vault still ahead of `cursor` (for metrics)
     retired: Retirement | None = None  # PROTOCOL §19: within its grace period
+    carried: CarriedDigest | None = None  # ours: §18 at `head` (relay.store.carried_digest)
 
 
 def split_page(rows: list[asyncpg.Record], limit: int) -> tuple[list[asyncpg.Record], bool]:
@@ -262,6 +265,7 @@ async def pull_by_cursor(
         start = cursor if origin is None else min(origin, cursor)
         if 0 < start < horizon:
             raise ResyncRequiredError(cursor, horizon)  # answered 409 by relay.http.errors
+        last_row = rows[-1] if rows else None
         rows, has_more = split_page(rows, limit)
         # Read in the page's snapshot, the head is never below a seq sent; it is never
         # raised to the request's cursor either: a head below it is how a device sees a
@@ -279,7 +283,8 @@ async def pull_by_cursor(
             lambda: _blobs_with_seq(rows),
         )
         lag = max(0, head - new_cursor)
-        return Page(blobs, has_more, new_cursor, head, lag, retired)
+        carried = None if last_row is None else carried_by_page(last_row, head, has_more=has_more)
+        return Page(blobs, has_more, new_cursor, head, lag, retired, carried)
 
 
 async def _progress(

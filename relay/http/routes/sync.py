@@ -22,6 +22,7 @@ from engram_sync.relay.http.routes.long_poll import MAX_WAIT_S, held_pull
 from engram_sync.relay.http.routes.retire import authorize_until_erased
 from engram_sync.relay.services.state import RelayState
 from engram_sync.relay.store import sync as store
+from engram_sync.relay.store.carried_digest import on_wire as carried_on_wire
 from engram_sync.relay.store.push import PushJob
 from engram_sync.relay.store.retire import Retirement
 from engram_sync.shared_format.timestamps import format_rfc3339
@@ -47,9 +48,13 @@ _SPACE_OFFSET = re.compile(r" (\d{2}:\d{2})$")
     tags=["sync"],
     opt={BODY_OPT: PushRequest},
 )
-async def push(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> PushResponse:
+async def push(
+    request: Request[Any, Any, Any], vault_id: FromPath[str], digest: bool = False
+) -> PushResponse:
     """Store a batch of blobs: one transaction, serialised per vault (PROTOCOL §6),
-    shared with the pushes that arrive together (group commit, relay.services.push_groups)."""
+    shared with the pushes that arrive together (group commit, relay.services.push_groups).
+    `digest=1` (ours, feature `digest-carried`): the answer carries the vault's §18 digest
+    as the commit left it (relay.store.carried_digest); without it the §5 answer as was."""
     state = relay_state(request)
     principal = await authorize(request, require_id(vault_id, "vault_id"))
     data = await decode_body(request, PushRequest)
@@ -68,6 +73,7 @@ async def push(request: Request[Any, Any, Any], vault_id: FromPath[str]) -> Push
         revoked_devices=plan.revoked_devices,
         cursor=outcome.cursor,
         generation=state.generation,  # PROTOCOL §17, cached: no query of its own
+        vault_digest=carried_on_wire(outcome.carried if digest else None),  # ours
     )
 
 
@@ -105,6 +111,7 @@ async def pull(
     cursor: Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)] = None,
     origin: Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)] = None,
     wait: Annotated[float | None, QueryParameter(gt=0, le=MAX_WAIT_S)] = None,
+    digest: bool = False,
 ) -> PullResponse:
     """Legacy `since` mode (§7) or the commit-ordered `cursor` mode (§9).
 
@@ -115,14 +122,17 @@ async def pull(
     `origin` (additive, docs/pull-origin.md): the cursor this pull began at, against
     which the compaction horizon is checked. `wait=S` (0 < S <= 60, cursor mode only):
     with nothing beyond the cursor, hold the answer until a commit or S seconds (§15).
+    `digest=1` (ours, cursor mode, feature `digest-carried`): a last page at the vault's
+    head carries its §18 digest (relay.store.carried_digest).
     """
     state = relay_state(request)
     principal = await authorize(request, require_id(vault_id, "vault_id"))
     page_size = min(limit or DEFAULT_PULL_LIMIT, MAX_PULL_LIMIT)
     if cursor is not None:
         return await _pull_by_cursor(
-            request, state, principal, vault_id, cursor, page_size, origin=origin, wait=wait
-        )
+            request, state, principal, vault_id, cursor, page_size,
+            origin=origin, wait=wait, digest=digest,
+        )  # fmt: skip
     if wait is not None:
         raise bad_request(
             "wait: a long-poll needs the cursor form of pull (`cursor=N&wait=S`)",
@@ -158,6 +168,7 @@ async def _pull_by_cursor(
     *,
     origin: int | None,
     wait: float | None,
+    digest: bool = False,
 ) -> PullResponse:
     """The cursor mode (§9): one page, or with `wait` one held until a commit (§15)."""
     pool = state.require_pool()
@@ -193,6 +204,7 @@ async def _pull_by_cursor(
         generation=state.generation,  # PROTOCOL §17, cached: no query of its own
         head=page.head,
         retired=retired_field(page.retired),
+        vault_digest=carried_on_wire(page.carried if digest else None),  # §18 at the head
     )
 
 

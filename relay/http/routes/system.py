@@ -27,6 +27,7 @@ FEATURES = [
     "digest",  # PROTOCOL §18: /v1/vaults/{v}/digest and /fetch (docs/digest.md)
     "digest-narrow",  # PROTOCOL §18, ours: POST /v1/vaults/{v}/digest/narrow (docs/digest.md)
     "digest-deep",  # PROTOCOL §18, ours: /digest?deep=1, computed from rows (docs/digest.md)
+    "digest-carried",  # PROTOCOL §18, ours: `vault_digest` in push and pull answers (digest.md)
     "idempotency-keys",  # an Idempotency-Key makes creating POSTs retryable (docs/retries.md)
     "events",  # PROTOCOL §15: GET /v1/vaults/{v}/events (docs/live-feed.md)
     "events-blobs",  # ours: events?blobs=1, small commits' blobs in the change (docs/live-feed.md)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from engram_sync.client._sync.config import SyncConfig, load_sync_config, save_sync_config
 from engram_sync.client._sync.device import CLOCK_LEASE, ClockExhaustedError, Device
-from engram_sync.client._sync.state import SkippedBlob, SyncState
+from engram_sync.client._sync.own_pushes import OwnSkip
+from engram_sync.client._sync.state import RetiredHint, SkippedBlob, SyncState
 
 
 def test_device_is_created_once_with_a_uuid4(tmp_path: Path) -> None:
@@ -141,3 +143,22 @@ def test_sync_config_keeps_other_settings(tmp_path: Path) -> None:
     assert load_sync_config(tmp_path) == config
     assert "en_secretsecret" not in repr(config)
     assert (tmp_path / "config.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_state_file_holds_what_asdict_gave(tmp_path: Path) -> None:
+    """issue 36: `SyncState._payload` (msgspec) is `dataclasses.asdict` without `path`."""
+    state = SyncState.load(tmp_path)
+    state.bind("https://relay.example", "vault-ü")
+    state.cursor, state.generation, state.oversized = 42, "g1", ["mem-1"]
+    state.record_skipped(SkippedBlob("m", "d", 3, "bad hmac", "2026-12-05T00:00:00Z", "k"))
+    for n in range(70):  # past MAX_OWN_SKIPS
+        state.record_own_skip(OwnSkip(n, n + 1, n, n))
+    state.retired = RetiredHint("vault-ü", "next", None, "pull", "2026-12-05T00:00:00Z")
+    state.save()
+    expected = asdict(state)
+    expected.pop("path")
+    assert json.loads((tmp_path / "sync_state.json").read_text()) == expected
+    again = SyncState.load(tmp_path)
+    assert asdict(again) == asdict(state)
+    again.save()  # equal to the file: not written again
+    assert again._payload() == expected

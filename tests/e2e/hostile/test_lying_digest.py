@@ -46,6 +46,19 @@ def _offer(scene: Scene, path: str) -> None:
 def _lie_on_both(scene: Scene, action: Callable[[Exchange], Answer | None]) -> None:
     scene.proxy.on("GET", r"/digest$", action)
     scene.proxy.on("POST", r"/digest/narrow$", action)
+    # the relay lies in the digest it carries too (docs/digest.md "Carried in push and
+    # pull answers"): else the honest carried value settles the check and no lie is asked
+    scene.proxy.on("GET", r"/pull$", _carried_lie)
+    scene.proxy.on("POST", r"/push$", _carried_lie)
+
+
+def _carried_lie(exchange: Exchange) -> Answer | None:
+    """A pull page's or push answer's `vault_digest` made another vault's."""
+    body = exchange.json() if exchange.status == 200 else None
+    if not isinstance(body, dict) or not isinstance(body.get("vault_digest"), dict):
+        return None
+    body["vault_digest"]["digest"] = base64.b64encode(os.urandom(32)).decode()
+    return Answer(200, body)
 
 
 def _used(scene: Scene, path: str) -> None:
