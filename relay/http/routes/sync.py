@@ -49,7 +49,9 @@ _SPACE_OFFSET = re.compile(r" (\d{2}:\d{2})$")
     opt={BODY_OPT: PushRequest},
 )
 async def push(
-    request: Request[Any, Any, Any], vault_id: FromPath[str], digest: bool = False
+    request: Request[Any, Any, Any],
+    vault_id: FromPath[str],
+    digest: Annotated[bool, QueryParameter()] = False,
 ) -> PushResponse:
     """Store a batch of blobs: one transaction, serialised per vault (PROTOCOL §6),
     shared with the pushes that arrive together (group commit, relay.services.push_groups).
@@ -111,7 +113,7 @@ async def pull(
     cursor: Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)] = None,
     origin: Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)] = None,
     wait: Annotated[float | None, QueryParameter(gt=0, le=MAX_WAIT_S)] = None,
-    digest: bool = False,
+    digest: Annotated[bool, QueryParameter()] = False,
 ) -> PullResponse:
     """Legacy `since` mode (§7) or the commit-ordered `cursor` mode (§9).
 
