@@ -250,18 +250,9 @@ async def pull_by_cursor(
     trip (`record_progress_at_once`), so a page costs two; else up to five (Citus)."""
     async with pool.acquire() as conn:
         rows = await conn.fetch(PULL_PAGE, vault_id, cursor, limit, max_bytes)
-        retired = None
-        if not rows:  # nobody pushed to this vault (PROTOCOL §5: an empty page)
-            head = horizon = 0
-        else:
-            head, horizon = int(rows[0]["head"]), int(rows[0]["horizon"])
-            if rows[0]["retired_at"] is not None:  # PROTOCOL §19
-                retired = Retirement(vault_id, rows[0]["successor"], rows[0]["retired_at"],
-                                     rows[0]["erase_after"], rows[0]["erased"],
-                                     rows[0]["successor_statement"],
-                                     rows[0]["successor_stated_at"])  # fmt: skip
-                if retired.erased:  # the grace period is over: 410 (relay.http.errors)
-                    raise retired.refusal()
+        retired = _retired(vault_id, rows)
+        # nobody pushed to this vault: no row (PROTOCOL §5: an empty page)
+        head, horizon = (int(rows[0]["head"]), int(rows[0]["horizon"])) if rows else (0, 0)
         start = cursor if origin is None else min(origin, cursor)
         if 0 < start < horizon:
             raise ResyncRequiredError(cursor, horizon)  # answered 409 by relay.http.errors
@@ -285,6 +276,20 @@ async def pull_by_cursor(
         lag = max(0, head - new_cursor)
         carried = None if last_row is None else carried_by_page(last_row, head, has_more=has_more)
         return Page(blobs, has_more, new_cursor, head, lag, retired, carried)
+
+
+def _retired(vault_id: str, rows: list[asyncpg.Record]) -> Retirement | None:
+    """PROTOCOL §19: the vault's retirement as the page's first row gives it; raises its
+    refusal (410, relay.http.errors) once the grace period is over."""
+    if not rows or rows[0]["retired_at"] is None:
+        return None
+    first = rows[0]
+    retired = Retirement(vault_id, first["successor"], first["retired_at"], first["erase_after"],
+                         first["erased"], first["successor_statement"],
+                         first["successor_stated_at"])  # fmt: skip
+    if retired.erased:
+        raise retired.refusal()
+    return retired
 
 
 async def _progress(
