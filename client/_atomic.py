@@ -14,9 +14,14 @@ import msgspec
 
 
 @contextmanager
-def atomic_text_file(path: Path, mode: int = 0o600) -> Iterator[IO[str]]:
+def atomic_text_file(path: Path, mode: int = 0o600, *, durable: bool = True) -> Iterator[IO[str]]:
     """A text handle whose content replaces `path` once the block ends without an error
     (a crash or an error leaves the old file, or none).
+
+    `durable=False` skips the directory's fsync: the content is still fsynced before the
+    rename (never an empty or partial file), but a crash may undo the rename and leave the
+    previous file. Only for a file whose previous version is always safe to find again
+    (sync_state.json: a cursor behind committed rows; never device.json's clock, §8).
 
     The temp file is made by mkstemp in `path`'s directory (O_CREAT|O_EXCL, a random
     name, 0600 from the start), so it is never a file or link someone else put there
@@ -35,6 +40,8 @@ def atomic_text_file(path: Path, mode: int = 0o600) -> Iterator[IO[str]]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if not durable:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -42,15 +49,16 @@ def atomic_text_file(path: Path, mode: int = 0o600) -> Iterator[IO[str]]:
         os.close(dir_fd)
 
 
-def write_json_atomic(path: Path, payload: Any, mode: int = 0o600) -> None:
+def write_json_atomic(path: Path, payload: Any, mode: int = 0o600, *, durable: bool = True) -> None:
     """Replace `path` with `payload` as JSON so a crash leaves the old or the new file.
 
     Keys sorted, indented by 2, UTF-8 unescaped: for strings, integers, booleans, null,
     lists and dicts the bytes `json.dump(indent=2, sort_keys=True, ensure_ascii=False)`
     wrote, made by msgspec in a tenth of its time (issue 36: sync_state.json is written
-    at the end of every sync; tests/client/test_atomic.py compares the two)."""
+    at the end of every sync; tests/client/test_atomic.py compares the two). `durable`: as
+    `atomic_text_file`."""
     text = msgspec.json.format(msgspec.json.encode(payload, order="sorted"), indent=2)
-    with atomic_text_file(path, mode) as handle:
+    with atomic_text_file(path, mode, durable=durable) as handle:
         handle.write(text.decode("utf-8"))
         handle.write("\n")
 

@@ -1,10 +1,13 @@
 """client._atomic.write_json_atomic writes, for the values our JSON files hold (strings,
 integers, booleans, null, lists, dicts), the bytes `json.dump(indent=2, sort_keys=True,
-ensure_ascii=False)` wrote before issue 36 made it msgspec's."""
+ensure_ascii=False)` wrote before issue 36 made it msgspec's; and which files skip the
+directory's fsync."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engram_sync.client._atomic import read_json, write_json_atomic
+from engram_sync.client._sync.device import Device
+from engram_sync.client._sync.state import SyncState
 
 _SCALARS = (
     st.none()
@@ -37,3 +42,29 @@ def test_the_same_bytes_as_json_dump(tmp_path_factory: Any, payload: dict[str, A
     write_json_atomic(path, payload)
     assert path.read_text(encoding="utf-8") == _before(payload)
     assert read_json(path) == payload
+
+
+def test_only_the_sync_state_skips_the_directory_fsync(tmp_path: Path, monkeypatch: Any) -> None:
+    """sync_state.json may come back as its previous version after a crash (a cursor behind
+    committed rows), so its save does without the directory's fsync; device.json's clock
+    (PROTOCOL §8) and every other file keep both fsyncs. The content is fsynced either way."""
+    synced: list[bool] = []  # True: a directory's fsync
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    state = SyncState.load(tmp_path)
+    state.cursor = 7
+    state.save()
+    assert synced == [False]
+    synced.clear()
+    device = Device.load_or_create(tmp_path, "a label")
+    assert synced == [False, True]
+    synced.clear()
+    device.save()
+    write_json_atomic(tmp_path / "other.json", {"x": 1})
+    assert synced == [False, True, False, True]
+    assert SyncState.load(tmp_path).cursor == 7
