@@ -49,23 +49,30 @@ def atomic_text_file(path: Path, mode: int = 0o600, *, durable: bool = True) -> 
         os.close(dir_fd)
 
 
-def write_json_atomic(path: Path, payload: Any, mode: int = 0o600, *, durable: bool = True) -> None:
+def write_json_atomic(
+    path: Path, payload: Any, mode: int = 0o600, *, durable: bool = True
+) -> bytes:
     """Replace `path` with `payload` as JSON so a crash leaves the old or the new file.
 
     Keys sorted, indented by 2, UTF-8 unescaped: for strings, integers, booleans, null,
     lists and dicts the bytes `json.dump(indent=2, sort_keys=True, ensure_ascii=False)`
     wrote, made by msgspec in a tenth of its time (issue 36: sync_state.json is written
     at the end of every sync; tests/client/test_atomic.py compares the two). `durable`: as
-    `atomic_text_file`."""
-    text = msgspec.json.format(msgspec.json.encode(payload, order="sorted"), indent=2)
+    `atomic_text_file`. Returns the file's bytes."""
+    text = msgspec.json.format(msgspec.json.encode(payload, order="sorted"), indent=2) + b"\n"
     with atomic_text_file(path, mode, durable=durable) as handle:
         handle.write(text.decode("utf-8"))
-        handle.write("\n")
+    return text
 
 
 def read_json(path: Path) -> Any:
     """The parsed JSON of `path`; ValueError naming the file when it is not JSON."""
+    return parse_json(path.read_bytes(), path)
+
+
+def parse_json(raw: bytes, path: Path) -> Any:
+    """`raw` (the bytes of `path`) parsed; ValueError naming the file when it is not JSON."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+        return json.loads(raw.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc}); fix or remove it") from None

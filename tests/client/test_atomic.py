@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engram_sync.client._atomic import read_json, write_json_atomic
+from engram_sync.client._sync import state as state_module
 from engram_sync.client._sync.device import Device
 from engram_sync.client._sync.state import SyncState
 
@@ -68,3 +69,32 @@ def test_only_the_sync_state_skips_the_directory_fsync(tmp_path: Path, monkeypat
     write_json_atomic(tmp_path / "other.json", {"x": 1})
     assert synced == [False, True, False, True]
     assert SyncState.load(tmp_path).cursor == 7
+
+
+def test_a_refresh_takes_another_writer_s_state_and_parses_nothing_unchanged(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """SyncState.refresh (each sync's start) parses the file only when its bytes are not the
+    ones this object last read or wrote, or when this object holds a change it did not save
+    (which the file's state replaces, as before)."""
+    first = SyncState.load(tmp_path)
+    first.cursor = 3
+    first.save()
+    other = SyncState.load(tmp_path)  # another process
+    other.cursor = 9
+    other.save()
+    first.refresh()
+    assert first.cursor == 9  # the other writer's state taken
+    parsed: list[Path] = []
+    real = state_module.parse_json
+
+    def counting(raw: bytes, path: Path) -> Any:
+        parsed.append(path)
+        return real(raw, path)
+
+    monkeypatch.setattr(state_module, "parse_json", counting)
+    first.refresh()
+    assert (first.cursor, parsed) == (9, [])  # unchanged: nothing parsed
+    first.cursor = 42  # not saved: the file's state replaces it, as before
+    first.refresh()
+    assert (first.cursor, len(parsed)) == (9, 1)

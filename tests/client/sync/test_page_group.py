@@ -67,9 +67,9 @@ def cursors_written(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     written: list[int] = []
     real = state_module.write_json_atomic
 
-    def counting(path: Path, payload: Any, mode: int = 0o600) -> None:
+    def counting(path: Path, payload: Any, mode: int = 0o600, **how: bool) -> bytes:
         written.append(int(payload["cursor"]))
-        real(path, payload, mode)
+        return real(path, payload, mode, **how)
 
     monkeypatch.setattr(state_module, "write_json_atomic", counting)
     return written
