@@ -10,6 +10,9 @@ only through the same path as an answer fetched then: it is checked (`check_page
 every blob verified before anything of it is used. A request the pull no longer wants (the
 page led to a full re-pull, a refuted skip, a smaller limit, an error) is waited for and
 its answer or error dropped, so the relay client is never used by two threads at once.
+One exception: a pull ended by Ctrl-C (or an exit) does not wait for it (`close(wait=
+False)`): the request runs on a daemon thread, so a relay that never answers cannot hold
+the person's interrupt or the interpreter's exit; nothing of its answer is used.
 The relay records its progress record for a page it serves (§12) a page earlier than it
 did; docs/pull-progress.md: a device's record ahead of its rows never makes it skip a
 deletion, it makes it pull again (`resync_required`).
@@ -18,8 +21,9 @@ deletion, it makes it pull again (`resync_required`).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Final
 
@@ -40,19 +44,25 @@ class PullAsk:
 
 
 class AskAhead:
-    """At most one pull request in flight on a worker thread, started when asked."""
+    """At most one pull request in flight on a (daemon) thread, started when asked."""
 
     def __init__(self, fetch: Callable[[PullAsk], PullResponse]) -> None:
         self.fetch = fetch
-        self._pool: ThreadPoolExecutor | None = None
         self._pending: tuple[PullAsk, Future[PullResponse]] | None = None
 
     def start(self, ask: PullAsk) -> None:
-        """Send `ask` now, on the worker (after any request still in flight is done)."""
+        """Send `ask` now, on a thread of its own (after any request in flight is done)."""
         self._drop()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_THREAD_NAME)
-        self._pending = (ask, self._pool.submit(self.fetch, ask))
+        answer: Future[PullResponse] = Future()
+
+        def run() -> None:
+            try:
+                answer.set_result(self.fetch(ask))
+            except BaseException as exc:  # raised where the answer is taken, or dropped
+                answer.set_exception(exc)
+
+        threading.Thread(target=run, name=_THREAD_NAME, daemon=True).start()
+        self._pending = (ask, answer)
 
     def take(self, ask: PullAsk) -> PullResponse | None:
         """The answer to `ask` if it was sent ahead (its error raised here, as if it had
@@ -74,9 +84,9 @@ class AskAhead:
         except Exception as exc:  # a request the pull no longer wants: its error too
             log.debug("a pull page asked ahead (cursor %d) was not used: %s", ask.cursor, exc)
 
-    def close(self) -> None:
-        """Wait for what is in flight (dropped) and end the worker."""
-        self._drop()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+    def close(self, *, wait: bool = True) -> None:
+        """Wait for what is in flight and drop it; with `wait` False (an interrupted pull)
+        leave it to end on its own thread, unused."""
+        if wait:
+            self._drop()
+        self._pending = None

@@ -399,8 +399,12 @@ class Syncer:
         try:
             with group.held():
                 ended = self._pull_pages(report, dict(feed_pages or {}), group, ahead)
-        finally:
-            ahead.close()
+        except BaseException as exc:
+            # Ctrl-C or an exit does not wait for a page asked ahead of a relay that may
+            # never answer; any other error does (the relay client stays one thread's)
+            ahead.close(wait=isinstance(exc, Exception))
+            raise
+        ahead.close()
         if ended is not None:
             page, seen, retired = ended
             self._end_pull(page, report, seen, retired=retired)

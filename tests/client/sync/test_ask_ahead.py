@@ -62,3 +62,26 @@ def test_an_error_asked_ahead_is_raised_where_the_request_is_made_or_dropped() -
         ahead.start(PullAsk(8, 10, None))
     finally:
         ahead.close()  # waits for the one in flight, drops its error
+
+
+def test_an_interrupted_pull_does_not_wait_for_a_relay_that_never_answers() -> None:
+    """close(wait=False) (a pull ended by Ctrl-C) leaves the request to its daemon thread:
+    neither the interrupt nor the interpreter's exit waits for it; close() waits."""
+    release = threading.Event()
+    asked: list[PullAsk] = []
+
+    def hanging(ask: PullAsk) -> Any:
+        asked.append(ask)
+        release.wait()
+        return ("page after", ask.cursor)
+
+    ahead = AskAhead(hanging)
+    ahead.start(PullAsk(1, 10, None))
+    (worker,) = [t for t in threading.enumerate() if t.name == "engram-sync-pull-ahead"]
+    assert worker.daemon  # the interpreter's exit does not join it
+    ahead.close(wait=False)  # returns while the request still hangs
+    assert worker.is_alive()
+    assert asked == [PullAsk(1, 10, None)]
+    release.set()
+    worker.join(timeout=10)
+    assert not worker.is_alive()

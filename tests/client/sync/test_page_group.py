@@ -7,6 +7,7 @@ group, and what a grouped pull leaves is what a page-by-page pull leaves.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -156,3 +157,40 @@ def test_an_error_inside_a_page_keeps_nothing_of_its_group(
     assert report.applied == 6
     assert _held(bravo) == 12
     assert _kept_is_right(bravo)
+
+
+def test_ctrl_c_during_a_pull_does_not_wait_for_the_page_asked_ahead(
+    pair: tuple[VaultSession, VaultSession], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A person's Ctrl-C while a page is applied ends the sync at once even when the next
+    page, asked ahead, never comes back (a hung relay); nothing of that group is kept."""
+    _, bravo = pair
+    release = threading.Event()
+    calls: list[int] = []
+    real_fetch = engine_module.Syncer._fetch
+    real_fresh = engine_module.fresh_ids
+
+    def hanging_second(self: engine_module.Syncer, ask: Any) -> Any:
+        calls.append(ask.cursor)
+        if len(calls) == 2:  # the page asked ahead while page 1 is applied
+            release.wait()
+        return real_fetch(self, ask)
+
+    def interrupted(conn: Any, memory_ids: Any) -> set[str]:
+        if calls == [0, 3]:  # page 1 applied while page 2 hangs: the person presses Ctrl-C
+            raise KeyboardInterrupt
+        return real_fresh(conn, memory_ids)
+
+    monkeypatch.setattr(engine_module.Syncer, "_fetch", hanging_second)
+    monkeypatch.setattr(engine_module, "fresh_ids", interrupted)
+    watchdog = threading.Timer(30, release.set)  # a sync that waits ends only by this
+    watchdog.start()
+    try:
+        with bravo.relay() as client, pytest.raises(KeyboardInterrupt):
+            bravo.syncer(client, pull_page=PAGE, group_bound=BOUND).sync()
+        assert not release.is_set(), "the interrupted sync waited for the hung page"
+    finally:
+        watchdog.cancel()
+        release.set()
+    assert _saved_cursor(bravo) == 0  # page 1's group never committed
+    assert _held(bravo) == 0
