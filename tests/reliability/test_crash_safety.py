@@ -243,8 +243,10 @@ def test_client_killed_mid_push_and_mid_pull_stays_consistent(
     count, kills = (10_000, 10) if FULL else (3_000, 3)
     rng = random.Random(int(os.environ.get("ENGRAM_SEED", "11")))
     ids = _vault(tmp_path / "writer", relay_process, count)
+    # The kill lands within 50 ms of a batch stored: a push of 3,000 takes about 0.2 s on a
+    # quiet machine since issue 36 (the default 0.3 s let every run finish first)
     killed_push = _kill_cli_runs_until_one_finishes(
-        tmp_path / "writer", rng, kills, lambda: _blobs_stored(relay_process)
+        tmp_path / "writer", rng, kills, lambda: _blobs_stored(relay_process), max_delay=0.05
     )
 
     rows = _relay_rows(relay_process)
