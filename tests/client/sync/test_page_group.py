@@ -17,13 +17,13 @@ import pytest
 from engram_sync.client._errors import RelayUnavailableError
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync import engine as engine_module
-from engram_sync.client._sync import state as state_module
 from engram_sync.client._sync.page_group import GroupBound, group_full
 from engram_sync.client._sync.state import SyncState
 from engram_sync.client._vault import store as local_store
 from engram_sync.client._vault.held_versions import held_versions
 from engram_sync.client._vault.kept_digest import kept_digest
 from engram_sync.shared_format.digest import fold
+from tests.client.sync.test_state_writes import cursors_written as cursors_written
 from tests.relay.conftest import ADMIN_KEY, Relay
 
 PASSPHRASE = "page group tests: correct horse battery staple"
@@ -63,17 +63,13 @@ def pair(tmp_path: Path, relay: Relay) -> Iterator[tuple[VaultSession, VaultSess
             session.close()
 
 
-@pytest.fixture
-def cursors_written(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    written: list[int] = []
-    real = state_module.write_json_atomic
-
-    def counting(path: Path, payload: Any, mode: int = 0o600, **how: bool) -> bytes:
-        written.append(int(payload["cursor"]))
-        return real(path, payload, mode, **how)
-
-    monkeypatch.setattr(state_module, "write_json_atomic", counting)
-    return written
+def _the_next_sync_brings_the_rest(bravo: VaultSession) -> None:
+    """After a pull that kept 6 of the 12: a sync pulls the other 6, the kept digest right."""
+    with bravo.relay() as client:
+        report = bravo.syncer(client, pull_page=PAGE).sync()
+    assert report.applied == 6
+    assert _held(bravo) == 12
+    assert _kept_is_right(bravo)
 
 
 def _held(session: VaultSession) -> int:
@@ -123,11 +119,7 @@ def test_an_error_between_pages_keeps_the_pages_before_it(
     assert _saved_cursor(bravo) == 6
     assert _held(bravo) == 6
     monkeypatch.setattr(engine_module.Syncer, "_fetch", real)
-    with bravo.relay() as client:
-        report = bravo.syncer(client, pull_page=PAGE).sync()
-    assert report.applied == 6
-    assert _held(bravo) == 12
-    assert _kept_is_right(bravo)
+    _the_next_sync_brings_the_rest(bravo)
 
 
 def test_an_error_inside_a_page_keeps_nothing_of_its_group(
@@ -152,11 +144,7 @@ def test_an_error_inside_a_page_keeps_nothing_of_its_group(
     assert _held(bravo) == 6
     assert _kept_is_right(bravo)
     monkeypatch.setattr(engine_module, "fresh_ids", real)
-    with bravo.relay() as client:
-        report = bravo.syncer(client, pull_page=PAGE).sync()
-    assert report.applied == 6
-    assert _held(bravo) == 12
-    assert _kept_is_right(bravo)
+    _the_next_sync_brings_the_rest(bravo)
 
 
 def test_ctrl_c_during_a_pull_does_not_wait_for_the_page_asked_ahead(

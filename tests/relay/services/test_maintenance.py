@@ -21,7 +21,16 @@ from engram_sync.relay.services.config import RelayConfig, config_from_env
 from engram_sync.relay.services.maintenance import MAINTENANCE_LOCK_KEY
 from engram_sync.relay.store.accounts import create_account, create_session
 from tests.relay.conftest import Relay, RelayThread
-from tests.relay.support import Sealer, client, new_vault_id, pull_ok, push_ok, serve, wait_for
+from tests.relay.support import (
+    Sealer,
+    client,
+    new_vault_id,
+    pull_ok,
+    push_ok,
+    run_db,
+    serve,
+    wait_for,
+)
 
 FAST = 0.05  # seconds between two rounds in these tests
 
@@ -202,16 +211,12 @@ def test_keys_revoked_long_ago_are_purged_and_recent_ones_kept(relay: Relay) -> 
 
 
 def account_of(relay: Relay, email: str) -> str:
-    async def go() -> str:
-        conn = await asyncpg.connect(to_libpq_url(relay.database_url))
-        try:
-            account = await create_account(conn, email, "$argon2id$not-a-real-hash")
-            assert account is not None
-            return account.account_id
-        finally:
-            await conn.close()
+    async def work(conn: asyncpg.Connection) -> str:
+        account = await create_account(conn, email, "$argon2id$not-a-real-hash")
+        assert account is not None
+        return account.account_id
 
-    return asyncio.run(go())
+    return run_db(relay.database_url, work)
 
 
 def keys_of(relay: Relay, vault: str) -> list[str]:
