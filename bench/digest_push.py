@@ -98,35 +98,11 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
         1,
     ),
     # no hashing: no bucket, no versions kept to fold, the statements awaited as before
+    # the reads: §6 step 1 still checked while they run (issue 36), no hashing
     (
-        "    known, hashes = await while_answered(\n"
-        "        conn.fetchmany(\n"
-        "            _READ_KNOWN,\n"
-        "            [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
-        "        ),\n"
-        "        lambda: _hashes(jobs),\n"
-        "    )\n",
-        "    known = await conn.fetchmany(\n"
-        "        _READ_KNOWN,\n"
-        "        [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],\n"
-        "    )\n"
-        "    hashes: list[list[tuple[int, int]]] = []\n",
-        1,
-    ),
-    (
-        "    rows, hashes = await while_answered(\n"
-        "        conn.fetch(\n"
-        "            _READ_VAULT_AND_KNOWN, vault_id, sorted(pushers[vault_id]),\n"
-        "            sorted(memories[vault_id]),\n"
-        "        ),\n"
-        "        lambda: _hashes(jobs),\n"
-        "    )  # fmt: skip\n",
-        "    rows = await conn.fetch(\n"
-        "        _READ_VAULT_AND_KNOWN, vault_id, sorted(pushers[vault_id]),\n"
-        "        sorted(memories[vault_id]),\n"
-        "    )\n"
-        "    hashes: list[list[tuple[int, int]]] = []\n",
-        1,
+        "        lambda: _checked_and_hashed(jobs),\n",
+        "        lambda: (checked_jobs(jobs), []),\n",
+        2,
     ),
     (
         "    for job, hashed in zip(jobs, hashes, strict=True):\n",
@@ -171,6 +147,7 @@ def before_source() -> str:
             (inspect.getsource(f), "", 1)
             for f in (
                 push._hashes,
+                push._checked_and_hashed,
                 push._bucket_and_hash,
                 push._fold_digests,
                 push.carried_in,  # the digest carried in the answer (ours, issue 36)
@@ -187,7 +164,6 @@ def before_source() -> str:
         "digest_bucket",
         "version_hash(",
         "bucket_of(",
-        "while_answered(",
         "_fold_",
         "_hashes(",
         "_bucket_and_hash(",

@@ -43,8 +43,14 @@ class ScanTimeoutError(DomainError):
 # --- PROTOCOL §6 step 1 (and the 1..1000 batch size of §5): the whole push, nothing written
 
 
-class InvalidBatchError(DomainError):
-    """The push as a whole is structurally invalid; nothing of it was written."""
+class PushRefusedError(DomainError):
+    """A push refused as a whole in its group's transaction; the others of the group go
+    on. `relay.store.push` returns it in the push's place of the group's results."""
+
+
+class InvalidBatchError(PushRefusedError):
+    """The push as a whole is structurally invalid; nothing of it was written (a refusal
+    like the others: its group's other pushes go on, relay.store.push)."""
 
 
 class EmptyBatchError(InvalidBatchError):
@@ -75,11 +81,6 @@ class InvalidBlobError(InvalidBatchError):
 
 
 # --- refusals of one push in its transaction (relay.store.push) --------------------------
-
-
-class PushRefusedError(DomainError):
-    """A push refused as a whole in its group's transaction; the others of the group go
-    on. `relay.store.push` returns it in the push's place of the group's results."""
 
 
 class QuotaExceededError(PushRefusedError):

@@ -76,10 +76,23 @@ def _structure_problem(blob: SyncBlob, valid_ids: set[str]) -> _Problem | dateti
 def check_structure(blobs: list[SyncBlob], max_blobs: int) -> list[CheckedBlob]:
     """PROTOCOL §6 step 1 (and the 1..1000 batch size of §5): the whole request is refused
     (`relay.domain.domain_errors.InvalidBatchError`, answered 400 by `relay.http.errors`)."""
+    check_count(blobs, max_blobs)
+    return check_blobs(blobs)
+
+
+def check_count(blobs: list[SyncBlob], max_blobs: int) -> None:
+    """The 1..1000 batch size of §5 (`check_structure`'s first half)."""
     if not blobs:
         raise EmptyBatchError(max_blobs)
     if len(blobs) > max_blobs:
         raise BatchTooLargeError(len(blobs), max_blobs)
+
+
+def check_blobs(blobs: list[SyncBlob]) -> list[CheckedBlob]:
+    """PROTOCOL §6 step 1 blob by blob (`check_structure`'s second half): `InvalidBlobError`
+    names the first invalid one. The push route checks the count at once and leaves this
+    to the push's transaction, which runs it while the database reads the stored versions
+    (`relay.store.push`, issue 36)."""
     checked: list[CheckedBlob] = []
     valid_ids: set[str] = set()
     for index, blob in enumerate(blobs):

@@ -23,7 +23,11 @@ import asyncpg
 from engram_sync.relay.domain.domain_errors import PushRefusedError, ShuttingDownError
 from engram_sync.relay.store.push import PushJob, PushOutcome, PushResult
 
-GroupRunner = Callable[[list[PushJob]], Awaitable[list[PushResult]]]
+# The group's transaction: its jobs, and what to call with the results once it committed
+# (each push is answered then, not after what the runner does next: the NOTIFY).
+GroupRunner = Callable[
+    [list[PushJob], Callable[[list[PushResult]], None]], Awaitable[list[PushResult]]
+]
 
 
 @dataclass
@@ -64,9 +68,9 @@ class PushGroups:
     def _take(self, lane: _Lane) -> list[_Waiting]:
         """The next group: the oldest push, then more while they fit the blob cap."""
         group = [lane.waiting.popleft()]
-        blobs = len(group[0].job.checked)
-        while lane.waiting and blobs + len(lane.waiting[0].job.checked) <= self._max_blobs:
-            blobs += len(lane.waiting[0].job.checked)
+        blobs = group[0].job.size
+        while lane.waiting and blobs + lane.waiting[0].job.size <= self._max_blobs:
+            blobs += lane.waiting[0].job.size
             group.append(lane.waiting.popleft())
         return group
 
@@ -89,7 +93,7 @@ class PushGroups:
     async def _run_group(self, group: list[_Waiting]) -> None:
         """One transaction for the group; every push gets its result or the failure."""
         try:
-            results = await self._run([w.job for w in group])
+            results = await self._run([w.job for w in group], lambda done: _answer(group, done))
         except asyncpg.DataError as exc:
             # A value the database refused rolled the whole group back. Run each push
             # alone, so that one push's bad value fails that push only.
@@ -102,8 +106,13 @@ class PushGroups:
             for w in group:
                 _settle(w, exc)
         else:
-            for w, result in zip(group, results, strict=True):
-                _settle(w, result)
+            _answer(group, results)  # settled already, unless the runner did not
+
+
+def _answer(group: list[_Waiting], results: list[PushResult]) -> None:
+    """Hand every push of a committed group its result (before the group's NOTIFY)."""
+    for w, result in zip(group, results, strict=True):
+        _settle(w, result)
 
 
 def _settle(waiting: _Waiting, outcome: PushResult | Exception) -> None:

@@ -221,11 +221,14 @@ def _relay_state(config: RelayConfig) -> RelayState:
         published=hub.publish_commits if config.feed_notify else None,
     )
 
-    async def run_group(jobs: list[PushJob]) -> list[PushResult]:
+    async def run_group(
+        jobs: list[PushJob], committed: Callable[[list[PushResult]], None]
+    ) -> list[PushResult]:
         state.metrics.push_group_size.observe(len(jobs))
         limits = state.push_limits
         assert limits is not None
-        return await push_group(state.require_pool(), jobs, limits)  # NOTIFYs after commit
+        # the pushes answered at the commit, the NOTIFYs after it
+        return await push_group(state.require_pool(), jobs, limits, committed)
 
     state.push_groups = PushGroups(
         run_group,

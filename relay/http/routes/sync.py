@@ -11,7 +11,7 @@ from msgspec import UNSET, UnsetType
 
 from engram_sync.relay.domain.api_keys import Principal
 from engram_sync.relay.domain.instants import parse_storable
-from engram_sync.relay.domain.push_rules import check_structure
+from engram_sync.relay.domain.push_rules import check_count
 from engram_sync.relay.http.app_state import relay_state
 from engram_sync.relay.http.auth import authorize
 from engram_sync.relay.http.bodies import BODY_OPT, decode_body
@@ -60,9 +60,9 @@ async def push(
     state = relay_state(request)
     principal = await authorize(request, require_id(vault_id, "vault_id"))
     data = await decode_body(request, PushRequest)
-    checked = check_structure(data.blobs, MAX_BLOBS_PER_PUSH)
+    check_count(data.blobs, MAX_BLOBS_PER_PUSH)  # §5; each blob's §6 step 1 in its group
     outcome = await state.require_push_groups().push(
-        PushJob(vault_id, checked, bound_device=principal.device_id)
+        PushJob.of_request(vault_id, data.blobs, principal.device_id)
     )
     plan = outcome.plan
     state.metrics.pushes.inc()

@@ -9,7 +9,7 @@ headers and body. Never recompute them from the code under test.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import msgspec
@@ -203,7 +203,9 @@ def test_vault_retired_and_already_retired(http: httpx.Client) -> None:
     )
 
 
-async def _cancelled(jobs: list[PushJob]) -> list[PushResult]:
+async def _cancelled(
+    jobs: list[PushJob], committed: Callable[[list[PushResult]], None]
+) -> list[PushResult]:
     """A group transaction cut short as at shutdown: its lane task is cancelled."""
     raise asyncio.CancelledError
 

@@ -275,9 +275,11 @@ class CountingRunner:
         self.limits = limits
         self.sizes: list[int] = []
 
-    async def __call__(self, jobs: list[PushJob]) -> list[PushResult]:
+    async def __call__(
+        self, jobs: list[PushJob], committed: Callable[[list[PushResult]], None]
+    ) -> list[PushResult]:
         self.sizes.append(len(jobs))
-        return await push_group(self.pool, jobs, self.limits)
+        return await push_group(self.pool, jobs, self.limits, committed)
 
 
 @pytest.fixture
