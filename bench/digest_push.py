@@ -97,21 +97,9 @@ _WITHOUT_DIGEST: Final[list[tuple[str, str, int]]] = [
         "",
         1,
     ),
-    # no hashing: no bucket, no versions kept to fold, the statements awaited as before
-    # the reads: §6 step 1 still checked while they run (issue 36), no hashing
-    (
-        "        lambda: _checked_and_hashed(jobs),\n",
-        "        lambda: (checked_jobs(jobs), []),\n",
-        2,
-    ),
-    (
-        "    for job, hashed in zip(jobs, hashes, strict=True):\n",
-        "    for job in jobs:\n        hashed: list[tuple[int, int]] = []\n",
-        1,
-    ),
-    # in PushDecision.accept
-    ("            bucket, version = hashed[item.index]\n", "", 1),
-    ("            vault.versions.append((memory_id, bucket, version, replaced))\n", "", 1),
+    # no hashing: no versions kept to fold, the write awaited alone (the reads still
+    # overlap §6 step 1's check, as in the relay: issue 36)
+    ("            vault.versions.append((blob, replaced))\n", "", 1),
     (
         "        await while_answered(statement, lambda: _fold_digests(vaults))\n",
         "        await statement\n",
@@ -146,8 +134,6 @@ def before_source() -> str:
         *(
             (inspect.getsource(f), "", 1)
             for f in (
-                push._hashes,
-                push._checked_and_hashed,
                 push._bucket_and_hash,
                 push._fold_digests,
                 push.carried_in,  # the digest carried in the answer (ours, issue 36)

@@ -1,12 +1,14 @@
-"""CPU work done while the database answers a statement already sent (PROTOCOL §18).
+"""CPU work done while the database answers a statement already sent (PROTOCOL §6, §18).
 
-A push's digest hashing is done while the database answers rather than before or after:
-the buckets and version hashes of the pushed blobs while the stored versions are read
-(`relay.store.push._hashes`), the fold (the replaced versions' SHA-256, the XORs and the
-bucket prefixes, `_fold_digests`) while the blobs are written. On one connection asyncio
-would otherwise leave the relay idle while it waits for the answer, and the hashing
-would lengthen every push by its full time (docs/digest.md, figure 12). A cursor pull's
-page is built the same way while its progress is written (`relay.store.sync`, issue 36)."""
+A push's Python work is done while the database answers rather than before or after:
+§6 step 1's check of the pushed blobs while the stored versions are read
+(`relay.store.push.checked_jobs`), and the digest's fold (the new versions' buckets and
+hashes, the replaced versions' SHA-256, the XORs and the bucket prefixes,
+`_fold_digests`) while the blobs are written (issue 36: the hashes were computed with the
+read, where the check now runs). On one connection asyncio would otherwise leave the
+relay idle while it waits for the answer, and the work would lengthen every push by its
+full time (docs/digest.md, figure 12). A cursor pull's page is built the same way while
+its progress is written (`relay.store.sync`, issue 36)."""
 
 from __future__ import annotations
 

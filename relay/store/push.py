@@ -186,32 +186,10 @@ class HeldWrite(NamedTuple):
     seq: int
 
 
-# An accepted blob as the digest sees it (PROTOCOL §18), and what it replaced: (memory_id,
-# bucket, version_hash of the accepted version, the stored one it replaced). A plain
-# tuple: one is made per blob, at a seventh of a named tuple's cost.
-_NewVersion = tuple[str, int, int, StoredBlob | None]
-
-
-def _hashes(jobs: list[CheckedJob]) -> list[list[tuple[int, int]]]:
-    """PROTOCOL §18: each pushed blob's bucket and version hash, per job in the order of
-    its blobs (`CheckedBlob.index`; none for a refused job); computed while the database
-    reads the stored versions, so it does not lengthen the push by its own time
-    (docs/digest.md, figure 12)."""
-    return [
-        []
-        if isinstance(job, InvalidBatchError)
-        else [_bucket_and_hash(c.blob) for c in job.checked]
-        for job in jobs
-    ]
-
-
-def _checked_and_hashed(
-    jobs: list[PushJob],
-) -> tuple[list[CheckedJob], list[list[tuple[int, int]]]]:
-    """The work done while the stored versions are read: §6 step 1 (`checked_jobs`), then
-    §18's hashes of what passed it."""
-    checked = checked_jobs(jobs)
-    return checked, _hashes(checked)
+# An accepted blob as the digest sees it (PROTOCOL §18), and the stored version it replaced:
+# hashed by `_fold_digests` while the blobs are written. A plain tuple: one is made per blob,
+# at a seventh of a named tuple's cost.
+_NewVersion = tuple[SyncBlob, StoredBlob | None]
 
 
 def _bucket_and_hash(blob: SyncBlob) -> tuple[int, int]:
@@ -481,10 +459,9 @@ async def _push_per_table(
                 missing = [v for v in vault_ids if v not in locked]  # deleted since
         if missing:
             return None, missing
-        # PROTOCOL §18: the buckets and version hashes while the stored versions are read
-        known, checked, hashes = await _read_known(conn, jobs)
+        known, checked = await _read_known(conn, jobs)
         decision = PushDecision.read(locked, known, limits.max_blob_bytes)
-        return await _decide_and_write(conn, checked, decision, hashes), []
+        return await _decide_and_write(conn, checked, decision), []
 
 
 async def _push_at_once(
@@ -504,51 +481,47 @@ async def _push_at_once(
         if transaction.status != f"SELECT {len(vault_ids)}":
             return None
         if len(vault_ids) == 1:
-            locked, known, checked, hashes = await _read_one_vault(conn, jobs, vault_ids[0], limits)
+            locked, known, checked = await _read_one_vault(conn, jobs, vault_ids[0], limits)
         else:
             locked = _locked(await conn.fetch(_READ_VAULTS, vault_ids), limits.default_quota)
-            known, checked, hashes = await _read_known(conn, jobs)
+            known, checked = await _read_known(conn, jobs)
         decision = PushDecision.read(locked, known, limits.max_blob_bytes)
-        return await _decide_and_write(conn, checked, decision, hashes, transaction)
+        return await _decide_and_write(conn, checked, decision, transaction)
 
 
 async def _read_one_vault(
     conn: asyncpg.Connection, jobs: list[PushJob], vault_id: str, limits: PushLimits
-) -> tuple[
-    dict[str, LockedVault], list[asyncpg.Record], list[CheckedJob], list[list[tuple[int, int]]]
-]:
+) -> tuple[dict[str, LockedVault], list[asyncpg.Record], list[CheckedJob]]:
     """A group of one vault (most of them): its row and its stored versions in one
-    statement (`_READ_VAULT_AND_KNOWN`); with the group's §6 step 1 and hashes (PROTOCOL
-    §18), done while it runs. For several vaults, that statement a vault costs more than
-    the two statements of `_push_per_table` (measured: 8.5 against 2.2 ms for 32 vaults).
-    The ids read may be a refused push's: its rows then decide nothing."""
+    statement (`_READ_VAULT_AND_KNOWN`); with the group's §6 step 1 (`checked_jobs`), done
+    while it runs. For several vaults, that statement a vault costs more than the two
+    statements of `_push_per_table` (measured: 8.5 against 2.2 ms for 32 vaults). The ids
+    read may be a refused push's: its rows then decide nothing."""
     pushers, memories = _pushers_and_memories(jobs)
-    rows, (checked, hashes) = await while_answered(
+    rows, checked = await while_answered(
         conn.fetch(
             _READ_VAULT_AND_KNOWN, vault_id, sorted(pushers[vault_id]),
             sorted(memories[vault_id]),
         ),
-        lambda: _checked_and_hashed(jobs),
+        lambda: checked_jobs(jobs),
     )  # fmt: skip
     locked = _locked([r for r in rows if r["is_vault"]], limits.default_quota)
-    return locked, [r for r in rows if not r["is_vault"]], checked, hashes
+    return locked, [r for r in rows if not r["is_vault"]], checked
 
 
 async def _read_known(
     conn: asyncpg.Connection, jobs: list[PushJob]
-) -> tuple[list[asyncpg.Record], list[CheckedJob], list[list[tuple[int, int]]]]:
+) -> tuple[list[asyncpg.Record], list[CheckedJob]]:
     """The rows of `_READ_KNOWN` for every vault of the group (one statement a vault, sent
-    pipelined), with the group's §6 step 1 and hashes (PROTOCOL §18), done while they are
-    read."""
+    pipelined), with the group's §6 step 1 (`checked_jobs`), done while they are read."""
     pushers, memories = _pushers_and_memories(jobs)
-    known, (checked, hashes) = await while_answered(
+    return await while_answered(
         conn.fetchmany(
             _READ_KNOWN,
             [(v, sorted(pushers[v]), sorted(memories[v])) for v in sorted(pushers)],
         ),
-        lambda: _checked_and_hashed(jobs),
+        lambda: checked_jobs(jobs),
     )
-    return known, checked, hashes
 
 
 def _lock_sql(vault_ids: list[str]) -> str:
@@ -643,16 +616,15 @@ async def _decide_and_write(
     conn: asyncpg.Connection,
     jobs: list[CheckedJob],
     decision: PushDecision,
-    hashes: list[list[tuple[int, int]]],
     transaction: Begun | None = None,
 ) -> list[PushResult]:
     results: list[PushResult] = []
-    for job, hashed in zip(jobs, hashes, strict=True):
+    for job in jobs:
         if isinstance(job, InvalidBatchError):  # refused by §6 step 1 (`checked_jobs`)
             results.append(job)
             continue
         try:
-            results.append(await _decide(conn, decision, job, hashed))
+            results.append(await _decide(conn, decision, job))
         except PushRefusedError as refused:  # this push alone is refused (quota)
             results.append(refused)
     if decision.writes:
@@ -688,9 +660,7 @@ def _with_carried(outcome: PushOutcome, v: LockedVault) -> PushOutcome:
     return PushOutcome(outcome.plan, outcome.cursor, carried)
 
 
-async def _decide(
-    conn: asyncpg.Connection, decision: PushDecision, job: PushJob, hashed: list[tuple[int, int]]
-) -> PushOutcome:
+async def _decide(conn: asyncpg.Connection, decision: PushDecision, job: PushJob) -> PushOutcome:
     """Steps 2-7 and the quota for one push, on the state the pushes before it left: the
     decision answers, and the vault's active devices are read the first time its device
     quota needs them."""
@@ -704,7 +674,7 @@ async def _decide(
             {r["device_id"]: r["n"] for r in rows}
         )
     new_bytes = decision.projected_bytes(job, plan, stored)
-    return decision.accept(job, plan, hashed, new_bytes)
+    return decision.accept(job, plan, new_bytes)
 
 
 @dataclass
@@ -796,13 +766,11 @@ class PushDecision:
             raise QuotaExceededError("bytes", quota.max_bytes, new_bytes)
         return new_bytes
 
-    def accept(
-        self, job: PushJob, plan: PushPlan, hashed: list[tuple[int, int]], new_bytes: int
-    ) -> PushOutcome:
+    def accept(self, job: PushJob, plan: PushPlan, new_bytes: int) -> PushOutcome:
         """`plan`'s accepted blobs taken: each gets the vault's next sequence number and is
         held for writing (replacing an earlier push's blob of the same memory), becomes the
-        stored version the next push is judged on, and moves the vault's counts; `hashed`
-        is each blob's bucket and version hash (PROTOCOL §18), by `CheckedBlob.index`."""
+        stored version the next push is judged on, and moves the vault's counts; kept, with
+        the version it replaced, for the digest's fold (PROTOCOL §18)."""
         vault = self.vaults[job.vault_id]
         stored, writes = self.stored, self.writes
         for item in plan.accepted:
@@ -810,7 +778,6 @@ class PushDecision:
             blob = item.blob
             memory_id = blob.memory_id
             key = (job.vault_id, memory_id)
-            bucket, version = hashed[item.index]
             writes[key] = HeldWrite(job.vault_id, item, vault.seq)  # a later push's wins
             replaced = stored.get(key)
             deleted = blob.deleted
@@ -818,7 +785,7 @@ class PushDecision:
                                   blob.device_id, deleted)  # fmt: skip
             # PROTOCOL §18: the new version in and the replaced one out, hashed by
             # `_fold_digests` while the blobs are written (under the vault lock already held)
-            vault.versions.append((memory_id, bucket, version, replaced))
+            vault.versions.append((blob, replaced))
             if replaced is not None:
                 vault.live_blobs -= not replaced.deleted  # the counts of /health and stats
                 vault.tombstones -= replaced.deleted
@@ -835,12 +802,17 @@ class PushDecision:
 def _fold_digests(vaults: list[LockedVault]) -> None:
     """PROTOCOL §18: each vault's accepted versions of the group into its digest (each in,
     the one it replaced out: O(1) a blob) and its buckets' prefixes (the first 8 bytes of
-    the same XOR, revision 0012) and counts (a memory new to the vault: one more)."""
+    the same XOR, revision 0012) and counts (a memory new to the vault: one more). Run
+    while the blobs are written (`_write`), the new versions' buckets and hashes with it
+    (issue 36: they were computed while the stored versions were read, a window §6 step 1's
+    check now fills)."""
     for vault in vaults:
         xors: dict[int, int] = {}  # per bucket: the XOR of the changes' first 8 bytes
         added: dict[int, int] = {}  # per bucket: memories new to the vault
         digest = vault.digest
-        for memory_id, bucket, change, old in vault.versions:
+        for blob, old in vault.versions:
+            memory_id = blob.memory_id
+            bucket, change = _bucket_and_hash(blob)
             if old is None:
                 added[bucket] = added.get(bucket, 0) + 1
             else:

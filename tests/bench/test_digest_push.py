@@ -17,7 +17,7 @@ from engram_sync.relay.store import push
 
 # (`while_answered` stays in both: the reads overlap §6 step 1's check in both, issue 36)
 _DIGEST_AT_WORK = (
-    "version_hash(", "_checked_and_hashed(", "_fold_", "_hashes(", "digest_bytes("
+    "version_hash(", "_bucket_and_hash(", "_fold_", "versions.append(", "digest_bytes("
 )  # fmt: skip
 
 

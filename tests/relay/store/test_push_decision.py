@@ -54,7 +54,7 @@ def decide(decision: PushDecision, push: PushJob) -> tuple[list[str], list[str],
     if not plan.accepted:
         return [], plan.rejected, decision.vaults[VAULT].seq
     new_bytes = decision.projected_bytes(push, plan, stored)
-    outcome = decision.accept(push, plan, [(0, 0)] * len(push.checked), new_bytes)
+    outcome = decision.accept(push, plan, new_bytes)
     return [c.blob.memory_id for c in plan.accepted], plan.rejected, outcome.cursor
 
 
