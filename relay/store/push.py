@@ -411,14 +411,12 @@ async def _checked_first(
 async def _creating_vaults(
     conn: asyncpg.Connection, jobs: list[PushJob], limits: PushLimits
 ) -> list[PushResult]:
-    """The group's transaction, after creating the vaults of the group that do not exist."""
+    """The group's transaction, after creating the vaults of the group that do not exist:
+    the per-table shape names them (`push_group` already found the four-round-trip shape
+    short of one); once they exist, plain PostgreSQL takes that shape again."""
     vault_ids = sorted({job.vault_id for job in jobs})
     while True:
-        done = None
-        if limits.one_statement:
-            done = await _push_at_once(conn, jobs, vault_ids, limits)
-        if done is None:  # Citus, or a vault of the group does not exist yet
-            done, missing = await _push_per_table(conn, jobs, vault_ids, limits)
+        done, missing = await _push_per_table(conn, jobs, vault_ids, limits)
         if done is not None:
             return done
         # First push to a vault: its row is created on its own and committed, outside
@@ -433,6 +431,10 @@ async def _creating_vaults(
             " INSERT INTO vaults (vault_id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING",
             missing,
         )
+        if limits.one_statement:
+            at_once = await _push_at_once(conn, jobs, vault_ids, limits)
+            if at_once is not None:
+                return at_once
 
 
 async def _push_per_table(
