@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import random
-from collections.abc import Iterator
 from datetime import timedelta
 
 import asyncpg
@@ -25,23 +24,16 @@ from engram_sync.relay.store.compaction import compact_vault
 from engram_sync.relay.store.digest import bucket_of_sql
 from engram_sync.relay.store.push import push_group
 from engram_sync.relay.store.retire import erase_expired, retire
-from tests.conftest import backend_of, takes_backend
+from tests.conftest import backend_of
 from tests.relay.bucket_oracle import oracle, stored
 from tests.relay.services.test_push_groups import LIMITS, blob, job, run
-from tests.relay.support import migrated_backend_database, new_vault_id
+from tests.relay.support import new_vault_id
 
 #: The same tests on the Citus cluster too, by default (issue 18, tests/conftest.py).
 pytestmark = pytest.mark.both_databases
 
 MIGRATION = importlib.import_module("engram_sync.relay.migrations.versions.0012_bucket_prefixes")
 ZERO = (bytes(2048), [0] * 256)
-
-
-@pytest.fixture(scope="module")
-@takes_backend
-def database_url(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[str]:
-    with migrated_backend_database(request, postgres_url) as url:
-        yield url
 
 
 # --- pushes ---------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ vault, ids spelled in hex whatever they hold."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import asyncpg
 import pytest
@@ -21,18 +20,11 @@ from engram_sync.relay.db.pool import create_pool
 from engram_sync.relay.db.url import to_libpq_url
 from engram_sync.relay.store.sync import pull_by_cursor, record_progress_at_once
 from engram_sync.shared_format.wire import SyncBlob
-from tests.conftest import backend_of, takes_backend
-from tests.relay.support import migrated_backend_database, new_vault_id
+from tests.conftest import backend_of
+from tests.relay.support import new_vault_id
 
 pytestmark = pytest.mark.both_databases
 HOSTILE = ["it's", "back\\slash'; DROP TABLE vaults; --", "日本語 ü", '$$ $x$ "q"']
-
-
-@pytest.fixture(scope="module")
-@takes_backend
-def database_url(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[str]:
-    with migrated_backend_database(request, postgres_url) as url:
-        yield url
 
 
 async def _vault_with_blobs(conn: asyncpg.Connection, vault_id: str) -> None:

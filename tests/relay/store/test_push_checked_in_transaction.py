@@ -6,7 +6,6 @@ is refused alone (its group's others go on), writes nothing, and creates no vaul
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from dataclasses import replace
 
 import asyncpg
@@ -25,20 +24,12 @@ from engram_sync.relay.store.push import (
     Quota,
     push_group,
 )
-from tests.conftest import takes_backend
 from tests.relay.services.test_push_groups import blob, run
-from tests.relay.support import migrated_backend_database, new_vault_id
+from tests.relay.support import new_vault_id
 
 pytestmark = pytest.mark.both_databases
 
 LIMITS = PushLimits(max_blob_bytes=1_048_576, default_quota=Quota(0, 0), announce=False)
-
-
-@pytest.fixture(scope="module")
-@takes_backend
-def database_url(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[str]:
-    with migrated_backend_database(request, postgres_url) as url:
-        yield url
 
 
 @pytest.fixture(params=[True, False], ids=["one_statement", "per_table"])

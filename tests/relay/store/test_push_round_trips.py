@@ -14,7 +14,6 @@ transaction."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from dataclasses import replace
 
 import asyncpg
@@ -31,20 +30,13 @@ from engram_sync.relay.store.push import (
     plain_postgres,
     push_group,
 )
-from tests.conftest import backend_of, takes_backend
-from tests.relay.support import Sealer, migrated_backend_database, new_vault_id
+from tests.conftest import backend_of
+from tests.relay.support import Sealer, new_vault_id
 
 pytestmark = pytest.mark.both_databases
 
 PER_TABLE = PushLimits(max_blob_bytes=1_048_576, default_quota=Quota(0, 0), announce=False)
 ONE_STATEMENT = replace(PER_TABLE, one_statement=True)
-
-
-@pytest.fixture(scope="module")
-@takes_backend
-def database_url(request: pytest.FixtureRequest, postgres_url: str) -> Iterator[str]:
-    with migrated_backend_database(request, postgres_url) as url:
-        yield url
 
 
 def round_trips(url: str, limits: PushLimits, vaults: int) -> tuple[int, list[str]]:
