@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from engram_sync.shared_format.plaintext import MemoryPlaintext
 
+from .kept_digest import note_changing
 from .store import (
     APPLY_ROW,
     DEFAULT_EMBEDDING_MODEL,
@@ -146,6 +147,8 @@ class FreshBatch:
         """Write the batch (in the caller's transaction) and empty it."""
         if not self.known:
             return
+        # the kept digest's notes for the batch (no version held: fresh ids)
+        note_changing(conn, [memory_id for memory_id, _ in self.known], fresh=True)
         for memory_id in self.deleted:  # rare in bulk: the per-blob statements
             apply_tombstone(conn, memory_id)
         if self.live:

@@ -21,8 +21,9 @@ a mismatch it narrows: `held_and_kept`), which also puts a wrong kept value righ
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from engram_sync.shared_format.digest import DIGEST_BYTES, Version, fold, version_hash
@@ -44,6 +45,18 @@ _NOW: Final = (
     " WHERE memory_id IN (SELECT memory_id FROM sync_digest_dirty) AND held"
 )
 _ANY_NOTED: Final = "SELECT EXISTS (SELECT 1 FROM sync_digest_dirty)"
+# `note_changing`: the triggers' two statements (client._vault.schema `_noting_triggers`)
+# for many memories at once, each note only where the memory has none yet
+_NOTE_HELD: Final = (
+    "INSERT INTO sync_digest_dirty (memory_id, device_id, vector_clock, deleted)"
+    " SELECT memory_id, device_id, vector_clock, deleted FROM sync_digest_versions"
+    " WHERE memory_id IN (SELECT value FROM json_each(?)) AND held"
+    " AND memory_id NOT IN (SELECT memory_id FROM sync_digest_dirty)"
+)
+_NOTE_NONE: Final = (
+    "INSERT INTO sync_digest_dirty (memory_id) SELECT DISTINCT value FROM json_each(?)"
+    " WHERE value NOT IN (SELECT memory_id FROM sync_digest_dirty)"
+)
 _CLEAR: Final = "DELETE FROM sync_digest_dirty"
 
 Kept = tuple[int, int]  # (XOR of the held versions' hashes, how many)
@@ -81,6 +94,18 @@ def _versions(conn: sqlite3.Connection, query: str) -> list[Version]:
 
 def _write(conn: sqlite3.Connection, kept: Kept) -> None:
     conn.execute(_WRITE, (kept[0].to_bytes(DIGEST_BYTES, "big"), kept[1]))
+
+
+def note_changing(conn: sqlite3.Connection, memory_ids: Sequence[str], *, fresh: bool) -> None:
+    """Note, before a batch changes them, the versions `memory_ids` hold (what the triggers
+    would note row by row; they then find each memory noted and do nothing: issue 36, one
+    statement or two for the batch instead of three for each row). `fresh`: the caller
+    knows none of them holds a version (no known clock), so only the empty notes are
+    written. Call in the transaction of the change, before it."""
+    ids = json.dumps(list(memory_ids))
+    if not fresh:
+        conn.execute(_NOTE_HELD, (ids,))
+    conn.execute(_NOTE_NONE, (ids,))
 
 
 def fold_changes(conn: sqlite3.Connection) -> Kept | None:

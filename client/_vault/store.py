@@ -29,6 +29,8 @@ from engram_sync.shared_format.plaintext import (
 from engram_sync.shared_format.timestamps import format_rfc3339, parse_rfc3339, utc_now_rfc3339
 from engram_sync.shared_format.vault.content_hash import normalized_hash
 
+from .kept_digest import note_changing
+
 DEFAULT_EMBEDDING_MODEL: Final = "all-MiniLM-L6-v2"
 
 _ENGRAM_COLUMNS: Final = (
@@ -518,7 +520,8 @@ def mark_accepted(
     """After the relay accepted a batch (PROTOCOL §8): `mark_pushed` of each row (id,
     modified_at pushed; None: nothing to mark), or `clear_tombstone` of each tombstone (id,
     deleted_at), then `remember_version` of each version pushed: one statement each for the
-    batch, not per memory (issue 36)."""
+    batch, not per memory (issue 36), the kept digest's notes taken first for the batch."""
+    note_changing(conn, [memory_id for memory_id, _ in versions], fresh=False)
     if deleted:
         conn.executemany(
             "DELETE FROM tombstones WHERE id = ? AND deleted_at = ?",
