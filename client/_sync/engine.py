@@ -95,6 +95,7 @@ from .lock import sync_lock
 from .own_pushes import OwnSkip, own_commit_end, refuted_start
 from .page_group import GroupBound, PageGroup
 from .push_pipeline import DEFAULT_DEPTH as DEFAULT_PUSH_DEPTH
+from .push_pipeline import DEFAULT_GROUP as DEFAULT_SETTLE_GROUP
 from .push_pipeline import Item, PushPipeline, Sent
 from .reports import DigestReport, ProgressCallback, SyncReport
 from .retirement import note_retired, retired_error
@@ -219,6 +220,7 @@ class Syncer:
         check_digest: bool = True,
         digest_when_behind: bool = True,
         push_depth: int = DEFAULT_PUSH_DEPTH,
+        settle_group: int = DEFAULT_SETTLE_GROUP,
         group_bound: GroupBound | None = None,
     ) -> None:
         self.vault = vault
@@ -231,6 +233,7 @@ class Syncer:
         self.progress = progress or (lambda phase, report: None)
         self.push_batch = push_batch
         self.push_depth = push_depth  # batches outstanding at once (client._sync.push_pipeline)
+        self.settle_group = settle_group  # answered batches marked in one transaction (same)
         self.pull_page = pull_page
         self.group_bound = group_bound or GroupBound()  # pages per transaction (page_group)
         self.lock_wait = lock_wait
@@ -876,11 +879,12 @@ class Syncer:
 
     def _push_all(self, report: SyncReport) -> None:
         keys = push_keys(self.vault.conn)
+        bulk = len(keys) > self.push_batch  # else one batch or none: nothing to overlap
         with PushPipeline(
             lambda blobs: self.relay.push(self.vault_id, blobs),
-            lambda sent: self._settle(sent, report),
-            # one batch or none (a sync of a few edits): nothing to overlap
-            depth=self.push_depth if len(keys) > self.push_batch else 1,
+            lambda group: self._settle(group, report),
+            depth=self.push_depth if bulk else 1,
+            group=self.settle_group if bulk else 1,
         ) as pipeline:
             after: tuple[str, str] | None = None
             while keys or (keys := push_keys(self.vault.conn, after=after)):
@@ -964,7 +968,7 @@ class Syncer:
         """Seal, push and settle one batch at once (the retractions of strict_local)."""
         with PushPipeline(
             lambda blobs: self.relay.push(self.vault_id, blobs),
-            lambda sent: self._settle(sent, report),
+            lambda group: self._settle(group, report),
             depth=1,
         ) as pipeline:
             self._seal_and_send(pipeline, items, deleted=deleted)
@@ -1009,12 +1013,28 @@ class Syncer:
             except InvalidBlobError as exc:
                 refused_error = exc
 
-    def _settle(self, sent: Sent, report: SyncReport) -> None:
-        """A batch's answer: a restore or a revocation it shows, our own commit skipped,
-        the accepted rows marked pushed and their versions known, in one transaction."""
+    def _settle(self, group: list[Sent], report: SyncReport) -> None:
+        """Batches' answers, in the order they were sent: each checked for a restore or a
+        revocation it shows and our own commit skipped (`_accepted`), then the accepted
+        rows of them all marked pushed and their versions known in one transaction (one
+        commit for the group: client._sync.push_pipeline). A batch whose answer raises
+        still has the batches answered before it marked first."""
+        accepted: list[tuple[Sent, list[tuple[Item, SyncBlob]]]] = []
+        try:
+            for sent in group:
+                found = self._accepted(sent, report)
+                if found is not None:
+                    accepted.append((sent, found))
+        finally:
+            if accepted:
+                self._mark_accepted(accepted, report)
+
+    def _accepted(self, sent: Sent, report: SyncReport) -> list[tuple[Item, SyncBlob]] | None:
+        """A batch's answer checked: the (item, blob) pairs the relay accepted; None when
+        nothing of it is left to push (every blob refused as invalid)."""
         response = self._answer(sent, report)
         if response is None:
-            return
+            return None
         items, blobs, clocks = sent.items, sent.blobs, sent.clocks
         if self._push_shows_restore(response):
             self.state.full_pull = True  # PROTOCOL §17: the next pull re-pulls and repairs
@@ -1025,17 +1045,25 @@ class Syncer:
         rejected = set(response.rejected)
         self._skip_own_commit(response, [m for m, _, _ in items], clocks, report)
         self.carried = carried_of(response.vault_digest)  # ours: §18 after the commit
-        accepted = [(item, blob) for item, blob in zip(items, blobs, strict=True)
-                    if item[0] not in rejected]  # fmt: skip
-        with self.vault.transaction() as conn:
-            mark_accepted(
-                conn,
-                [(m, stamp) for (m, _, stamp), _ in accepted],
-                [(m, KnownVersion(b.vector_clock, b.device_id, b.created_at))
-                 for (m, _, _), b in accepted],
-                deleted=sent.deleted,
-            )  # fmt: skip
-            fold_changes(conn)  # the kept digest, in the same transaction (issue 36)
-        report.pushed += len(items) - len(rejected & {m for m, _, _ in items})
         report.rejected += len(rejected)
-        self.progress("push", report)
+        return [(item, blob) for item, blob in zip(items, blobs, strict=True)
+                if item[0] not in rejected]  # fmt: skip
+
+    def _mark_accepted(
+        self, accepted: list[tuple[Sent, list[tuple[Item, SyncBlob]]]], report: SyncReport
+    ) -> None:
+        """PROTOCOL §8: the accepted rows marked pushed (tombstones cleared) and their
+        versions known, for every batch given, in one transaction."""
+        with self.vault.transaction() as conn:
+            for sent, pairs in accepted:
+                mark_accepted(
+                    conn,
+                    [(m, stamp) for (m, _, stamp), _ in pairs],
+                    [(m, KnownVersion(b.vector_clock, b.device_id, b.created_at))
+                     for (m, _, _), b in pairs],
+                    deleted=sent.deleted,
+                )  # fmt: skip
+            fold_changes(conn)  # the kept digest, in the same transaction (issue 36)
+        for _, pairs in accepted:
+            report.pushed += len(pairs)
+            self.progress("push", report)

@@ -1,10 +1,14 @@
 """A sync's push batches sent while the next ones are read and sealed (issue 36).
 
 The device reads, encodes and seals batch k+1 (its database connection stays on the
-sync's own thread) while one sender thread pushes batch k and waits for the relay; each
-answer is settled (rows marked pushed, the cursor moved past our own commit: PROTOCOL §8,
-§9) on the sync's thread, in the order the batches were sealed, before more than `depth`
-batches are outstanding. One sender, not several: the relay receives the batches one after
+sync's own thread) while one sender thread pushes batch k and waits for the relay. The
+answers are settled (rows marked pushed, the cursor moved past our own commit: PROTOCOL
+§8, §9) on the sync's thread, in the order the batches were sealed, `group` batches at a
+time (fewer once they hold `GROUP_BYTES` of ciphertext), so that one SQLite transaction
+marks them all: a commit rewrites every page a batch dirtied, and the known clocks' index
+is keyed by random memory ids, so each batch dirties most of its leaves again. The
+`depth - 1` newest batches stay unsettled, in flight, so that the sender has work while a
+group is settled. One sender, not several: the relay receives the batches one after
 another in the order they were sealed, oldest edit first (PROTOCOL §8), as without the
 pipeline; what overlaps is this device's work and the relay's.
 
@@ -24,8 +28,12 @@ from typing import Final, Self
 
 from engram_sync.shared_format.wire import PushResponse, SyncBlob
 
-#: batches sealed and not yet settled at once: one being sent, one waiting behind it
-DEFAULT_DEPTH: Final = 2
+#: batches in flight while a group is settled: one being sent, two waiting behind it
+DEFAULT_DEPTH: Final = 3
+#: answered batches settled in one call (one transaction): up to this many ...
+DEFAULT_GROUP: Final = 4
+#: ... or fewer, once they hold this much ciphertext (what waits unsettled stays bounded)
+GROUP_BYTES: Final = 8 * 1024 * 1024
 
 Item = tuple[str, str, str | None]  # (memory id, plaintext, modified_at or deleted_at)
 
@@ -39,21 +47,29 @@ class Sent:
     clocks: list[int]
     deleted: bool
     answer: Future[PushResponse]
+    size: int = 0  # the blobs' ciphertext characters
+
+
+def _ciphertext_size(blobs: list[SyncBlob]) -> int:
+    return sum(len(blob.ciphertext) for blob in blobs)
 
 
 class PushPipeline:
-    """Up to `depth` sealed batches outstanding; `settle` called on each, in order."""
+    """Up to `depth` sealed batches in flight; `settle` called on the answered ones, in
+    order, `group` at a time (fewer past `GROUP_BYTES`, and at `drain`)."""
 
     def __init__(
         self,
         push: Callable[[list[SyncBlob]], PushResponse],
-        settle: Callable[[Sent], None],
+        settle: Callable[[list[Sent]], None],
         *,
         depth: int = DEFAULT_DEPTH,
+        group: int = 1,
     ) -> None:
         self._push = push
         self._settle = settle
         self._depth = max(1, depth)
+        self._group = max(1, group)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="engram-push")  # no thread yet
         self._outstanding: deque[Sent] = deque()
 
@@ -64,9 +80,13 @@ class PushPipeline:
         `depth` 1 there is nothing to overlap: the batch is pushed on this thread (no
         hand-over to the sender: a one-memory sync pays for no thread)."""
         answer = self._inline(blobs) if self._depth == 1 else self._pool.submit(self._push, blobs)
-        self._outstanding.append(Sent(items, blobs, clocks, deleted, answer))
-        while len(self._outstanding) >= self._depth:
-            self._settle(self._outstanding.popleft())
+        self._outstanding.append(
+            Sent(items, blobs, clocks, deleted, answer, _ciphertext_size(blobs))
+        )
+        # the oldest batches past the `depth - 1` newest (being sent, or waiting to be)
+        settled = len(self._outstanding) - (self._depth - 1)
+        if settled >= self._group or self._size(settled) >= GROUP_BYTES:
+            self._settle(self._take(settled))
 
     def _inline(self, blobs: list[SyncBlob]) -> Future[PushResponse]:
         answer: Future[PushResponse] = Future()
@@ -77,9 +97,21 @@ class PushPipeline:
         return answer
 
     def drain(self) -> None:
-        """Settle every batch still outstanding, in order."""
+        """Settle every batch still outstanding, in order, `group` at a time."""
         while self._outstanding:
-            self._settle(self._outstanding.popleft())
+            self._settle(self._take(self._group))
+
+    def _size(self, count: int) -> int:
+        return sum(self._outstanding[i].size for i in range(max(0, count)))
+
+    def _take(self, count: int) -> list[Sent]:
+        """Up to `count` oldest batches, fewer once they hold GROUP_BYTES (at least one)."""
+        taken = [self._outstanding.popleft()]
+        size = taken[0].size
+        while len(taken) < count and self._outstanding and size < GROUP_BYTES:
+            taken.append(self._outstanding.popleft())
+            size += taken[-1].size
+        return taken
 
     def close(self) -> None:
         """Wait for the batch being sent; drop the ones not started."""

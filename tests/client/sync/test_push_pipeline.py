@@ -8,11 +8,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from engram_sync.client._errors import RelayUnavailableError
 from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
+from engram_sync.client._sync.push_pipeline import GROUP_BYTES, PushPipeline, Sent
 from engram_sync.client._vault import store as local_store
 from engram_sync.shared_format.wire import PushResponse, SyncBlob
 from tests.relay.conftest import ADMIN_KEY, Relay
@@ -87,3 +90,112 @@ def test_the_next_batch_is_sealed_while_one_is_pushed_and_batches_go_one_at_a_ti
     assert [m for batch in client.batches for m in batch] == expected  # edit order, once
     assert report.pushed == len(ids)
     assert local_store.count_to_push(alpha.vault.conn) == (0, 0)
+
+
+class FailingRelayClient(RelayClient):
+    """A real relay client whose push number `fails` (0: none) raises as an unreachable
+    relay does, without asking the relay: nothing of that batch is written."""
+
+    def __init__(self, session: VaultSession, fails: int) -> None:
+        assert session.config.server_url is not None
+        super().__init__(
+            session.config.server_url, session.config.api_key, device_id=session.device.device_id
+        )
+        self.fails = fails
+        self.pushes = 0
+
+    def push(self, vault_id: str, blobs: list[SyncBlob]) -> PushResponse:
+        self.pushes += 1
+        if self.pushes == self.fails:
+            raise RelayUnavailableError("the relay went away", url=self.base_url)
+        return super().push(vault_id, blobs)
+
+
+def marking_transactions(statements: list[str]) -> int:
+    """How many of the traced transactions marked rows pushed."""
+    count, marks = 0, False
+    for statement in statements:
+        if statement.startswith("BEGIN"):
+            marks = False
+        elif statement.startswith("UPDATE engrams SET synced_at"):
+            marks = True
+        elif statement.startswith("COMMIT") and marks:
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize(("group", "transactions"), [(4, 2), (1, 8)])
+def test_answered_batches_are_marked_pushed_a_group_at_a_time(
+    alpha: VaultSession, group: int, transactions: int
+) -> None:
+    """One SQLite transaction marks `group` answered batches (one commit, one fold of
+    the kept digest), not one each: 8 batches in 2 transactions with a group of 4."""
+    with alpha.vault.transaction() as conn:
+        for i in range(8 * BATCH):
+            local_store.add_memory(conn, f"grouped {i}")
+    statements: list[str] = []
+    alpha.vault.conn.set_trace_callback(statements.append)
+    try:
+        with FailingRelayClient(alpha, fails=0) as client:
+            report = alpha.syncer(client, push_batch=BATCH, settle_group=group).sync()
+    finally:
+        alpha.vault.conn.set_trace_callback(None)
+    assert report.pushed == 8 * BATCH
+    assert local_store.count_to_push(alpha.vault.conn) == (0, 0)
+    assert marking_transactions(statements) == transactions
+
+
+def test_a_failed_batch_leaves_the_batches_answered_before_it_marked(
+    alpha: VaultSession,
+) -> None:
+    """The third push fails while the first two are answered and wait to be settled in
+    the same group: they are marked pushed all the same, and the rest stays pending until
+    the next sync (which may find some of it on the relay already: the sender went on with
+    the batches it had)."""
+    with alpha.vault.transaction() as conn:
+        for i in range(8 * BATCH):
+            local_store.add_memory(conn, f"failing {i}")
+    client = FailingRelayClient(alpha, fails=3)
+    with client, pytest.raises(RelayUnavailableError):
+        alpha.syncer(client, push_batch=BATCH, settle_group=4).sync()
+    assert client.pushes >= 3
+    assert local_store.count_to_push(alpha.vault.conn) == (6 * BATCH, 0)
+    with FailingRelayClient(alpha, fails=0) as again:
+        assert 0 < alpha.syncer(again, push_batch=BATCH).sync().pushed <= 6 * BATCH
+    assert local_store.count_to_push(alpha.vault.conn) == (0, 0)
+
+
+def batch_of(chars: int) -> list[SyncBlob]:
+    return [SyncBlob("vault", "mem", "device", 1, "A" * chars, "h", "2026-01-01", False)]
+
+
+@pytest.mark.parametrize(
+    ("chars", "groups"),
+    [
+        (10, [(4, 6), (4, 9), (1, 9)]),
+        (GROUP_BYTES // 2 + 1, [(2, 4), (2, 6), (2, 8), (2, 9), (1, 9)]),
+    ],
+)
+def test_answers_are_settled_a_group_at_a_time_or_fewer_past_the_bytes(
+    chars: int, groups: list[tuple[int, int]]
+) -> None:
+    """Two batches in flight stay unsettled (depth 3); behind them, answered batches are
+    settled `group` at a time, or as soon as they hold GROUP_BYTES of ciphertext (what
+    waits unsettled stays bounded); `drain` settles the rest, in order. `groups`: each
+    settled group's size and how many batches had been sent then."""
+    sent = 0
+    settled: list[list[Sent]] = []
+    when: list[tuple[int, int]] = []
+
+    def settle(group: list[Sent]) -> None:
+        settled.append(group)
+        when.append((len(group), sent))
+
+    answer = cast(PushResponse, None)  # only passed through to `settle`
+    with PushPipeline(lambda blobs: answer, settle, depth=3, group=4) as pipeline:
+        for clock in range(9):
+            sent += 1
+            pipeline.send([("mem", "text", None)], batch_of(chars), [clock], deleted=False)
+        pipeline.drain()
+    assert when == groups
+    assert [s.clocks[0] for group in settled for s in group] == list(range(9))

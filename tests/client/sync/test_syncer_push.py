@@ -131,7 +131,12 @@ def test_rows_edited_during_a_push_are_pushed_in_the_same_sync(
 
     client = RecordingRelayClient(alpha)
     with client:
-        report = alpha.syncer(client, edit_after_first_batch, push_batch=50).sync()
+        # One batch settled at a time, one sealed ahead: the edit lands after the first
+        # batch's answer and before the last batch is sealed (by default, a group of four
+        # answers is settled with two more batches sealed behind it: all six by then).
+        report = alpha.syncer(
+            client, edit_after_first_batch, push_batch=50, push_depth=2, settle_group=1
+        ).sync()
         # The later row goes with its batch, edit included; the already pushed row and
         # the new one follow, oldest edit first.
         assert client.pushed == [*order, early, added[0]]
@@ -145,3 +150,36 @@ def test_rows_edited_during_a_push_are_pushed_in_the_same_sync(
     assert got[early] == "edited after its push"
     assert got[late] == "edited before its push"
     assert got[added[0]] == "added during the push"
+
+
+def test_rows_edited_while_their_batch_waits_to_be_settled_go_again(
+    sessions: tuple[VaultSession, VaultSession],
+) -> None:
+    """With the default pipeline the first answer is settled when all six batches are
+    sealed: a row edited then went with the old text and goes again with the new one."""
+    alpha, bravo = sessions
+    _add(alpha, 300, "row")
+    order = _push_order(alpha)
+    early, late = order[0], order[-1]
+    added: list[str] = []
+
+    def edit_after_first_batch(phase: str, report: SyncReport) -> None:
+        if phase == "push" and report.pushed == 50:
+            with alpha.vault.transaction() as conn:
+                assert local_store.edit_memory(conn, early, "edited after its push")
+                assert local_store.edit_memory(conn, late, "edited after its seal")
+                added.append(local_store.add_memory(conn, "added during the push"))
+
+    client = RecordingRelayClient(alpha)
+    with client:
+        report = alpha.syncer(client, edit_after_first_batch, push_batch=50).sync()
+        assert client.pushed[:300] == order
+        assert sorted(client.pushed[300:]) == sorted([early, late, added[0]])
+        assert report.pushed == 303
+        assert local_store.count_to_push(alpha.vault.conn) == (0, 0)
+
+    with bravo.relay() as pulling:
+        bravo.syncer(pulling).sync()
+    got = _contents(bravo)
+    assert got == _contents(alpha)
+    assert got[late] == "edited after its seal"
