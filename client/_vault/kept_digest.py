@@ -45,6 +45,10 @@ _NOW: Final = (
     " WHERE memory_id IN (SELECT memory_id FROM sync_digest_dirty) AND held"
 )
 _ANY_NOTED: Final = "SELECT EXISTS (SELECT 1 FROM sync_digest_dirty)"
+# `note_changing` from this many memories on: for one, the triggers' notes cost 22 us and
+# the two statements 62 (a 30,000-memory vault, its pages cached); for 500 memories not
+# cached, 4.4 ms against 2.8
+BULK_NOTES: Final = 100
 # `note_changing`: the triggers' two statements (client._vault.schema `_noting_triggers`)
 # for many memories at once, each note only where the memory has none yet
 _NOTE_HELD: Final = (
@@ -101,7 +105,10 @@ def note_changing(conn: sqlite3.Connection, memory_ids: Sequence[str], *, fresh:
     would note row by row; they then find each memory noted and do nothing: issue 36, one
     statement or two for the batch instead of three for each row). `fresh`: the caller
     knows none of them holds a version (no known clock), so only the empty notes are
-    written. Call in the transaction of the change, before it."""
+    written. Fewer than `BULK_NOTES` memories are left to the triggers. Call in the
+    transaction of the change, before it."""
+    if len(memory_ids) < BULK_NOTES:
+        return
     ids = json.dumps(list(memory_ids))
     if not fresh:
         conn.execute(_NOTE_HELD, (ids,))

@@ -16,8 +16,9 @@ from pathlib import Path
 from engram_sync.client import Vault
 from engram_sync.client._sync.anti_entropy import AntiEntropy
 from engram_sync.client._sync.reports import SyncReport
+from engram_sync.client._vault import store as local_store
 from engram_sync.client._vault.held_versions import held_versions
-from engram_sync.client._vault.kept_digest import fold_changes, kept_digest
+from engram_sync.client._vault.kept_digest import BULK_NOTES, fold_changes, kept_digest
 from engram_sync.shared_format.digest import fold
 from tests.e2e.conftest import PASSPHRASE, DeviceHandle
 from tests.e2e.helpers import add, sync_all
@@ -106,6 +107,25 @@ def test_the_kept_digest_follows_every_kind_of_change(devices: list[DeviceHandle
     _kept_is_recomputed(bravo)
     assert _sync(bravo).digest.restored == 1  # type: ignore[union-attr]
     _kept_is_recomputed(alpha, bravo, charlie)
+
+
+def test_the_kept_digest_follows_batches_noted_in_bulk(devices: list[DeviceHandle]) -> None:
+    """Batches of BULK_NOTES memories or more are noted by `note_changing`, not the
+    triggers: a first push and a pull of fresh memories, then a push of edits (versions
+    held before) and its pull, a mix of both."""
+    alpha, bravo, _ = devices
+    count = BULK_NOTES + 20
+    with alpha.open() as session, session.vault.transaction() as conn:
+        ids = [local_store.add_memory(conn, f"bulk {i}") for i in range(count)]
+    _sync_all(alpha, bravo)
+    _kept_is_recomputed(alpha, bravo)
+    with alpha.open() as session, session.vault.transaction() as conn:
+        for memory_id in ids:
+            assert local_store.edit_memory(conn, memory_id, f"edited {memory_id}")
+        for i in range(count):
+            local_store.add_memory(conn, f"more {i}")
+    _sync_all(alpha, bravo)
+    _kept_is_recomputed(alpha, bravo)
 
 
 def test_a_missing_or_invalid_kept_digest_is_recomputed(devices: list[DeviceHandle]) -> None:
