@@ -113,9 +113,16 @@ def test_thousands_of_memories_in_small_batches_are_each_pushed_once_oldest_edit
     assert _contents(bravo) == _contents(alpha)
 
 
+@pytest.mark.parametrize("pinned", [True, False], ids=["one-batch-settled-at-a-time", "default"])
 def test_rows_edited_during_a_push_are_pushed_in_the_same_sync(
-    sessions: tuple[VaultSession, VaultSession],
+    sessions: tuple[VaultSession, VaultSession], pinned: bool
 ) -> None:
+    """`pinned`: one batch settled at a time, one sealed ahead, so the edit lands after the
+    first batch's answer and before the last batch is sealed: the later row goes with its
+    batch, edit included. By default a group of four answers is settled with two batches
+    sealed behind it, all six by then: the later row went with its old text and goes
+    again. Either way the already pushed row and the new one follow, and bravo gets
+    every edit."""
     alpha, bravo = sessions
     _add(alpha, 300, "row")
     order = _push_order(alpha)
@@ -126,21 +133,19 @@ def test_rows_edited_during_a_push_are_pushed_in_the_same_sync(
         if phase == "push" and report.pushed == 50:
             with alpha.vault.transaction() as conn:
                 assert local_store.edit_memory(conn, early, "edited after its push")
-                assert local_store.edit_memory(conn, late, "edited before its push")
+                assert local_store.edit_memory(conn, late, "edited during the push")
                 added.append(local_store.add_memory(conn, "added during the push"))
 
+    options = {"push_depth": 2, "settle_group": 1} if pinned else {}
     client = RecordingRelayClient(alpha)
     with client:
-        # One batch settled at a time, one sealed ahead: the edit lands after the first
-        # batch's answer and before the last batch is sealed (by default, a group of four
-        # answers is settled with two more batches sealed behind it: all six by then).
-        report = alpha.syncer(
-            client, edit_after_first_batch, push_batch=50, push_depth=2, settle_group=1
-        ).sync()
-        # The later row goes with its batch, edit included; the already pushed row and
-        # the new one follow, oldest edit first.
-        assert client.pushed == [*order, early, added[0]]
-        assert report.pushed == 302
+        report = alpha.syncer(client, edit_after_first_batch, push_batch=50, **options).sync()
+        assert client.pushed[:300] == order
+        if pinned:  # oldest edit first
+            assert client.pushed[300:] == [early, added[0]]
+        else:
+            assert sorted(client.pushed[300:]) == sorted([early, late, added[0]])
+        assert report.pushed == len(client.pushed) == (302 if pinned else 303)
         assert local_store.count_to_push(alpha.vault.conn) == (0, 0)
 
     with bravo.relay() as pulling:
@@ -148,38 +153,5 @@ def test_rows_edited_during_a_push_are_pushed_in_the_same_sync(
     got = _contents(bravo)
     assert got == _contents(alpha)
     assert got[early] == "edited after its push"
-    assert got[late] == "edited before its push"
+    assert got[late] == "edited during the push"
     assert got[added[0]] == "added during the push"
-
-
-def test_rows_edited_while_their_batch_waits_to_be_settled_go_again(
-    sessions: tuple[VaultSession, VaultSession],
-) -> None:
-    """With the default pipeline the first answer is settled when all six batches are
-    sealed: a row edited then went with the old text and goes again with the new one."""
-    alpha, bravo = sessions
-    _add(alpha, 300, "row")
-    order = _push_order(alpha)
-    early, late = order[0], order[-1]
-    added: list[str] = []
-
-    def edit_after_first_batch(phase: str, report: SyncReport) -> None:
-        if phase == "push" and report.pushed == 50:
-            with alpha.vault.transaction() as conn:
-                assert local_store.edit_memory(conn, early, "edited after its push")
-                assert local_store.edit_memory(conn, late, "edited after its seal")
-                added.append(local_store.add_memory(conn, "added during the push"))
-
-    client = RecordingRelayClient(alpha)
-    with client:
-        report = alpha.syncer(client, edit_after_first_batch, push_batch=50).sync()
-        assert client.pushed[:300] == order
-        assert sorted(client.pushed[300:]) == sorted([early, late, added[0]])
-        assert report.pushed == 303
-        assert local_store.count_to_push(alpha.vault.conn) == (0, 0)
-
-    with bravo.relay() as pulling:
-        bravo.syncer(pulling).sync()
-    got = _contents(bravo)
-    assert got == _contents(alpha)
-    assert got[late] == "edited after its seal"
