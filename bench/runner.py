@@ -346,7 +346,7 @@ class Run:
         scratch.mkdir(exist_ok=True)
         with self.monitor.phase("client_sizes"):
             return client_e2e.measure_sizes(
-                scratch, self.relay.url, self.relay.key, quick=self.s.small_sections, log=self.log
+                scratch, self.relay.url, self.relay.key, quick=self.s.small_ratio_rows, log=self.log
             )
 
     # -- 13: the live change feed (issue 15) ---------------------------------------------------
@@ -377,7 +377,7 @@ class Run:
         with self.monitor.phase("live_throughput"):
             return live_throughput.measure(
                 self.loop, self.conn, self.corpus, self.db.url, self.relay.key,
-                self.db.scratch, workers=self.s.workers, quick=self.s.small_sections,
+                self.db.scratch, workers=self.s.workers, quick=self.s.small_ratio_rows,
             )  # fmt: skip
 
     # -- 13: re-key (issue 16, PROTOCOL §19) ------------------------------------------------

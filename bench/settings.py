@@ -56,6 +56,15 @@ class Settings:
         """Whether the sections with a quick and a full size of their own run the quick one."""
         return not self.full
 
+    @property
+    def small_ratio_rows(self) -> bool:
+        """Whether issue 36's client rows (bench.client_e2e.measure_sizes) and the feed's
+        push cost (bench.live_throughput) run at their quick sizes: only with `--quick`.
+        At those sizes one or two batches decide a throughput ratio (a 3% target judged on
+        two rounds of 1,000 blobs; a 100,000-memory target on 1,000); at their own they
+        add about a minute to the default run."""
+        return self.quick
+
     @classmethod
     def build(
         cls,
