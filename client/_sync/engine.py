@@ -885,6 +885,7 @@ class Syncer:
             lambda group: self._settle(group, report),
             depth=self.push_depth if bulk else 1,
             group=self.settle_group if bulk else 1,
+            stops=self._stops_push,
         ) as pipeline:
             after: tuple[str, str] | None = None
             while keys or (keys := push_keys(self.vault.conn, after=after)):
@@ -902,6 +903,14 @@ class Syncer:
                 self._seal_and_send(pipeline, items, deleted=True)
             pipeline.drain()
         push_retractions(self, report)  # `engram-sync retract` (docs/privacy.md)
+
+    def _stops_push(self, answer: PushResponse | BaseException) -> bool:
+        """Whether a batch's answer stops the push, so that the sender sends no batch
+        sealed behind it (client._sync.push_pipeline): an error, unless it is a 400 naming
+        a blob (`_answer` pushes the rest again and goes on), or this device revoked."""
+        if isinstance(answer, BaseException):
+            return not isinstance(answer, InvalidBlobError)
+        return self.device.device_id in answer.revoked_devices
 
     def _push_shows_restore(self, response: PushResponse) -> bool:
         """PROTOCOL §17, as a push answer shows it: another generation, or the vault's
@@ -970,6 +979,7 @@ class Syncer:
             lambda blobs: self.relay.push(self.vault_id, blobs),
             lambda group: self._settle(group, report),
             depth=1,
+            stops=self._stops_push,
         ) as pipeline:
             self._seal_and_send(pipeline, items, deleted=deleted)
 

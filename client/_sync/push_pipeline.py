@@ -15,7 +15,9 @@ pipeline; what overlaps is this device's work and the relay's.
 A batch whose answer raises (a refusal, a revoked device, a retired vault, a network
 error) raises from `settle` on the sync's thread; `close` waits for the batch being sent
 and drops those not started, whose rows stay pending (their clocks are skipped, which
-PROTOCOL §1 allows).
+PROTOCOL §1 allows). The sender itself sends nothing more once an answer stops the push
+(`stops`: an error other than one the sync thread handles and goes on from, or an answer
+that names this device revoked), so no batch sealed behind it leaves the device.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ def _ciphertext_size(blobs: list[SyncBlob]) -> int:
     return sum(len(blob.ciphertext) for blob in blobs)
 
 
+class NotSentError(Exception):
+    """A batch the sender held back: an earlier answer stopped the push (it is raised by
+    that answer's `settle` first, so this one is never settled)."""
+
+
 class PushPipeline:
     """Up to `depth` sealed batches in flight; `settle` called on the answered ones, in
     order, `group` at a time (fewer past `GROUP_BYTES`, and at `drain`)."""
@@ -65,11 +72,14 @@ class PushPipeline:
         *,
         depth: int = DEFAULT_DEPTH,
         group: int = 1,
+        stops: Callable[[PushResponse | BaseException], bool] = lambda _: True,
     ) -> None:
         self._push = push
         self._settle = settle
         self._depth = max(1, depth)
         self._group = max(1, group)
+        self._stops = stops  # an answer (or error) after which nothing more is sent
+        self._stopped = False
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="engram-push")  # no thread yet
         self._outstanding: deque[Sent] = deque()
 
@@ -79,7 +89,7 @@ class PushPipeline:
         """Hand a sealed batch to the sender; settle the oldest ones past `depth`. With
         `depth` 1 there is nothing to overlap: the batch is pushed on this thread (no
         hand-over to the sender: a one-memory sync pays for no thread)."""
-        answer = self._inline(blobs) if self._depth == 1 else self._pool.submit(self._push, blobs)
+        answer = self._inline(blobs) if self._depth == 1 else self._pool.submit(self._send, blobs)
         self._outstanding.append(
             Sent(items, blobs, clocks, deleted, answer, _ciphertext_size(blobs))
         )
@@ -88,10 +98,23 @@ class PushPipeline:
         if settled >= self._group or self._size(settled) >= GROUP_BYTES:
             self._settle(self._take(settled))
 
+    def _send(self, blobs: list[SyncBlob]) -> PushResponse:
+        """One push, unless an earlier answer stopped the push (on the sender's thread, or
+        this one for `depth` 1)."""
+        if self._stopped:
+            raise NotSentError("an earlier answer stopped the push")
+        try:
+            answer = self._push(blobs)
+        except BaseException as exc:
+            self._stopped = self._stops(exc)
+            raise
+        self._stopped = self._stops(answer)
+        return answer
+
     def _inline(self, blobs: list[SyncBlob]) -> Future[PushResponse]:
         answer: Future[PushResponse] = Future()
         try:
-            answer.set_result(self._push(blobs))
+            answer.set_result(self._send(blobs))
         except BaseException as exc:  # raised from `settle`, as the sender's would be
             answer.set_exception(exc)
         return answer

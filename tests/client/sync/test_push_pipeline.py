@@ -10,9 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
+import msgspec
 import pytest
 
-from engram_sync.client._errors import RelayUnavailableError
+from engram_sync.client._errors import (
+    DeviceRevokedError,
+    InvalidBlobError,
+    RelayUnavailableError,
+)
 from engram_sync.client._http.relay_client import RelayClient
 from engram_sync.client._session import VaultSession
 from engram_sync.client._sync.push_pipeline import GROUP_BYTES, PushPipeline, Sent
@@ -94,21 +99,33 @@ def test_the_next_batch_is_sealed_while_one_is_pushed_and_batches_go_one_at_a_ti
 
 class FailingRelayClient(RelayClient):
     """A real relay client whose push number `fails` (0: none) raises as an unreachable
-    relay does, without asking the relay: nothing of that batch is written."""
+    relay does, without asking the relay (nothing of that batch is written), or, with
+    `lie`, is pushed and answered with this device named revoked, or, with `refuse`, is
+    refused for its first blob (a 400 naming it)."""
 
-    def __init__(self, session: VaultSession, fails: int) -> None:
+    def __init__(
+        self, session: VaultSession, fails: int, *, lie: bool = False, refuse: bool = False
+    ) -> None:
         assert session.config.server_url is not None
         super().__init__(
             session.config.server_url, session.config.api_key, device_id=session.device.device_id
         )
+        self.device_id = session.device.device_id
         self.fails = fails
+        self.lie = lie
+        self.refuse = refuse
         self.pushes = 0
 
     def push(self, vault_id: str, blobs: list[SyncBlob]) -> PushResponse:
         self.pushes += 1
-        if self.pushes == self.fails:
+        if self.pushes == self.fails and self.refuse:  # PROTOCOL §6 step 1: nothing written
+            raise InvalidBlobError("invalid blob", index=0, reason="a made-up refusal")
+        if self.pushes == self.fails and not self.lie:
             raise RelayUnavailableError("the relay went away", url=self.base_url)
-        return super().push(vault_id, blobs)
+        answer = super().push(vault_id, blobs)
+        if self.pushes == self.fails:
+            return msgspec.structs.replace(answer, revoked_devices=[self.device_id])
+        return answer
 
 
 def marking_transactions(statements: list[str]) -> int:
@@ -149,20 +166,51 @@ def test_a_failed_batch_leaves_the_batches_answered_before_it_marked(
     alpha: VaultSession,
 ) -> None:
     """The third push fails while the first two are answered and wait to be settled in
-    the same group: they are marked pushed all the same, and the rest stays pending until
-    the next sync (which may find some of it on the relay already: the sender went on with
-    the batches it had)."""
+    the same group: they are marked pushed all the same. The sender sends nothing after
+    the failure, and the rest stays pending until the next sync, which pushes it."""
     with alpha.vault.transaction() as conn:
         for i in range(8 * BATCH):
             local_store.add_memory(conn, f"failing {i}")
     client = FailingRelayClient(alpha, fails=3)
     with client, pytest.raises(RelayUnavailableError):
         alpha.syncer(client, push_batch=BATCH, settle_group=4).sync()
-    assert client.pushes >= 3
+    assert client.pushes == 3  # none after the failure, though three more were sealed
     assert local_store.count_to_push(alpha.vault.conn) == (6 * BATCH, 0)
     with FailingRelayClient(alpha, fails=0) as again:
-        assert 0 < alpha.syncer(again, push_batch=BATCH).sync().pushed <= 6 * BATCH
+        assert alpha.syncer(again, push_batch=BATCH).sync().pushed == 6 * BATCH
     assert local_store.count_to_push(alpha.vault.conn) == (0, 0)
+
+
+def test_a_400_naming_a_blob_stops_nothing_behind_it(alpha: VaultSession) -> None:
+    """The relay refuses the second batch for its first blob: that memory is kept local and
+    reported, the rest of the batch goes again, and every batch sealed behind it is sent
+    (a 400 naming a blob is handled and the push goes on: the sender does not stop)."""
+    with alpha.vault.transaction() as conn:
+        for i in range(8 * BATCH):
+            local_store.add_memory(conn, f"refused {i}")
+    client = FailingRelayClient(alpha, fails=2, refuse=True)
+    with client:
+        report = alpha.syncer(client, push_batch=BATCH, settle_group=4).sync()
+    assert client.pushes == 8 + 1  # the refused batch once more, without its first blob
+    assert report.pushed == 8 * BATCH - 1
+    assert len(report.unpushable) == 1
+    assert local_store.count_to_push(alpha.vault.conn) == (1, 0)
+
+
+def test_no_batch_leaves_after_an_answer_that_names_this_device_revoked(
+    alpha: VaultSession,
+) -> None:
+    """A lying relay answers the second batch with this device revoked: the sync stops
+    with the revocation, the first batch is marked pushed, and the sender sends none of
+    the batches sealed behind the second (threat model, "lying relay")."""
+    with alpha.vault.transaction() as conn:
+        for i in range(8 * BATCH):
+            local_store.add_memory(conn, f"revoked {i}")
+    client = FailingRelayClient(alpha, fails=2, lie=True)
+    with client, pytest.raises(DeviceRevokedError):
+        alpha.syncer(client, push_batch=BATCH, settle_group=4).sync()
+    assert client.pushes == 2
+    assert local_store.count_to_push(alpha.vault.conn) == (7 * BATCH, 0)
 
 
 def batch_of(chars: int) -> list[SyncBlob]:
