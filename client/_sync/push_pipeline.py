@@ -89,7 +89,10 @@ class PushPipeline:
         """Hand a sealed batch to the sender; settle the oldest ones past `depth`. With
         `depth` 1 there is nothing to overlap: the batch is pushed on this thread (no
         hand-over to the sender: a one-memory sync pays for no thread)."""
-        answer = self._inline(blobs) if self._depth == 1 else self._pool.submit(self._send, blobs)
+        if self._depth == 1:
+            answer = self._inline(blobs)
+        else:
+            answer = self._pool.submit(self._push_unless_stopped, blobs)
         self._outstanding.append(
             Sent(items, blobs, clocks, deleted, answer, _ciphertext_size(blobs))
         )
@@ -98,7 +101,7 @@ class PushPipeline:
         if settled >= self._group or self._size(settled) >= GROUP_BYTES:
             self._settle(self._take(settled))
 
-    def _send(self, blobs: list[SyncBlob]) -> PushResponse:
+    def _push_unless_stopped(self, blobs: list[SyncBlob]) -> PushResponse:
         """One push, unless an earlier answer stopped the push (on the sender's thread, or
         this one for `depth` 1)."""
         if self._stopped:
@@ -114,7 +117,7 @@ class PushPipeline:
     def _inline(self, blobs: list[SyncBlob]) -> Future[PushResponse]:
         answer: Future[PushResponse] = Future()
         try:
-            answer.set_result(self._send(blobs))
+            answer.set_result(self._push_unless_stopped(blobs))
         except BaseException as exc:  # raised from `settle`, as the sender's would be
             answer.set_exception(exc)
         return answer
