@@ -346,7 +346,11 @@ class Run:
         scratch.mkdir(exist_ok=True)
         with self.monitor.phase("client_sizes"):
             return client_e2e.measure_sizes(
-                scratch, self.relay.url, self.relay.key, quick=self.s.small_ratio_rows, log=self.log
+                scratch,
+                self.relay.url,
+                self.relay.key,
+                quick=self.s.small_judged_rows,
+                log=self.log,
             )
 
     # -- 13: the live change feed (issue 15) ---------------------------------------------------
@@ -361,6 +365,7 @@ class Run:
             self.relay.key,
             quick=self.s.small_sections,
             database_url=self.db.url,  # the idle streams' query count
+            settled=not self.s.small_judged_rows,
         )
 
     def live_latency(self) -> dict[str, Any]:
@@ -377,7 +382,7 @@ class Run:
         with self.monitor.phase("live_throughput"):
             return live_throughput.measure(
                 self.loop, self.conn, self.corpus, self.db.url, self.relay.key,
-                self.db.scratch, workers=self.s.workers, quick=self.s.small_ratio_rows,
+                self.db.scratch, workers=self.s.workers, quick=self.s.small_judged_rows,
             )  # fmt: skip
 
     # -- 13: re-key (issue 16, PROTOCOL §19) ------------------------------------------------

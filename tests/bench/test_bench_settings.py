@@ -29,15 +29,15 @@ def test_the_default_run_is_smaller_than_the_full_one() -> None:
     assert default.small_sections
     assert not full.small_sections
     # issue 36's throughput ratios at their own sizes in the default run too
-    assert not default.small_ratio_rows
-    assert not full.small_ratio_rows
+    assert not default.small_judged_rows
+    assert not full.small_judged_rows
 
 
 def test_quick_is_unchanged_and_explicit_options_win() -> None:
     quick = build("--quick")
     assert (quick.n, quick.duration, quick.repeats, quick.memories) == (2_000, 2.0, 1, 1_000)
     assert quick.small_sections
-    assert quick.small_ratio_rows
+    assert quick.small_judged_rows
     assert build("--full", "--n", "3000", "--memories", "7").n == 3000
     with pytest.raises(ValueError, match="exclude"):
         build("--quick", "--full")
