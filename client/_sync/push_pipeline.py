@@ -49,11 +49,16 @@ class Sent:
     clocks: list[int]
     deleted: bool
     answer: Future[PushResponse]
-    size: int = 0  # the blobs' ciphertext characters
+    size: int  # the blobs' ciphertext characters
 
 
 def _ciphertext_size(blobs: list[SyncBlob]) -> int:
     return sum(len(blob.ciphertext) for blob in blobs)
+
+
+def _an_error(answer: PushResponse | BaseException) -> bool:
+    """By default the push stops at an error, never at an answer."""
+    return isinstance(answer, BaseException)
 
 
 class NotSentError(Exception):
@@ -72,13 +77,13 @@ class PushPipeline:
         *,
         depth: int = DEFAULT_DEPTH,
         group: int = 1,
-        stops: Callable[[PushResponse | BaseException], bool] = lambda _: True,
+        stops: Callable[[PushResponse | BaseException], bool] | None = None,
     ) -> None:
         self._push = push
         self._settle = settle
         self._depth = max(1, depth)
         self._group = max(1, group)
-        self._stops = stops  # an answer (or error) after which nothing more is sent
+        self._stops = stops or _an_error  # an answer (or error) after which nothing is sent
         self._stopped = False
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="engram-push")  # no thread yet
         self._outstanding: deque[Sent] = deque()

@@ -47,7 +47,7 @@ _NOW: Final = (
 _ANY_NOTED: Final = "SELECT EXISTS (SELECT 1 FROM sync_digest_dirty)"
 # `note_changing` from this many memories on: for one, the triggers' notes cost 22 us and
 # the two statements 62 (a 30,000-memory vault, its pages cached); for 500 memories not
-# cached, 4.4 ms against 2.8
+# cached, 4.4 ms against 2.9
 BULK_NOTES: Final = 100
 # `note_changing`: the triggers' two statements (client._vault.schema `_noting_triggers`)
 # for many memories at once, each note only where the memory has none yet

@@ -236,6 +236,7 @@ def test_answers_are_settled_a_group_at_a_time_or_fewer_past_the_bytes(
     when: list[tuple[int, int]] = []
 
     def settle(group: list[Sent]) -> None:
+        assert all(s.answer.result() is answer for s in group)  # each one sent and answered
         settled.append(group)
         when.append((len(group), sent))
 
