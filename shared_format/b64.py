@@ -109,6 +109,41 @@ def b64decoded_len_std(text: str) -> int:
     return len(b64decode_std(text))
 
 
+def b64decoded_lens_std(texts: list[str]) -> list[int] | None:
+    """`b64decoded_len_std` of every text at once, or None when any one is not canonical
+    padded base64 of at least one quantum (then check them one by one: the refusal names
+    the text). Issue 36: a push of 500 blobs checks 1,000 texts; one deletion over them all
+    costs under half of a call each (the per-call work, not the bytes, was the cost).
+
+    Canonical: every length a multiple of 4; what is left once the alphabet is deleted
+    from all of them is exactly their trailing '=' (so none elsewhere, nothing foreign);
+    before one (two) '=', a character whose low 2 (4) bits are zero."""
+    if any(len(t) & 3 or not t for t in texts):
+        return None
+    joined = "".join(texts)
+    if not joined.isascii():
+        return None
+    sizes: list[int] = []
+    pads = 0
+    for t in texts:
+        size = len(t) // 4 * 3
+        if t[-1] == "=":
+            if t[-2] == "=":
+                if t[-3] not in _ZERO_LOW_4:
+                    return None
+                pads += 2
+                size -= 2
+            elif t[-2] in _ZERO_LOW_2:
+                pads += 1
+                size -= 1
+            else:
+                return None
+        sizes.append(size)
+    if joined.encode("ascii").translate(None, _ALPHABET_BYTES) != b"=" * pads:
+        return None
+    return sizes
+
+
 def b64decode_std(text: str) -> bytes:
     """Decode strict standard base64 WITH padding; raise Base64Error otherwise."""
     if not isinstance(text, str):

@@ -24,3 +24,13 @@ def check_id(value: str, name: str) -> str | None:
     if _CONTROL.search(value):
         return f"{name} contains control characters"
     return None
+
+
+def all_valid(values: set[str]) -> bool:
+    """True when `check_id` finds nothing wrong with any of `values` (issue 36: a push's
+    distinct ids in one search, not one call each; on False, `check_id` names the one)."""
+    return (
+        "" not in values
+        and max(map(len, values), default=0) <= MAX_ID_CHARS
+        and not _CONTROL.search("".join(values))
+    )

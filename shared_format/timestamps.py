@@ -44,7 +44,7 @@ def parse_rfc3339(text: str) -> datetime:
     `_parse_by_rules`, which decides what is accepted. tests/shared_format/test_timestamps.py
     checks that both give the same instant and offset wherever msgspec accepts.
     """
-    if len(text) == 32 and text[10] == "T" and text[19] == "." and text[26] in "+-":
+    if _written_form(text):
         try:
             moment = msgspec.convert(text, datetime)
         except msgspec.ValidationError:
@@ -53,6 +53,27 @@ def parse_rfc3339(text: str) -> datetime:
             if moment.tzinfo is not None:
                 return moment
     return _parse_by_rules(text)
+
+
+def _written_form(text: str) -> bool:
+    """The shape of `format_rfc3339`'s text (32 characters, `T`, six fraction digits, a
+    numeric offset), which msgspec parses as `_parse_by_rules` would."""
+    return len(text) == 32 and text[10] == "T" and text[19] == "." and text[26] in "+-"
+
+
+def parse_written_forms(texts: list[str]) -> list[datetime] | None:
+    """`parse_rfc3339` of every text in one msgspec call (issue 36: each pushed blob's
+    `created_at`), when every one is in the form Engram writes and msgspec reads it with
+    its offset; None otherwise (then parse each: `parse_rfc3339` decides)."""
+    if not all(map(_written_form, texts)):
+        return None
+    try:
+        moments = msgspec.convert(texts, list[datetime])
+    except msgspec.ValidationError:
+        return None
+    if any(m.tzinfo is None for m in moments):
+        return None
+    return moments
 
 
 def _parse_by_rules(text: str) -> datetime:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from engram_sync.shared_format.timestamps import parse_rfc3339
+from engram_sync.shared_format.timestamps import parse_rfc3339, parse_written_forms
 
 RANGE_NOTE = "0001-01-01T00:00:00+00:00 to 9999-12-31T23:59:59.999999+00:00"
 
@@ -26,3 +26,12 @@ def parse_storable(text: str) -> datetime:
             f"{text[:64]!r} is out of range: in UTC it must lie within {RANGE_NOTE}"
         ) from None
     return instant
+
+
+def parse_storable_all(texts: list[str]) -> list[datetime] | None:
+    """`parse_storable` of every text at once (issue 36), when each is in the form Engram
+    writes and of a year from 0002 to 9998 (less than a day from UTC, such an instant cannot
+    leave the range); None otherwise: then `parse_storable` each, which names the problem."""
+    if not all("0001" < t[:4] < "9999" for t in texts):
+        return None
+    return parse_written_forms(texts)

@@ -17,18 +17,18 @@ from engram_sync.relay.domain.domain_errors import (
     EmptyBatchError,
     InvalidBlobError,
 )
-from engram_sync.relay.domain.instants import parse_storable
-from engram_sync.shared_format.b64 import Base64Error, b64decoded_len_std
+from engram_sync.relay.domain.instants import parse_storable, parse_storable_all
+from engram_sync.shared_format.b64 import Base64Error, b64decoded_len_std, b64decoded_lens_std
 from engram_sync.shared_format.blob import HMAC_LEN, MIN_CIPHERTEXT_BYTES
-from engram_sync.shared_format.ids import check_id
+from engram_sync.shared_format.ids import all_valid, check_id
 from engram_sync.shared_format.wire import SyncBlob
 
 
-@dataclass(frozen=True)
-class CheckedBlob:
-    """A structurally valid blob with what the relay derives from it."""
+class CheckedBlob(NamedTuple):
+    """A structurally valid blob with what the relay derives from it (a named tuple: one is
+    made per pushed blob, at under half a frozen dataclass's cost, issue 36)."""
 
-    index: int
+    position: int  # in the batch (`index` is a tuple's method)
     blob: SyncBlob
     created_at_ts: datetime
     size_bytes: int
@@ -93,6 +93,12 @@ def check_blobs(blobs: list[SyncBlob]) -> list[CheckedBlob]:
     names the first invalid one. The push route checks the count at once and leaves this
     to the push's transaction, which runs it while the database reads the stored versions
     (`relay.store.push`, issue 36)."""
+    at_once = _checked_at_once(blobs)
+    return at_once if at_once is not None else _checked_one_by_one(blobs)
+
+
+def _checked_one_by_one(blobs: list[SyncBlob]) -> list[CheckedBlob]:
+    """`check_blobs` blob by blob: `InvalidBlobError` names the first invalid one."""
     checked: list[CheckedBlob] = []
     valid_ids: set[str] = set()
     for index, blob in enumerate(blobs):
@@ -101,6 +107,30 @@ def check_blobs(blobs: list[SyncBlob]) -> list[CheckedBlob]:
             raise InvalidBlobError(index, found.field, found.reason)
         checked.append(CheckedBlob(index, blob, found, len(blob.ciphertext)))
     return checked
+
+
+def _checked_at_once(blobs: list[SyncBlob]) -> list[CheckedBlob] | None:
+    """`check_blobs` of a batch with every blob valid, each rule over the whole batch at once
+    (issue 36: 500 blobs 1.1 -> 0.45 ms, where a call per blob and field was the cost); None
+    when any rule finds a blob it does not pass, and `check_blobs` then goes blob by blob,
+    refusing with the first invalid one's index and field. Only the speed differs: the
+    same rules, the same values (tests/relay/domain/test_push_rules.py compares both)."""
+    ids = {b.vault_id for b in blobs} | {b.memory_id for b in blobs} | {b.device_id for b in blobs}
+    if not all_valid(ids):
+        return None
+    sizes = b64decoded_lens_std([b.ciphertext for b in blobs])
+    macs = b64decoded_lens_std([b.hmac for b in blobs])
+    if sizes is None or macs is None or min(sizes) < MIN_CIPHERTEXT_BYTES:
+        return None
+    if any(m != HMAC_LEN for m in macs):
+        return None
+    created = parse_storable_all([b.created_at for b in blobs])
+    if created is None:
+        return None
+    return [
+        CheckedBlob(index, blob, at, len(blob.ciphertext))
+        for index, (blob, at) in enumerate(zip(blobs, created, strict=True))
+    ]
 
 
 class StoredVersion(NamedTuple):
@@ -166,7 +196,7 @@ def plan_push(
                 best[blob.memory_id] = item
             else:
                 reject(item, "superseded_in_batch")
-    plan.accepted = sorted(best.values(), key=lambda c: c.index)
-    losers.sort(key=lambda c: c.index)
+    plan.accepted = sorted(best.values(), key=lambda c: c.position)
+    losers.sort(key=lambda c: c.position)
     plan.rejected = list(dict.fromkeys(item.blob.memory_id for item in losers))
     return plan

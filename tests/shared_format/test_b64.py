@@ -13,6 +13,7 @@ from engram_sync.shared_format.b64 import (
     Base64Error,
     b64decode_std,
     b64decoded_len_std,
+    b64decoded_lens_std,
     b64encode_std,
     b64url_decode,
     b64url_encode,
@@ -178,3 +179,35 @@ def test_the_decoded_length_is_the_decoders_without_decoding(text: str) -> None:
     refuses with the same error, for canonical text, near-base64 text and canonical text
     with one character changed (trailing bits, padding in the wrong place)."""
     assert _outcome(b64decoded_len_std, text) == _outcome(lambda t: len(b64decode_std(t)), text)
+
+
+_ONE_CHANGED = st.binary(min_size=1, max_size=64).map(b64encode_std).flatmap(
+    lambda t: st.integers(0, len(t) - 1).flatmap(
+        lambda i: st.sampled_from("AQgw+/=Bb9é").map(
+            lambda c: t[:i] + c + t[i + 1 :])))  # fmt: skip
+
+
+@given(st.lists(st.one_of(st.binary(min_size=1, max_size=64).map(b64encode_std),
+                          _ONE_CHANGED, _NEAR_BASE64), min_size=1, max_size=6))  # fmt: skip
+def test_the_lengths_at_once_are_each_text_s_or_none(texts: list[str]) -> None:
+    """Issue 36: `b64decoded_lens_std` gives every text's `b64decoded_len_std` when each is
+    canonical, and None when any one is refused (or empty, which the text-by-text path
+    judges): never a length for a text the decoder refuses."""
+    each = [_outcome(b64decoded_len_std, t) for t in texts]
+    at_once = b64decoded_lens_std(texts)
+    if all(isinstance(n, int) and t for n, t in zip(each, texts, strict=True)):
+        assert at_once == each
+    else:
+        assert at_once is None
+
+
+def test_the_lengths_at_once_refuse_what_only_the_whole_shows() -> None:
+    """'=' where another text's padding would account for it, and trailing bits."""
+    assert b64decoded_lens_std(["QUI=", "QUJD"]) == [2, 3]
+    assert b64decoded_lens_std(["QQ==", "QUJD"]) == [1, 3]
+    assert b64decoded_lens_std(["QU==", "QUJD"]) is None  # "U" has low bits set
+    assert b64decoded_lens_std(["QUJD", "QU=D"]) is None  # one '=' inside, none at the end
+    assert b64decoded_lens_std(["QUI=", "Q=JD", "QUJD"]) is None
+    assert b64decoded_lens_std(["QUJ=", "QUJD"]) is None  # 'J' has low bits set
+    assert b64decoded_lens_std(["QUJD", "QUJ\u00e9"]) is None
+    assert b64decoded_lens_std(["QUJD", ""]) is None

@@ -12,6 +12,7 @@ from engram_sync.shared_format.timestamps import (
     _parse_by_rules,
     format_rfc3339,
     parse_rfc3339,
+    parse_written_forms,
     utc_now_rfc3339,
 )
 
@@ -94,3 +95,45 @@ def test_the_fast_path_answers_as_the_rules(text: str, changes: list[tuple[int, 
         if at < len(text):
             text = text[:at] + char + text[at + 1 :]
     assert _outcome(parse_rfc3339, text) == _outcome(_parse_by_rules, text)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.datetimes(timezones=st.timezones()).map(
+                lambda m: m.isoformat(timespec="microseconds")
+            ),
+            st.lists(st.tuples(st.integers(0, 31), st.one_of(_DIGITS, st.sampled_from("a٣ :+-Z."))),
+                     max_size=2),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)  # fmt: skip
+def test_the_written_forms_at_once_are_each_text_s_or_none(
+    cases: list[tuple[str, list[tuple[int, str]]]],
+) -> None:
+    """Issue 36: `parse_written_forms` gives `parse_rfc3339`'s instant and offset for every
+    text when it answers, and None when any text is refused: never an instant for a text
+    the rules refuse."""
+    texts = []
+    for text, changes in cases:
+        for at, char in changes:
+            if at < len(text):
+                text = text[:at] + char + text[at + 1 :]
+        texts.append(text)
+    at_once = parse_written_forms(texts)
+    each = [_outcome(parse_rfc3339, t) for t in texts]
+    if at_once is None:
+        assert any(isinstance(e, str) for e in each) or not all(
+            len(t) == 32 and t[10] == "T" and t[19] == "." and t[26] in "+-" for t in texts
+        )
+    else:
+        assert [(m, m.utcoffset()) for m in at_once] == each
+
+
+def test_the_written_forms_at_once_take_the_common_case() -> None:
+    texts = ["2026-12-05T14:39:18.496979+00:00", "2026-08-30T14:00:00.123456-02:30"]
+    assert parse_written_forms(texts) == [parse_rfc3339(t) for t in texts]
+    assert parse_written_forms([*texts, "2026-08-30T14:00:00+00:00"]) is None  # another form
+    assert parse_written_forms([*texts, "2026-02-30T14:00:00.000000+00:00"]) is None

@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engram_sync.relay.domain.domain_errors import (
     BatchTooLargeError,
@@ -15,6 +17,9 @@ from engram_sync.relay.domain.domain_errors import (
 from engram_sync.relay.domain.push_rules import (
     CheckedBlob,
     StoredVersion,
+    _checked_at_once,
+    _checked_one_by_one,
+    check_blobs,
     check_structure,
     plan_push,
 )
@@ -79,7 +84,7 @@ def test_empty_and_oversized_batches() -> None:
 def test_valid_blobs_carry_instant_and_size() -> None:
     one = blob(created_at="2026-08-30T14:00:00.123456789+02:00")
     (item,) = checked(one)
-    assert item.index == 0
+    assert item.position == 0
     assert item.size_bytes == len(one.ciphertext)
     assert item.created_at_ts.isoformat() == "2026-08-30T14:00:00.123456+02:00"
 
@@ -275,3 +280,65 @@ def test_every_blob_s_ids_are_checked_when_the_batch_repeats_them(field: str) ->
     error = structure_error(good[0], good[1], bad)
     assert (error.index, error.field) == (2, field)
     assert "control characters" in error.reason
+
+
+# --- step 1 at once (issue 36) ---------------------------------------------------------
+
+_HOSTILE_FIELDS = {
+    "ciphertext": ["", "QUJD", BAD, "QUJDRA", "QUJDRB==", "QU=JDRA=", "QUJD\u00e9AAA",
+                   b64encode_std(b"\x01" * 28), b64encode_std(b"\x01" * 29),
+                   b64encode_std(b"\x01" * 30)],
+    "hmac": ["", "AA==", "%%%", b64encode_std(b"\x00" * 31), b64encode_std(b"\x00" * 33),
+             b64encode_std(b"\x07" * 32)[:-2] + "B=", b64encode_std(b"\x07" * 32)],
+    "created_at": ["yesterday", "2026-08-30T12:00:00", "2026-02-30T12:00:00.000000+00:00",
+                   "2026-08-30T14:00:00.123456789+02:00", "2026-08-30T14:00:00Z",
+                   "0001-01-01T00:00:00.000000+14:00", "0001-01-01T00:00:00.000000-14:00",
+                   "9999-12-31T23:59:59.000000-14:00", "9999-12-31T23:59:59.000000+00:00",
+                   "2026-08-30t14:00:00.000000+00:00", "2026-08-30T14:00:00.000000+24:00"],
+    "vault_id": ["", "v" * 256, "v" * 257, "a\x00b", "é"],
+    "memory_id": ["", "m" * 256, "m" * 257, "a\x1fb", "a\x7fb", "m-é"],
+    "device_id": ["", "d" * 257, "d\nx"],
+}  # fmt: skip
+
+
+def _each_or_refused(blobs: list[SyncBlob]) -> list[CheckedBlob] | tuple[int, str, str]:
+    try:
+        return _checked_one_by_one(blobs)
+    except InvalidBlobError as exc:
+        return (exc.index, exc.field, exc.reason)
+
+
+@given(
+    st.integers(1, 5),
+    st.lists(st.tuples(st.integers(0, 4), st.sampled_from(sorted(_HOSTILE_FIELDS)),
+                       st.integers(0, 10)), max_size=3),
+)  # fmt: skip
+def test_a_batch_checked_at_once_is_the_same_as_blob_by_blob(
+    size: int, changes: list[tuple[int, str, int]]
+) -> None:
+    """Issue 36: `check_blobs` checks a batch rule by rule over all its blobs, and goes blob
+    by blob only when one rule finds a blob it does not pass. The fast path never passes
+    a batch the blob-by-blob check refuses, and where it passes one, it gives the same
+    checked blobs; a batch with an invalid blob is refused naming the same blob and field."""
+    blobs = [blob(f"m{i}", i + 1) for i in range(size)]
+    for at, name, pick in changes:
+        values = _HOSTILE_FIELDS[name]
+        if at < size:
+            blobs[at] = msgspec.structs.replace(blobs[at], **{name: values[pick % len(values)]})
+    each = _each_or_refused(blobs)
+    at_once = _checked_at_once(blobs)
+    if isinstance(each, tuple):
+        assert at_once is None
+        with pytest.raises(InvalidBlobError) as info:
+            check_blobs(blobs)
+        assert (info.value.index, info.value.field, info.value.reason) == each
+    else:
+        assert at_once is None or at_once == each
+        assert check_blobs(blobs) == each
+
+
+def test_a_batch_of_written_blobs_is_checked_at_once() -> None:
+    """The common case takes the fast path (else the speed of issue 36 is lost unseen)."""
+    blobs = [blob(f"m{i}", i + 1) for i in range(20)]
+    assert _checked_at_once(blobs) == _checked_one_by_one(blobs)
+    assert _checked_at_once(blobs) is not None
