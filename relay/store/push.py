@@ -89,7 +89,7 @@ class PushJob:
     transaction began)."""
 
     vault_id: str
-    checked: list[CheckedBlob]  # in request order: each one's `index` is its place
+    checked: list[CheckedBlob]  # in request order: each one's `position` is its place
     bound_device: str | None  # the device a device-bound key may push for (§6 step 5)
     unchecked: list[SyncBlob] | None = None  # the request's blobs, `checked` then empty
 
@@ -696,6 +696,10 @@ class PushDecision:
     revoked: set[tuple[str, str]]  # (vault, device): revoked devices among the pushers
     max_blob_bytes: int
     writes: dict[tuple[str, str], HeldWrite] = field(default_factory=dict)
+    # pushes accepted and not yet among `stored`: made stored versions only when a later
+    # push of the group is judged (issue 36: two named tuples a blob, most groups being
+    # one push); `_store_accepted`
+    unstored: list[tuple[str, list[CheckedBlob]]] = field(default_factory=list)
 
     @classmethod
     def read(
@@ -719,6 +723,7 @@ class PushDecision:
 
     def stored_versions(self, job: PushJob) -> dict[str, StoredVersion]:
         """The version the vault holds of each memory `job` pushes, where it holds one."""
+        self._store_accepted()
         stored, vault_id = self.stored, job.vault_id
         memory_ids = {c.blob.memory_id for c in job.checked}
         return {m: stored[key].version for m in memory_ids if (key := (vault_id, m)) in stored}
@@ -773,6 +778,7 @@ class PushDecision:
         held for writing (replacing an earlier push's blob of the same memory), becomes the
         stored version the next push is judged on, and moves the vault's counts; kept, with
         the version it replaced, for the digest's fold (PROTOCOL §18)."""
+        self._store_accepted()  # an earlier push's versions are what this one replaces
         vault = self.vaults[job.vault_id]
         stored, writes = self.stored, self.writes
         for item in plan.accepted:
@@ -781,10 +787,8 @@ class PushDecision:
             memory_id = blob.memory_id
             key = (job.vault_id, memory_id)
             writes[key] = HeldWrite(job.vault_id, item, vault.seq)  # a later push's wins
-            replaced = stored.get(key)
+            replaced = stored.get(key)  # a push accepts a memory once (§6 step 7)
             deleted = blob.deleted
-            stored[key] = StoredBlob(StoredVersion(blob.vector_clock, item.size_bytes),
-                                  blob.device_id, deleted)  # fmt: skip
             # PROTOCOL §18: the new version in and the replaced one out, hashed by
             # `_fold_digests` while the blobs are written (under the vault lock already held)
             vault.versions.append((blob, replaced))
@@ -798,7 +802,19 @@ class PushDecision:
                     vault.active_devices[replaced.device_id] -= 1
                 vault.active_devices[item.blob.device_id] += 1
         vault.bytes_used = new_bytes
+        self.unstored.append((job.vault_id, plan.accepted))
         return PushOutcome(plan=plan, cursor=vault.seq)
+
+    def _store_accepted(self) -> None:
+        """The versions accepted so far become the stored versions a later push is judged on."""
+        stored = self.stored
+        for vault_id, accepted in self.unstored:
+            for item in accepted:
+                blob = item.blob
+                stored[(vault_id, blob.memory_id)] = StoredBlob(
+                    StoredVersion(blob.vector_clock, item.size_bytes), blob.device_id, blob.deleted
+                )
+        self.unstored.clear()
 
 
 def _fold_digests(vaults: list[LockedVault]) -> None:

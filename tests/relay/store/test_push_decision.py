@@ -129,3 +129,18 @@ def test_the_projection_refuses_to_guess_the_devices_it_was_not_given() -> None:
     plan = decision.plan(push, {})
     with pytest.raises(RuntimeError, match="active devices"):
         decision.projected_bytes(push, plan, {})
+
+
+def test_accept_replaces_what_the_earlier_push_accepted_without_being_asked_first() -> None:
+    """Issue 36: accepted versions become stored versions only when a later push needs them
+    (`unstored`); `accept` itself finds them too, not only `stored_versions`, so the digest's
+    fold is given the version each blob replaced and the counts do not take it twice."""
+    decision = PushDecision.read({VAULT: vault(seq=10)}, [], max_blob_bytes=1 << 20)
+    for push in (job(blob("m", 1)), job(blob("m", 2))):
+        decision.accept(push, decision.plan(push, {}), 0)
+    counts = decision.vaults[VAULT]
+    assert (counts.seq, counts.live_blobs) == (12, 1)
+    first, second = counts.versions
+    assert first[1] is None
+    assert second[1] is not None
+    assert second[1].version.vector_clock == 1
